@@ -1,0 +1,1 @@
+"""gRPC contracts (.proto) and the Python code generated from them."""

@@ -1,0 +1,1 @@
+"""The router and engine services, and the kvfleet command."""
