@@ -12,7 +12,7 @@ import importlib
 import sys
 
 # Module path of every subcommand, in the order `kvfleet --help` lists them.
-SUBCOMMAND_MODULES: tuple[str, ...] = ()
+SUBCOMMAND_MODULES: tuple[str, ...] = ("kvfleet.kvstore.demo",)
 
 
 def build_parser() -> argparse.ArgumentParser:

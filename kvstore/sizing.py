@@ -1,0 +1,117 @@
+"""Pool sizing: split a tier's pages between pools in proportion to a typical step's live pages.
+
+A typical step holds the resident requests' pages plus what retained turns keep (endpoints,
+checkpoints, state snapshots). Each count below is a peak (an upper bound on pages with a ref
+count above zero), so a tier sized at the sum never runs out at that step. B is the block size,
+L the longest context, c the chunk, w the window; "ckpt" counts only when checkpoints are on.
+
+| kind    | per resident request                              | per retained turn          |
+|---------|---------------------------------------------------|----------------------------|
+| full    | ceil(L/B)                                         | ceil(L/B) (no sharing)     |
+| window  | min(ceil(L/B), ceil((w+c)/B) + 1 + ckpt*ceil(w/B)) | (1 + ckpt) * ceil(w/B)     |
+| private | ceil(L/B)                                         | 0                          |
+| state   | ceil(c/B) + 2 + 1 + ckpt                          | 1 + ckpt                   |
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+
+from kvfleet.kvstore.life_cycles import LifeCycle
+
+
+@dataclass(frozen=True)
+class TypicalStep:
+    """What a rank holds at its peak: resident requests and retained turn endpoints."""
+
+    num_slots: int
+    max_context_tokens: int
+    chunk_tokens: int
+    retained_turns: int = 0
+    checkpoint: bool = True
+    full_tokens_per_retained_turn: int | None = None
+
+    def __post_init__(self) -> None:
+        if self.num_slots < 1 or self.max_context_tokens < 1 or self.chunk_tokens < 1:
+            raise ValueError(
+                f"num_slots, max_context_tokens, chunk_tokens must be >= 1, got {self.num_slots}, "
+                f"{self.max_context_tokens}, {self.chunk_tokens}"
+            )
+        if self.retained_turns < 0:
+            raise ValueError(f"retained_turns must be >= 0, got {self.retained_turns}")
+
+
+def _blocks(tokens: int, block_size: int) -> int:
+    return -(-tokens // block_size)
+
+
+def _full(lc: LifeCycle, step: TypicalStep, bs: int) -> tuple[int, int]:
+    retained = step.full_tokens_per_retained_turn or step.max_context_tokens
+    return _blocks(step.max_context_tokens, bs), _blocks(retained, bs)
+
+
+def _window(lc: LifeCycle, step: TypicalStep, bs: int) -> tuple[int, int]:
+    window_blocks = _blocks(lc.window_tokens, bs)
+    sliding = _blocks(lc.window_tokens + step.chunk_tokens, bs) + 1
+    resident = min(_blocks(step.max_context_tokens, bs), sliding + step.checkpoint * window_blocks)
+    return resident, (1 + step.checkpoint) * window_blocks
+
+
+def _private(lc: LifeCycle, step: TypicalStep, bs: int) -> tuple[int, int]:
+    return _blocks(step.max_context_tokens, bs), 0
+
+
+def _state(lc: LifeCycle, step: TypicalStep, bs: int) -> tuple[int, int]:
+    return _blocks(step.chunk_tokens, bs) + 3 + step.checkpoint, 1 + step.checkpoint
+
+
+PEAK_PAGES: dict[str, Callable[[LifeCycle, TypicalStep, int], tuple[int, int]]] = {
+    "full": _full,
+    "window": _window,
+    "private": _private,
+    "state": _state,
+}
+
+
+@dataclass(frozen=True)
+class PoolPlan:
+    """Peak live pages per life cycle and the pages (null page included) each pool gets."""
+
+    demand: Mapping[str, int]
+    pool_pages: Mapping[str, int]
+
+    @property
+    def fits_peak(self) -> bool:
+        """True if every pool holds its peak (plus its null page)."""
+        return all(self.pool_pages[name] > need for name, need in self.demand.items())
+
+
+def peak_demand(
+    step: TypicalStep, life_cycles: Sequence[LifeCycle], block_size: int
+) -> dict[str, int]:
+    """Peak live pages per life cycle for `step`."""
+    demand = {}
+    for life_cycle in life_cycles:
+        resident, retained = PEAK_PAGES[life_cycle.kind](life_cycle, step, block_size)
+        demand[life_cycle.name] = step.num_slots * resident + step.retained_turns * retained
+    return demand
+
+
+def plan_pools(
+    step: TypicalStep,
+    life_cycles: Sequence[LifeCycle],
+    block_size: int,
+    total_pages: int | None = None,
+) -> PoolPlan:
+    """Split `total_pages` in proportion to the peak (default: exactly the peak, null pages too)."""
+    demand = peak_demand(step, life_cycles, block_size)
+    if total_pages is None:
+        return PoolPlan(demand, {name: need + 1 for name, need in demand.items()})
+    if total_pages < 2 * len(demand):
+        raise ValueError(f"{total_pages} pages cannot make {len(demand)} pools of >= 2 pages")
+    weight = sum(demand.values()) or 1
+    pages = {name: max(2, total_pages * need // weight) for name, need in demand.items()}
+    largest = max(demand, key=demand.__getitem__)
+    pages[largest] += total_pages - sum(pages.values())
+    return PoolPlan(demand, pages)

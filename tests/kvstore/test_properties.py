@@ -1,0 +1,111 @@
+"""hypothesis: random sequences of manager calls keep every invariant."""
+
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from kv_factories import make_manager, tokens
+from kvfleet.kvstore.block_pool import NULL_PAGE
+from kvfleet.kvstore.hashing import block_hashes
+from kvfleet.kvstore.life_cycles import (
+    FullLifeCycle,
+    PrivateLifeCycle,
+    StateLifeCycle,
+    WindowLifeCycle,
+)
+from kvfleet.kvstore.policies import REUSE_POLICIES
+
+BLOCK, CHUNK = 4, 8
+LIFE_CYCLES = [
+    FullLifeCycle("full"),
+    WindowLifeCycle("swa", 8, replay_tokens=4),
+    StateLifeCycle("ssm", every_tokens=8),
+    PrivateLifeCycle("scratch"),
+    WindowLifeCycle("draft", 4, required=False),
+]
+BASES = [tokens(seed, 40) for seed in range(3)]
+
+operation = st.one_of(
+    st.tuples(st.just("add"), st.integers(0, 2), st.integers(0, 2), st.integers(1, 40)),
+    st.tuples(st.just("step"), st.integers(0, 50)),
+    st.tuples(st.just("finish"), st.integers(0, 50)),
+    st.tuples(st.just("drop"), st.integers(0, 2)),
+)
+
+
+def check_pages_hold_their_blocks(manager, prompts):
+    """Every committed page in a request's table must carry that position's block id."""
+    for request_id, prompt in prompts.items():
+        hashes = block_hashes(prompt, BLOCK)
+        for name, life_cycle in manager.life_cycles.items():
+            if not life_cycle.reusable:
+                continue
+            table = manager.page_table(request_id, name)
+            for index, page in enumerate(table[: len(hashes)]):
+                committed = manager.pools[name].page_hash(page) if page != NULL_PAGE else None
+                assert committed in (None, hashes[index]), (request_id, name, index)
+
+
+def step(manager, request_id, prompt_len):
+    """One scheduler step for a request: admit, a prefill chunk, or a decode token."""
+    progress = manager.progress(request_id)
+    if not progress.admitted:
+        reused = manager.match(request_id).num_reusable_tokens
+        size = min(CHUNK, prompt_len - reused)
+        if not manager.can_admit(request_id, size):
+            return
+        manager.admit(request_id, size)
+        manager.commit(request_id, reused + size)
+    elif progress.num_computed_tokens < prompt_len:
+        size = min(CHUNK, prompt_len - progress.num_computed_tokens)
+        if not manager.can_allocate(request_id, size):
+            return
+        manager.allocate(request_id, size)
+        manager.commit(request_id, progress.num_computed_tokens + size)
+    else:
+        if not manager.can_allocate(request_id, 1):
+            return
+        manager.allocate(request_id, 1)
+        manager.append_tokens(request_id, [3])
+        manager.commit(request_id, progress.num_computed_tokens + 1)
+    progress = manager.progress(request_id)
+    if progress.num_computed_tokens >= prompt_len and not progress.context_done:
+        manager.finish_context(request_id)
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    policy=st.sampled_from(sorted(REUSE_POLICIES)),
+    pages=st.integers(10, 24),
+    operations=st.lists(operation, max_size=40),
+)
+def test_random_operations_keep_every_invariant(policy, pages, operations):
+    """Any call order the engine may use must leave pools consistent and pages truthful."""
+    manager = make_manager(
+        LIFE_CYCLES, pages=pages, block_size=BLOCK, policy=REUSE_POLICIES[policy]()
+    )
+    prompts: dict[str, list[int]] = {}
+    for number, op in enumerate(operations):
+        live = sorted(prompts)
+        if op[0] == "add":
+            _, conversation, base, length = op
+            prompt = BASES[base][:length] + tokens(1000 + number, number % 5)
+            request_id = f"r{number}"
+            manager.add_request(request_id, prompt, f"c{conversation}")
+            prompts[request_id] = prompt
+            assert manager.match(request_id).num_reusable_tokens <= max(0, len(prompt) - 4)
+        elif op[0] == "step" and live:
+            request_id = live[op[1] % len(live)]
+            step(manager, request_id, len(prompts[request_id]))
+        elif op[0] == "finish" and live:
+            request_id = live[op[1] % len(live)]
+            manager.finish_request(request_id)
+            del prompts[request_id]
+        elif op[0] == "drop":
+            manager.drop_conversation(f"c{op[1]}")
+        manager.check_integrity()
+        check_pages_hold_their_blocks(manager, prompts)
+    for request_id in list(prompts):
+        manager.finish_request(request_id)
+    for conversation in range(3):
+        manager.drop_conversation(f"c{conversation}")
+    manager.check_integrity()
+    assert all(pool.num_in_use == 0 for pool in manager.pools.values())

@@ -1,0 +1,110 @@
+"""Pool sizing: live pages at a driven peak never exceed what sizing reserved."""
+
+import pytest
+from kv_factories import make_manager, tokens
+from kvfleet.kvstore.life_cycles import (
+    FullLifeCycle,
+    PrivateLifeCycle,
+    StateLifeCycle,
+    WindowLifeCycle,
+)
+from kvfleet.kvstore.policies import PerConversation
+from kvfleet.kvstore.sizing import TypicalStep, plan_pools
+
+BLOCK, CHUNK, DECODE, TURNS, KEEP = 8, 32, 8, 3, 2
+LIFE_CYCLES = [
+    FullLifeCycle("full"),
+    WindowLifeCycle("swa", 32, replay_tokens=16),
+    StateLifeCycle("ssm", every_tokens=64),
+    PrivateLifeCycle("scratch"),
+]
+
+
+def drive_to_peak(manager, num_slots, num_conversations):
+    """Run every conversation's turns (chunked prefill, decode) with `num_slots` resident;
+    return the most live pages seen per pool."""
+    queues = {
+        f"c{c}": [tokens(c * 10 + t, 64 if t == 0 else 40) for t in range(TURNS)]
+        for c in range(num_conversations)
+    }
+    prompts = {c: [] for c in queues}
+    active: dict[str, dict] = {}
+    peak = dict.fromkeys(manager.pools, 0)
+
+    def record():
+        for name, pool in manager.pools.items():
+            peak[name] = max(peak[name], pool.num_in_use)
+
+    for _ in range(10_000):
+        for conversation, turns in queues.items():
+            busy = any(r["conversation"] == conversation for r in active.values())
+            if turns and not busy and len(active) < num_slots:
+                prompts[conversation] = prompts[conversation] + turns.pop(0)
+                request_id = f"{conversation}t{TURNS - len(turns)}"
+                manager.add_request(request_id, prompts[conversation], conversation)
+                prompt_len = len(prompts[conversation])
+                active[request_id] = {"conversation": conversation, "len": prompt_len, "out": 0}
+        if not active:
+            return peak
+        for request_id, request in list(active.items()):
+            progress = manager.progress(request_id) if request.get("admitted") else None
+            if progress is None:
+                reused = manager.match(request_id).num_reusable_tokens
+                size = min(CHUNK, request["len"] - reused)
+                assert manager.can_admit(request_id, size)
+                manager.admit(request_id, size)
+                request["admitted"], done = True, reused + size
+            elif progress.num_computed_tokens < request["len"]:
+                size = min(CHUNK, request["len"] - progress.num_computed_tokens)
+                assert manager.can_allocate(request_id, size)
+                manager.allocate(request_id, size)
+                done = progress.num_computed_tokens + size
+            else:
+                assert manager.can_allocate(request_id, 1)
+                manager.allocate(request_id, 1)
+                manager.append_tokens(request_id, [7])
+                done, request["out"] = progress.num_computed_tokens + 1, request["out"] + 1
+            record()
+            manager.commit(request_id, done)
+            if done == request["len"]:
+                manager.finish_context(request_id)
+            if request["out"] == DECODE:
+                manager.finish_request(request_id)
+                del active[request_id]
+        manager.check_integrity()
+    raise AssertionError("workload did not finish in 10,000 steps")
+
+
+@pytest.mark.parametrize("num_slots", [1, 3])
+def test_live_pages_at_peak_fit_the_plan(num_slots):
+    """Sizing that forgets retained endpoints or the checkpoint would be exceeded here."""
+    num_conversations = 3
+    step = TypicalStep(
+        num_slots=num_slots,
+        max_context_tokens=64 + 40 * (TURNS - 1) + DECODE,
+        chunk_tokens=CHUNK,
+        retained_turns=num_conversations * KEEP,
+    )
+    plan = plan_pools(step, LIFE_CYCLES, BLOCK)
+    manager = make_manager(LIFE_CYCLES, dict(plan.pool_pages), BLOCK, PerConversation(KEEP))
+    peak = drive_to_peak(manager, num_slots, num_conversations)
+    for name, need in plan.demand.items():
+        assert 0 < peak[name] <= need, (name, peak[name], need)
+    manager.check_integrity()
+
+
+def test_split_is_proportional_to_demand():
+    """A tier is split by what a typical step holds, every page given out."""
+    step = TypicalStep(num_slots=2, max_context_tokens=256, chunk_tokens=32, retained_turns=4)
+    plan = plan_pools(step, LIFE_CYCLES, BLOCK, total_pages=1000)
+    assert sum(plan.pool_pages.values()) == 1000
+    assert plan.demand == {"full": 192, "swa": 58, "ssm": 24, "scratch": 64}
+    assert plan.pool_pages["full"] > plan.pool_pages["scratch"] > plan.pool_pages["ssm"]
+
+
+def test_one_slot_still_counts_retained_endpoints():
+    """With one slot, retained turns dominate the window pool; forgetting them starves it."""
+    one = TypicalStep(num_slots=1, max_context_tokens=4096, chunk_tokens=512, retained_turns=8)
+    demand = plan_pools(one, LIFE_CYCLES, 64).demand
+    # resident: ceil((32 + 512) / 64) + 1 sliding + 1 checkpoint; retained: 8 x (endpoint + ckpt)
+    assert demand["swa"] == 11 + 8 * 2
