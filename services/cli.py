@@ -12,11 +12,15 @@ import importlib
 import sys
 
 # Module path of every subcommand, in the order `kvfleet --help` lists them.
-SUBCOMMAND_MODULES: tuple[str, ...] = ("kvfleet.kvstore.demo",)
+SUBCOMMAND_MODULES: tuple[str, ...] = (
+    "kvfleet.kvstore.demo",
+    "kvfleet.services.router.cli",
+    "kvfleet.proto.cli",
+)
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="kvfleet", description="kvfleet: serve agentic LLM traffic.")
+    parser = argparse.ArgumentParser(prog="kvfleet", description="Serve agentic LLM traffic.")
     subparsers = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     for module_path in SUBCOMMAND_MODULES:
         importlib.import_module(module_path).register(subparsers)

@@ -1,0 +1,138 @@
+"""Redis first, local state when Redis is away, and a resync when it returns.
+
+While Redis answers, every change is also kept in a local mirror (ranks, pins seen, this
+router's own reservations). When a Redis call fails the store turns degraded: calls go to the
+mirror, and the router admits with lenient affinity (it can no longer see other replicas'
+reservations). `try_recover` writes the mirror back once Redis answers again.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Iterable
+
+import redis
+from kvfleet.services.router.model import RankInfo, RankLoad, RankSlots
+from kvfleet.services.router.redis_store import RedisStore
+from kvfleet.services.router.store import LocalStore, RankRecord
+
+log = logging.getLogger(__name__)
+
+
+class FailoverStore:
+    """AdmissionStore over a RedisStore with a LocalStore mirror for outages."""
+
+    def __init__(
+        self,
+        remote: RedisStore,
+        pin_ttl_seconds: float,
+        on_redis_error: Callable[[Exception], None] = lambda _error: None,
+        on_degraded: Callable[[bool], None] = lambda _degraded: None,
+    ) -> None:
+        self.remote = remote
+        self.local = LocalStore()
+        self._pin_ttl = pin_ttl_seconds
+        self._on_redis_error = on_redis_error
+        self._on_degraded = on_degraded
+        self.degraded = False
+
+    def _remote_call(self, call: Callable[[], object]) -> tuple[bool, object]:
+        """Run a Redis call unless degraded; (False, None) when Redis is away."""
+        if self.degraded:
+            return False, None
+        try:
+            return True, call()
+        except redis.RedisError as error:
+            self._on_redis_error(error)
+            self._set_degraded(True, f"{type(error).__name__}: {error}")
+            return False, None
+
+    def _set_degraded(self, degraded: bool, reason: str) -> None:
+        if degraded == self.degraded:
+            return
+        self.degraded = degraded
+        if degraded:
+            log.warning(
+                "redis unreachable (%s): serving from local state, lenient affinity", reason
+            )
+        else:
+            log.warning("redis back (%s): local state written back, affinity restored", reason)
+        self._on_degraded(degraded)
+
+    def register_rank(self, info: RankInfo, now: float) -> None:
+        self.local.register_rank(info, now)
+        self._remote_call(lambda: self.remote.register_rank(info, now))
+
+    def heartbeat(self, rank_id: str, load: RankLoad, now: float) -> bool:
+        known_locally = self.local.heartbeat(rank_id, load, now)
+        ok, known = self._remote_call(lambda: self.remote.heartbeat(rank_id, load, now))
+        return bool(known) if ok else known_locally
+
+    def remove_rank(self, rank_id: str) -> int:
+        released_locally = self.local.remove_rank(rank_id)
+        ok, released = self._remote_call(lambda: self.remote.remove_rank(rank_id))
+        return int(released) if ok else released_locally
+
+    def snapshot(self) -> dict[str, tuple[RankSlots, float]]:
+        ok, remote = self._remote_call(self.remote.snapshot)
+        if not ok:
+            return self.local.snapshot()
+        known = self.local.ranks()
+        for slots, last_heartbeat in remote.values():
+            self.local.put_rank(RankRecord(slots.info, last_heartbeat, slots.load))
+        for rank_id in known.keys() - remote.keys():
+            self.local.remove_rank(rank_id)
+        return remote
+
+    def get_pins(self, conversation_ids: Iterable[str], now: float) -> dict[str, str]:
+        conversations = list(conversation_ids)
+        ok, remote = self._remote_call(lambda: self.remote.get_pins(conversations, now))
+        if not ok:
+            return self.local.get_pins(conversations, now)
+        local = self.local.get_pins(remote.keys(), now)
+        for conv, rank_id in remote.items():
+            if local.get(conv) != rank_id:
+                self.local.set_pin(conv, rank_id, now + self._pin_ttl)
+        return remote
+
+    def try_admit(
+        self,
+        rank_id: str,
+        request_id: str,
+        slots: int,
+        conversation_id: str,
+        pin_ttl: float,
+        now: float,
+    ) -> bool:
+        ok, admitted = self._remote_call(
+            lambda: self.remote.try_admit(rank_id, request_id, slots, conversation_id, pin_ttl, now)
+        )
+        if ok and not admitted:
+            return False
+        mirrored = self.local.try_admit(rank_id, request_id, slots, conversation_id, pin_ttl, now)
+        if ok and not mirrored:
+            log.error("local mirror refused %s on %s that redis admitted", request_id, rank_id)
+        return True if ok else mirrored
+
+    def release(self, rank_id: str, request_id: str) -> None:
+        self.local.release(rank_id, request_id)
+        self._remote_call(lambda: self.remote.release(rank_id, request_id))
+
+    def try_recover(self, now: float) -> bool:
+        """When degraded and Redis answers: write the local state back; True when recovered."""
+        if not self.degraded:
+            return False
+        try:
+            self.remote.ping()
+            self.remote.resync(
+                self.local.ranks(), self.local.pins(), self.local.reservations(), now
+            )
+        except redis.RedisError as error:
+            self._on_redis_error(error)
+            return False
+        self._set_degraded(False, "resync done")
+        return True
+
+    def check_integrity(self) -> None:
+        self.local.check_integrity()
+        self._remote_call(self.remote.check_integrity)

@@ -1,0 +1,93 @@
+"""Plain records the admission core works on: ranks, slot snapshots, waiting requests."""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass, field
+
+
+class Role(enum.StrEnum):
+    """What part of serving a rank does (mirrors kvfleet.RankRole)."""
+
+    BOTH = "both"
+    CONTEXT = "context"
+    GENERATION = "generation"
+
+
+@dataclass(frozen=True)
+class RankInfo:
+    """A registered engine rank."""
+
+    rank_id: str
+    address: str
+    max_batch_size: int
+    role: Role = Role.BOTH
+    block_size: int = 16
+
+    def __post_init__(self) -> None:
+        if not self.rank_id:
+            raise ValueError("rank_id: empty")
+        if self.max_batch_size < 1:
+            raise ValueError(f"max_batch_size: {self.max_batch_size} < 1 for rank {self.rank_id}")
+        if self.block_size < 1:
+            raise ValueError(f"block_size: {self.block_size} < 1 for rank {self.rank_id}")
+
+
+@dataclass(frozen=True)
+class RankLoad:
+    """Load a rank reports on its heartbeat (advisory; slots are counted by reservations)."""
+
+    free_slots: int = 0
+    queued: int = 0
+    kv_usage: float = 0.0
+
+
+@dataclass(frozen=True)
+class RankSlots:
+    """One rank's slot count at the start of an admission pass."""
+
+    info: RankInfo
+    used: int
+    load: RankLoad = field(default_factory=RankLoad)
+
+    @property
+    def free(self) -> int:
+        return max(0, self.info.max_batch_size - self.used)
+
+
+class Placement(enum.StrEnum):
+    """Why a request was admitted where it was."""
+
+    PINNED = "pinned"  # on its pinned rank (strict or lenient)
+    EXPLICIT = "explicit"  # on the rank the client named
+    NEW = "new"  # a conversation without a pin, placed by policy
+    FALLBACK = "fallback"  # a pinned request placed by policy after its deferral bound
+    AWAY = "away"  # lenient: pinned rank full, placed by policy elsewhere
+
+
+@dataclass
+class PendingRequest:
+    """A request waiting in the admission queue. Only the admission queue mutates it."""
+
+    request_id: str
+    conversation_id: str
+    enqueued_at: float
+    child_samples: int = 0
+    explicit_rank: str | None = None
+    relax_rank: bool = False
+    prompt_tokens: tuple[int, ...] = ()
+    deferrals: int = 0
+
+    @property
+    def slots(self) -> int:
+        """Slots the request takes: the parent plus one per child sample."""
+        return 1 + self.child_samples
+
+
+@dataclass(frozen=True)
+class Admission:
+    """A request admitted onto a rank; its slots are reserved in the store."""
+
+    request: PendingRequest
+    rank: RankInfo
+    placement: Placement

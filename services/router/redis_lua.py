@@ -1,0 +1,77 @@
+"""Lua scripts that make admission atomic across router replicas sharing one Redis.
+
+Keys (prefix `P`): `P:ranks` hash rank -> registration json; `P:hb` hash rank -> heartbeat json;
+`P:res:<rank>` hash `<router>|<request>` -> slots; `P:pin:<conversation>` -> rank (with TTL);
+`P:rank_pins:<rank>` zset of conversations pinned there (score: expiry). Scripts touch keys they
+derive from the prefix, so they suit one Redis (or a primary), not Redis Cluster.
+"""
+
+# KEYS: ranks, res:<rank>, pin:<conv>, rank_pins:<rank>
+# ARGV: rank, field, slots, conversation ('' = no pin), ttl_ms, expires_at
+# Returns 1 admitted, 0 no room, -1 unknown rank.
+TRY_ADMIT = """
+local info = redis.call('HGET', KEYS[1], ARGV[1])
+if not info then return -1 end
+local capacity = cjson.decode(info)['max_batch_size']
+local used = 0
+for _, slots in ipairs(redis.call('HVALS', KEYS[2])) do used = used + tonumber(slots) end
+if used + tonumber(ARGV[3]) > capacity then return 0 end
+redis.call('HSET', KEYS[2], ARGV[2], ARGV[3])
+if ARGV[4] ~= '' then
+  redis.call('SET', KEYS[3], ARGV[1], 'PX', ARGV[5])
+  redis.call('ZADD', KEYS[4], ARGV[6], ARGV[4])
+end
+return 1
+"""
+
+# KEYS: ranks. ARGV: key prefix. Returns {rank, info json, used, heartbeat json or false, ...}.
+SNAPSHOT = """
+local out = {}
+local ranks = redis.call('HGETALL', KEYS[1])
+for i = 1, #ranks, 2 do
+  local used = 0
+  for _, slots in ipairs(redis.call('HVALS', ARGV[1] .. ':res:' .. ranks[i])) do
+    used = used + tonumber(slots)
+  end
+  local hb = redis.call('HGET', ARGV[1] .. ':hb', ranks[i])
+  table.insert(out, ranks[i]); table.insert(out, ranks[i + 1])
+  table.insert(out, used); table.insert(out, hb or '')
+end
+return out
+"""
+
+# KEYS: ranks, hb. ARGV: rank, heartbeat json. Returns 1, or 0 for an unknown rank.
+HEARTBEAT = """
+if redis.call('HEXISTS', KEYS[1], ARGV[1]) == 0 then return 0 end
+redis.call('HSET', KEYS[2], ARGV[1], ARGV[2])
+return 1
+"""
+
+# KEYS: ranks, hb, res:<rank>, rank_pins:<rank>. ARGV: rank, pin key prefix.
+# Returns the number of pins released.
+REMOVE_RANK = """
+redis.call('HDEL', KEYS[1], ARGV[1])
+redis.call('HDEL', KEYS[2], ARGV[1])
+redis.call('DEL', KEYS[3])
+local released = 0
+for _, conversation in ipairs(redis.call('ZRANGE', KEYS[4], 0, -1)) do
+  local key = ARGV[2] .. conversation
+  if redis.call('GET', key) == ARGV[1] then
+    redis.call('DEL', key)
+    released = released + 1
+  end
+end
+redis.call('DEL', KEYS[4])
+return released
+"""
+
+# KEYS: res:<rank>. ARGV: owner prefix ('<router>|'), then field, slots pairs to set.
+# Replaces every reservation of one router on one rank (resync after an outage).
+REPLACE_OWNER_RESERVATIONS = """
+local fields = redis.call('HKEYS', KEYS[1])
+for _, name in ipairs(fields) do
+  if string.sub(name, 1, #ARGV[1]) == ARGV[1] then redis.call('HDEL', KEYS[1], name) end
+end
+for i = 2, #ARGV, 2 do redis.call('HSET', KEYS[1], ARGV[i], ARGV[i + 1]) end
+return 1
+"""

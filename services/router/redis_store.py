@@ -1,0 +1,203 @@
+"""The admission store in Redis, shared by every router replica (see `redis_lua` for keys)."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterable
+
+import redis
+from kvfleet.services.router.model import RankInfo, RankLoad, RankSlots, Role
+from kvfleet.services.router.redis_lua import (
+    HEARTBEAT,
+    REMOVE_RANK,
+    REPLACE_OWNER_RESERVATIONS,
+    SNAPSHOT,
+    TRY_ADMIT,
+)
+from kvfleet.services.router.store import RankRecord, StoreIntegrityError
+
+
+class RedisStore:
+    """AdmissionStore over Redis. `owner` names this router in reservation fields."""
+
+    def __init__(self, client: redis.Redis, prefix: str = "kvfleet", owner: str = "router") -> None:
+        if "|" in owner:
+            raise ValueError(f"owner: {owner!r} must not contain '|'")
+        self.client = client
+        self.prefix = prefix
+        self.owner = owner
+        self._ranks_key = f"{prefix}:ranks"
+        self._hb_key = f"{prefix}:hb"
+        self._try_admit = client.register_script(TRY_ADMIT)
+        self._snapshot = client.register_script(SNAPSHOT)
+        self._heartbeat = client.register_script(HEARTBEAT)
+        self._remove_rank = client.register_script(REMOVE_RANK)
+        self._replace_owner = client.register_script(REPLACE_OWNER_RESERVATIONS)
+
+    @classmethod
+    def from_url(
+        cls, url: str, prefix: str = "kvfleet", owner: str = "router", timeout: float = 1.0
+    ) -> RedisStore:
+        """Connect with short timeouts, so an outage is noticed, not waited on."""
+        client = redis.Redis.from_url(
+            url, socket_timeout=timeout, socket_connect_timeout=timeout, decode_responses=True
+        )
+        return cls(client, prefix, owner)
+
+    def _res_key(self, rank_id: str) -> str:
+        return f"{self.prefix}:res:{rank_id}"
+
+    def _pin_key(self, conversation_id: str) -> str:
+        return f"{self.prefix}:pin:{conversation_id}"
+
+    def _rank_pins_key(self, rank_id: str) -> str:
+        return f"{self.prefix}:rank_pins:{rank_id}"
+
+    def _field(self, request_id: str) -> str:
+        return f"{self.owner}|{request_id}"
+
+    def register_rank(self, info: RankInfo, now: float) -> None:
+        pipe = self.client.pipeline(transaction=True)
+        pipe.hset(self._ranks_key, info.rank_id, _info_json(info))
+        pipe.hset(self._hb_key, info.rank_id, _heartbeat_json(now, RankLoad(info.max_batch_size)))
+        pipe.execute()
+
+    def heartbeat(self, rank_id: str, load: RankLoad, now: float) -> bool:
+        keys = [self._ranks_key, self._hb_key]
+        return bool(self._heartbeat(keys=keys, args=[rank_id, _heartbeat_json(now, load)]))
+
+    def remove_rank(self, rank_id: str) -> int:
+        keys = [self._ranks_key, self._hb_key, self._res_key(rank_id), self._rank_pins_key(rank_id)]
+        return int(self._remove_rank(keys=keys, args=[rank_id, self._pin_key("")]))
+
+    def snapshot(self) -> dict[str, tuple[RankSlots, float]]:
+        flat = self._snapshot(keys=[self._ranks_key], args=[self.prefix])
+        out = {}
+        for i in range(0, len(flat), 4):
+            rank_id, info_json, used, hb_json = flat[i : i + 4]
+            info = _info_from_json(info_json)
+            last_heartbeat, load = _heartbeat_from_json(hb_json)
+            out[rank_id] = (RankSlots(info, int(used), load), last_heartbeat)
+        return out
+
+    def get_pins(self, conversation_ids: Iterable[str], now: float) -> dict[str, str]:
+        conversations = list(conversation_ids)
+        if not conversations:
+            return {}
+        values = self.client.mget([self._pin_key(c) for c in conversations])
+        return {conv: rank for conv, rank in zip(conversations, values, strict=True) if rank}
+
+    def try_admit(
+        self,
+        rank_id: str,
+        request_id: str,
+        slots: int,
+        conversation_id: str,
+        pin_ttl: float,
+        now: float,
+    ) -> bool:
+        keys = [
+            self._ranks_key,
+            self._res_key(rank_id),
+            self._pin_key(conversation_id),
+            self._rank_pins_key(rank_id),
+        ]
+        args = [
+            rank_id,
+            self._field(request_id),
+            slots,
+            conversation_id,
+            max(1, int(pin_ttl * 1000)),
+            now + pin_ttl,
+        ]
+        return int(self._try_admit(keys=keys, args=args)) == 1
+
+    def release(self, rank_id: str, request_id: str) -> None:
+        self.client.hdel(self._res_key(rank_id), self._field(request_id))
+
+    def ping(self) -> bool:
+        """True when Redis answers."""
+        return bool(self.client.ping())
+
+    def resync(
+        self,
+        ranks: dict[str, RankRecord],
+        pins: dict[str, tuple[str, float]],
+        reservations: dict[str, dict[str, int]],
+        now: float,
+    ) -> None:
+        """Write back what this router kept while Redis was away.
+
+        Ranks are re-registered, pins set only where Redis has none (the first replica back
+        wins, so replicas agree), and this router's reservations replace its old ones.
+        """
+        pipe = self.client.pipeline(transaction=False)
+        for record in ranks.values():
+            pipe.hset(self._ranks_key, record.info.rank_id, _info_json(record.info))
+            pipe.hset(
+                self._hb_key,
+                record.info.rank_id,
+                _heartbeat_json(record.last_heartbeat, record.load),
+            )
+        for conv, (rank_id, expires_at) in pins.items():
+            ttl_ms = int((expires_at - now) * 1000)
+            if ttl_ms > 0 and rank_id in ranks:
+                pipe.set(self._pin_key(conv), rank_id, px=ttl_ms, nx=True)
+                pipe.zadd(self._rank_pins_key(rank_id), {conv: expires_at})
+        pipe.execute()
+        for rank_id in ranks:
+            held = reservations.get(rank_id, {})
+            args = [f"{self.owner}|"]
+            for request_id, slots in held.items():
+                args += [self._field(request_id), slots]
+            self._replace_owner(keys=[self._res_key(rank_id)], args=args)
+
+    def check_integrity(self) -> None:
+        for rank_id, (slots, _) in self.snapshot().items():
+            if slots.used > slots.info.max_batch_size:
+                raise StoreIntegrityError(
+                    f"rank {rank_id}: {slots.used} slots reserved > max_batch_size "
+                    f"{slots.info.max_batch_size}"
+                )
+
+    def clear(self) -> None:
+        """Delete every key under the prefix (tests, and `kvfleet router --reset`)."""
+        keys = list(self.client.scan_iter(match=f"{self.prefix}:*", count=500))
+        if keys:
+            self.client.delete(*keys)
+
+
+def _info_json(info: RankInfo) -> str:
+    return json.dumps(
+        {
+            "rank_id": info.rank_id,
+            "address": info.address,
+            "max_batch_size": info.max_batch_size,
+            "role": info.role.value,
+            "block_size": info.block_size,
+        }
+    )
+
+
+def _info_from_json(text: str) -> RankInfo:
+    data = json.loads(text)
+    return RankInfo(
+        data["rank_id"],
+        data["address"],
+        int(data["max_batch_size"]),
+        Role(data["role"]),
+        int(data["block_size"]),
+    )
+
+
+def _heartbeat_json(now: float, load: RankLoad) -> str:
+    return json.dumps(
+        {"t": now, "free": load.free_slots, "queued": load.queued, "kv": load.kv_usage}
+    )
+
+
+def _heartbeat_from_json(text: str) -> tuple[float, RankLoad]:
+    if not text:
+        return 0.0, RankLoad()
+    data = json.loads(text)
+    return float(data["t"]), RankLoad(int(data["free"]), int(data["queued"]), float(data["kv"]))

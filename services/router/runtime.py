@@ -1,0 +1,196 @@
+"""The router's admission loop: one thread runs passes; gRPC handlers wait on tickets.
+
+One lock guards the admission queue, the store and the prefix index, so each has one writer at a
+time. Passes run when something changes (arrival, release, registration) and on a short tick,
+which also removes silent ranks and, while degraded, retries Redis.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from kvfleet.services.router.admission import AdmissionQueue
+from kvfleet.services.router.errors import QueueTimeout, RankUnavailable, RouterError
+from kvfleet.services.router.failover_store import FailoverStore
+from kvfleet.services.router.metrics import RouterMetrics
+from kvfleet.services.router.model import Admission, PendingRequest, RankInfo, RankLoad, RankSlots
+from kvfleet.services.router.prefix_index import PrefixIndex
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class Ticket:
+    """A caller's handle on a queued request: set once, to an admission or an error."""
+
+    request: PendingRequest
+    done: threading.Event = field(default_factory=threading.Event)
+    admission: Admission | None = None
+    error: RouterError | None = None
+
+    def wait(self, timeout: float) -> bool:
+        """Block until decided or timeout; True when decided."""
+        return self.done.wait(timeout)
+
+
+class RouterRuntime:
+    """Owns the admission queue and its thread; the gRPC servicers call in here."""
+
+    def __init__(
+        self,
+        queue: AdmissionQueue,
+        prefix_index: PrefixIndex,
+        metrics: RouterMetrics,
+        clock: Callable[[], float],
+        max_queue_seconds: float = 600.0,
+        tick_seconds: float = 0.05,
+        recover_every_seconds: float = 0.5,
+    ) -> None:
+        self.queue = queue
+        self.store = queue.store
+        self.prefix_index = prefix_index
+        self.metrics = metrics
+        self._clock = clock
+        self._max_queue_seconds = max_queue_seconds
+        self._tick = tick_seconds
+        self._recover_every = recover_every_seconds
+        self._last_recover_try = 0.0
+        self._lock = threading.Lock()
+        self._wake = threading.Condition(self._lock)
+        self._tickets: dict[str, Ticket] = {}
+        self._stopped = False
+        self._thread = threading.Thread(target=self._loop, name="router-admission", daemon=True)
+
+    @property
+    def degraded(self) -> bool:
+        """True while the shared store is away."""
+        return isinstance(self.store, FailoverStore) and self.store.degraded
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def stop(self) -> None:
+        """Stop the loop and fail whatever still waits, so no caller hangs."""
+        with self._wake:
+            self._stopped = True
+            for ticket in self._tickets.values():
+                self._decide(ticket, error=RankUnavailable("router is shutting down"))
+            self._tickets.clear()
+            self._wake.notify_all()
+        self._thread.join(timeout=5)
+
+    def submit(self, request: PendingRequest) -> Ticket:
+        """Queue a request; the returned ticket is decided by a later pass."""
+        ticket = Ticket(request)
+        with self._wake:
+            if self._stopped:
+                self._decide(ticket, error=RankUnavailable("router is shutting down"))
+                return ticket
+            self.queue.enqueue(request)
+            self._tickets[request.request_id] = ticket
+            self._wake.notify_all()
+        return ticket
+
+    def cancel(self, ticket: Ticket) -> None:
+        """Withdraw a waiting request (client went away); no-op once decided."""
+        with self._wake:
+            if self.queue.cancel(ticket.request.request_id):
+                self._tickets.pop(ticket.request.request_id, None)
+
+    def finish(self, admission: Admission) -> None:
+        """Give back the slots of a request that ended, for any reason."""
+        with self._wake:
+            self.store.release(admission.rank.rank_id, admission.request.request_id)
+            self._wake.notify_all()
+
+    def register(self, info: RankInfo) -> None:
+        with self._wake:
+            self.store.register_rank(info, self._clock())
+            self.prefix_index.clear(info.rank_id)
+            self._wake.notify_all()
+
+    def heartbeat(self, rank_id: str, load: RankLoad) -> bool:
+        with self._wake:
+            return self.store.heartbeat(rank_id, load, self._clock())
+
+    def rank_failed(self, rank_id: str, reason: str) -> None:
+        """Remove a rank that failed a forwarded call; it registers again when it recovers."""
+        with self._wake:
+            released = self.store.remove_rank(rank_id)
+            self.prefix_index.clear(rank_id)
+            self.metrics.ranks_removed.inc()
+            log.warning("rank %s removed (%s); %d pins released", rank_id, reason, released)
+            self._wake.notify_all()
+
+    def ranks(self) -> dict[str, RankSlots]:
+        """Every rank with its slots now."""
+        with self._wake:
+            return {rank_id: slots for rank_id, (slots, _) in self.store.snapshot().items()}
+
+    def with_prefix_index(self, apply: Callable[[PrefixIndex], object]) -> object:
+        """Run a change on the prefix index under the lock (KV events)."""
+        with self._wake:
+            return apply(self.prefix_index)
+
+    def _loop(self) -> None:
+        with self._wake:
+            while not self._stopped:
+                try:
+                    self._housekeeping()
+                    if len(self.queue):
+                        self._admit()
+                except Exception:  # keep the loop alive; the failure is logged, then retried
+                    log.exception("admission pass failed")
+                self._wake.wait(self._tick)
+
+    def _housekeeping(self) -> None:
+        now = self._clock()
+        if self.degraded:
+            if now - self._last_recover_try >= self._recover_every:
+                self._last_recover_try = now
+                self.store.try_recover(now)
+            return
+        # NOTE: silent ranks are not swept while degraded: their heartbeats may be landing on
+        # another replica that this one cannot hear from without Redis.
+        for rank_id in self.queue.remove_silent_ranks():
+            self.prefix_index.clear(rank_id)
+            self.metrics.ranks_removed.inc()
+            log.warning("rank %s removed: no heartbeat", rank_id)
+
+    def _admit(self) -> None:
+        result = self.queue.run_pass(degraded=self.degraded)
+        now = self._clock()
+        for admission in result.admitted:
+            ticket = self._tickets.pop(admission.request.request_id, None)
+            if ticket is None:  # cancelled in the meantime
+                self.store.release(admission.rank.rank_id, admission.request.request_id)
+                continue
+            self.metrics.admission_wait.observe(now - admission.request.enqueued_at)
+            self._decide(ticket, admission=admission)
+        for request, reason in result.failed:
+            ticket = self._tickets.pop(request.request_id, None)
+            if ticket:
+                self._decide(ticket, error=RankUnavailable(reason))
+        for request in self.queue.waiting():
+            if now - request.enqueued_at > self._max_queue_seconds:
+                self.queue.cancel(request.request_id)
+                ticket = self._tickets.pop(request.request_id, None)
+                if ticket:
+                    self._decide(
+                        ticket,
+                        error=QueueTimeout(
+                            f"no slot for {request.slots} within {self._max_queue_seconds:g} s"
+                        ),
+                    )
+        self.metrics.record_pass(result, len(self.queue))
+
+    @staticmethod
+    def _decide(
+        ticket: Ticket, admission: Admission | None = None, error: RouterError | None = None
+    ) -> None:
+        ticket.admission = admission
+        ticket.error = error
+        ticket.done.set()

@@ -1,0 +1,117 @@
+"""A fake engine rank for router tests: a real gRPC Engine server with a controllable delay.
+
+It registers with a router and heartbeats like a real rank, and counts the slots in use, so a
+test can prove the router never sent it more than `max_batch_size`.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from concurrent import futures
+
+import grpc
+from kvfleet.proto import common_pb2, engine_pb2_grpc, router_pb2, router_pb2_grpc
+
+# The shared Redis every test may use (unique key prefixes, cleaned up); never stopped.
+SHARED_REDIS_URL = "redis://127.0.0.1:6379/0"
+
+
+class FakeEngine(engine_pb2_grpc.EngineServicer):
+    """Streams `prompt[-1] + 1, + 2, ...` one token per chunk, `delay` seconds apart."""
+
+    def __init__(self, rank_id: str, max_batch_size: int, delay: float = 0.0) -> None:
+        self.rank_id = rank_id
+        self.max_batch_size = max_batch_size
+        self.delay = delay
+        self.in_flight = 0
+        self.max_in_flight = 0
+        self.served: list[str] = []
+        self.first_chunk_sent = threading.Event()
+        self._lock = threading.Lock()
+        self._stop = threading.Event()
+        self._server = grpc.server(futures.ThreadPoolExecutor(max_workers=32))
+        engine_pb2_grpc.add_EngineServicer_to_server(self, self._server)
+        self.port = self._server.add_insecure_port("127.0.0.1:0")
+        self.address = f"127.0.0.1:{self.port}"
+        self._server.start()
+        self._heartbeats: threading.Thread | None = None
+
+    def Generate(self, request, context):
+        slots = max(1, request.num_samples)
+        with self._lock:
+            self.in_flight += slots
+            self.max_in_flight = max(self.max_in_flight, self.in_flight)
+            self.served.append(request.request_id)
+        try:
+            last = request.prompt_token_ids.ids[-1] if request.prompt_token_ids.ids else 0
+            prompt_len = len(request.prompt_token_ids.ids) or len(request.prompt_text)
+            for sample in range(slots):
+                for i in range(request.max_tokens):
+                    if self._stop.wait(self.delay) or not context.is_active():
+                        return
+                    done = i == request.max_tokens - 1
+                    usage = (
+                        common_pb2.Usage(
+                            prompt_tokens=prompt_len, completion_tokens=request.max_tokens
+                        )
+                        if done
+                        else None
+                    )
+                    yield common_pb2.GenerationChunk(
+                        request_id=request.request_id,
+                        sample_index=sample,
+                        token_ids=[last + i + 1],
+                        finished=done,
+                        finish_reason="length" if done else "",
+                        usage=usage,
+                    )
+                    self.first_chunk_sent.set()
+        finally:
+            with self._lock:
+                self.in_flight -= slots
+
+    def join(self, router_address: str, heartbeat_interval: float = 0.1) -> None:
+        """Register with a router and heartbeat until killed."""
+        channel = grpc.insecure_channel(router_address)
+        registry = router_pb2_grpc.RankRegistryStub(channel)
+        registration = router_pb2.RegisterRequest(
+            rank_id=self.rank_id,
+            address=self.address,
+            max_batch_size=self.max_batch_size,
+            role=common_pb2.RANK_ROLE_BOTH,
+            block_size=4,
+        )
+        registry.Register(registration, timeout=5)
+
+        def beat() -> None:
+            while not self._stop.wait(heartbeat_interval):
+                try:
+                    load = router_pb2.RankLoad(free_slots=self.max_batch_size - self.in_flight)
+                    reply = registry.Heartbeat(
+                        router_pb2.HeartbeatRequest(rank_id=self.rank_id, load=load), timeout=2
+                    )
+                    if not reply.registered:
+                        registry.Register(registration, timeout=2)
+                except grpc.RpcError:
+                    continue
+            channel.close()
+
+        self._heartbeats = threading.Thread(target=beat, daemon=True)
+        self._heartbeats.start()
+
+    def kill(self) -> None:
+        """Stop serving at once (streams break) and stop heartbeating."""
+        self._stop.set()
+        self._server.stop(0).wait(5)
+        if self._heartbeats is not None:
+            self._heartbeats.join(timeout=5)
+
+
+def wait_until(predicate, timeout: float = 5.0, interval: float = 0.01) -> None:
+    """Poll until predicate() is true; fail the test after `timeout` seconds."""
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"condition not met within {timeout} s")
+        time.sleep(interval)

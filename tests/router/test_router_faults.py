@@ -1,0 +1,188 @@
+"""Faults: a rank dies mid-stream; Redis goes away and comes back."""
+
+from __future__ import annotations
+
+import socket
+import subprocess
+import threading
+import time
+
+import grpc
+import pytest
+import redis
+from kvfleet.proto import common_pb2, router_pb2, router_pb2_grpc
+from kvfleet.services.router.admission import AdmissionConfig
+from kvfleet.services.router.server import RouterConfig, create_server
+from router_fake_engine import FakeEngine, wait_until
+
+
+def turn(conversation, max_tokens=3, **kwargs):
+    return router_pb2.GenerateRequest(
+        conversation_id=conversation,
+        prompt_token_ids=common_pb2.TokenIds(ids=[1, 2, 3]),
+        max_tokens=max_tokens,
+        **kwargs,
+    )
+
+
+def first_response(stub, request, whole=False):
+    """Run a request to its end; return its first response (or its rank id)."""
+    first, *_rest = stub.Generate(request, timeout=10)
+    return first if whole else first.rank_id
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+class OwnRedis:
+    """A redis-server of the test's own on a free port (the shared one is never stopped)."""
+
+    def __init__(self) -> None:
+        self.port = free_port()
+        self.url = f"redis://127.0.0.1:{self.port}/0"
+        self.process: subprocess.Popen | None = None
+
+    def start(self) -> None:
+        self.process = subprocess.Popen(
+            [
+                "redis-server",
+                "--port",
+                str(self.port),
+                "--bind",
+                "127.0.0.1",
+                "--save",
+                "",
+                "--appendonly",
+                "no",
+            ],
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )
+        client = redis.Redis(port=self.port, socket_timeout=1)
+        wait_until(lambda: _pings(client), timeout=10)
+        client.close()
+
+    def stop(self) -> None:
+        if self.process is not None:
+            self.process.terminate()
+            self.process.wait(timeout=10)
+            self.process = None
+
+
+def _pings(client) -> bool:
+    try:
+        return bool(client.ping())
+    except redis.RedisError:
+        return False
+
+
+def test_killed_rank_mid_stream_fails_cleanly_and_its_pins_move():
+    """A dead rank would hang its streams or keep attracting its conversations."""
+    config = RouterConfig(admission=AdmissionConfig(heartbeat_timeout_seconds=0.5))
+    server, port = create_server("127.0.0.1:0", config)
+    doomed, survivor = FakeEngine("r0", 2, delay=0.05), FakeEngine("r1", 2)
+    doomed.join(f"127.0.0.1:{port}")
+    survivor.join(f"127.0.0.1:{port}")
+    wait_until(lambda: len(server.runtime.ranks()) == 2)
+    channel = grpc.insecure_channel(f"127.0.0.1:{port}")
+    stub = router_pb2_grpc.RouterStub(channel)
+    try:
+        list(stub.Generate(turn("conv-k", max_tokens=1, rank_id="r0"), timeout=10))
+        outcome: dict = {}
+
+        def second_turn() -> None:
+            try:
+                outcome["responses"] = list(
+                    stub.Generate(turn("conv-k", max_tokens=40), timeout=20)
+                )
+            except grpc.RpcError as error:
+                outcome["error"] = error
+
+        worker = threading.Thread(target=second_turn)
+        doomed.first_chunk_sent.clear()
+        worker.start()
+        assert doomed.first_chunk_sent.wait(5)
+        doomed.kill()
+        worker.join(timeout=15)
+        assert not worker.is_alive()
+        if "error" in outcome:
+            assert outcome["error"].code() == grpc.StatusCode.UNAVAILABLE
+            assert "rank r0 failed" in outcome["error"].details()
+        else:
+            assert outcome["responses"][-1].chunk.finished
+        wait_until(lambda: "r0" not in server.runtime.ranks())
+        third = list(stub.Generate(turn("conv-k"), timeout=10))
+        assert (third[0].rank_id, third[0].placement) == ("r1", "new")
+        server.runtime.store.check_integrity()
+    finally:
+        channel.close()
+        survivor.kill()
+        server.stop(0)
+
+
+def test_rank_dead_before_output_is_retried_elsewhere():
+    """A request admitted onto a rank that just died would fail though another rank is free."""
+    server, port = create_server("127.0.0.1:0", RouterConfig())
+    dead, alive = FakeEngine("r0", 2), FakeEngine("r1", 2)
+    dead.join(f"127.0.0.1:{port}")
+    alive.join(f"127.0.0.1:{port}")
+    wait_until(lambda: len(server.runtime.ranks()) == 2)
+    channel = grpc.insecure_channel(f"127.0.0.1:{port}")
+    stub = router_pb2_grpc.RouterStub(channel)
+    try:
+        list(stub.Generate(turn("conv-r", max_tokens=1, rank_id="r0"), timeout=10))
+        dead.kill()  # still registered: its heartbeat timeout has not passed
+        responses = list(stub.Generate(turn("conv-r"), timeout=10))
+        assert (responses[0].rank_id, responses[-1].chunk.finished) == ("r1", True)
+        assert server.metrics.retries._value.get() == 1
+        server.runtime.store.check_integrity()
+    finally:
+        channel.close()
+        alive.kill()
+        server.stop(0)
+
+
+@pytest.fixture
+def own_redis():
+    instance = OwnRedis()
+    instance.start()
+    yield instance
+    instance.stop()
+
+
+def test_redis_outage_keeps_serving_then_pins_are_recovered(own_redis):
+    """A Redis outage would stop the fleet, or lose the pins made while it was away."""
+    config = RouterConfig(redis_url=own_redis.url, redis_prefix="outage", redis_timeout_seconds=0.5)
+    server, port = create_server("127.0.0.1:0", config)
+    engines = [FakeEngine("r0", 2), FakeEngine("r1", 2)]
+    for engine in engines:
+        engine.join(f"127.0.0.1:{port}")
+    wait_until(lambda: len(server.runtime.ranks()) == 2)
+    channel = grpc.insecure_channel(f"127.0.0.1:{port}")
+    stub = router_pb2_grpc.RouterStub(channel)
+    try:
+        before = first_response(stub, turn("conv-before"))
+        own_redis.stop()
+        during = first_response(stub, turn("conv-during"))
+        again = first_response(stub, turn("conv-before"), whole=True)
+        assert (again.rank_id, again.placement) == (before, "pinned")
+        assert server.runtime.degraded
+        assert server.metrics.degraded._value.get() == 1
+        assert server.metrics.redis_errors._value.get() >= 1
+        own_redis.start()  # empty: no persistence
+        wait_until(lambda: not server.runtime.degraded, timeout=10)
+        client = redis.Redis(port=own_redis.port, decode_responses=True)
+        assert client.get("outage:pin:conv-before") == before
+        assert client.get("outage:pin:conv-during") == during
+        assert sorted(client.hkeys("outage:ranks")) == ["r0", "r1"]
+        client.close()
+        server.runtime.store.check_integrity()
+    finally:
+        channel.close()
+        for engine in engines:
+            engine.kill()
+        server.stop(0)
+        time.sleep(0)
