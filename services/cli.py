@@ -16,6 +16,7 @@ SUBCOMMAND_MODULES: tuple[str, ...] = (
     "kvfleet.kvstore.demo",
     "kvfleet.services.router.cli",
     "kvfleet.proto.cli",
+    "kvfleet.services.replay.command",
 )
 
 

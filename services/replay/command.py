@@ -1,0 +1,151 @@
+"""`kvfleet replay TRACE... --target SPEC`: replay agent traces and measure prefix reuse."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+DEFAULT_VOCAB_SIZE = 32000
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:
+    """Add the `replay` subcommand."""
+    parser = subparsers.add_parser(
+        "replay",
+        help="replay agent traces against a target and measure prefix reuse",
+        description="Replay Claude Code session files (.json, or a directory of them) and "
+        "Mooncake traces (.jsonl) as concurrent sessions; print a table, write --json.",
+    )
+    parser.add_argument("traces", nargs="+", type=Path, metavar="TRACE")
+    parser.add_argument(
+        "--target",
+        action="append",
+        required=True,
+        help="http://HOST:PORT, grpc://HOST:PORT or sim; repeat to compare arms",
+    )
+    parser.add_argument("--arm", action="append", default=None, help="name per --target")
+    parser.add_argument("--json", type=Path, default=None, help="write the measures here")
+    parser.add_argument("--plot", type=Path, default=None, help="write PNG plots into DIR")
+    parser.add_argument("--sessions", type=int, default=8, help="concurrent sessions")
+    parser.add_argument(
+        "--time-scale", type=float, default=1.0, help="think-time multiplier; 0 = no think time"
+    )
+    parser.add_argument("--stagger", type=float, default=1.0, help="seconds between session starts")
+    parser.add_argument("--seed", type=int, default=0, help="seed of the synthesised tokens")
+    parser.add_argument("--max-model-len", type=int, default=None, help="drop longer turns")
+    parser.add_argument("--limit", type=int, default=None, help="replay the first N conversations")
+    parser.add_argument("--vocab-size", type=int, default=DEFAULT_VOCAB_SIZE)
+    parser.add_argument("--model", default="kvfleet", help="model name sent to the target")
+    parser.add_argument("--request-timeout", type=float, default=600.0, help="seconds")
+    parser.add_argument(
+        "--shared-system-prefix",
+        action="store_true",
+        help="map every Claude Code session's tools+system blocks onto one common chain",
+    )
+    parser.add_argument("--no-progress", action="store_true", help="hide the progress bar")
+    parser.set_defaults(func=run)
+
+
+def replay_config(args: argparse.Namespace) -> dict[str, Any]:
+    """Everything needed to rerun a replay."""
+    return {
+        "traces": [str(p) for p in args.traces],
+        "targets": list(args.target),
+        "sessions": args.sessions,
+        "time_scale": args.time_scale,
+        "stagger_s": args.stagger,
+        "seed": args.seed,
+        "max_model_len": args.max_model_len,
+        "limit": args.limit,
+        "vocab_size": args.vocab_size,
+        "model": args.model,
+        "request_timeout_s": args.request_timeout,
+        "shared_system_prefix": args.shared_system_prefix,
+    }
+
+
+def run(args: argparse.Namespace) -> int:
+    """Run the replay; exit status 1 when any request failed, 2 on a bad trace or target."""
+    from rich.console import Console
+
+    from .claude_code import TraceFormatError
+    from .plots import write_plots
+    from .report import print_report
+    from .target import TargetUnavailable
+
+    arms = _arm_names(args)
+    try:
+        results = asyncio.run(_replay(args, arms))
+    except (TargetUnavailable, TraceFormatError, FileNotFoundError) as error:
+        print(f"kvfleet replay: {error}", file=sys.stderr)
+        return 2
+    print_report({r.name: r.measures for r in results}, Console())
+    if args.json is not None:
+        payload: dict[str, Any] = (
+            results[0].measures.to_json()
+            if len(results) == 1
+            else {"arms": {r.name: r.measures.to_json() for r in results}}
+        )
+        args.json.parent.mkdir(parents=True, exist_ok=True)
+        args.json.write_text(json.dumps(payload, indent=2) + "\n")
+    if args.plot is not None:
+        write_plots({r.name: r.records for r in results}, args.plot)
+    failed = sum(len(r.errors) for r in results)
+    for result in results:
+        for record in result.errors[:5]:
+            print(
+                f"{result.name}: {record.conversation_id} turn {record.turn_index}: {record.error}",
+                file=sys.stderr,
+            )
+    return 1 if failed else 0
+
+
+def _arm_names(args: argparse.Namespace) -> list[str]:
+    if args.arm is None:
+        return list(args.target)
+    if len(args.arm) != len(args.target):
+        raise SystemExit(f"--arm given {len(args.arm)} times for {len(args.target)} --target")
+    return list(args.arm)
+
+
+async def _replay(args: argparse.Namespace, arms: list[str]) -> list[Any]:
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TimeElapsedColumn
+
+    from .driver import DriverOptions
+    from .readers import ReadOptions, filter_max_model_len, read_traces
+    from .runner import run_arm
+    from .target import TargetOptions, open_target
+    from .tokens import TokenSynthesizer
+
+    conversations = read_traces(args.traces, ReadOptions(args.shared_system_prefix))
+    if args.max_model_len is not None:
+        conversations = filter_max_model_len(conversations, args.max_model_len)
+    if args.limit is not None:
+        conversations = conversations[: args.limit]
+    options = DriverOptions(args.sessions, args.time_scale, args.stagger)
+    total = sum(c.request_count() for c in conversations)
+    config = replay_config(args)
+    results = []
+    for name, spec in zip(arms, args.target, strict=True):
+        target = open_target(spec, TargetOptions(args.model, args.request_timeout))
+        columns = ("{task.description}", BarColumn(), MofNCompleteColumn(), TimeElapsedColumn())
+        with Progress(*columns, disable=args.no_progress) as progress:
+            task = progress.add_task(f"replay {name}", total=total)
+            try:
+                result = await run_arm(
+                    name,
+                    target,
+                    conversations,
+                    TokenSynthesizer(args.seed, args.vocab_size),
+                    options,
+                    {**config, "target": spec, "arm": name},
+                    on_record=lambda _record, task=task: progress.advance(task),
+                )
+            finally:
+                await target.aclose()
+        results.append(result)
+    return results

@@ -1,0 +1,121 @@
+"""The `http://HOST:PORT` target: OpenAI `/v1/completions` with streaming.
+
+The prompt goes as a list of token ids (the API allows it). TTFT is the first streamed chunk
+with a choice; reused tokens are `usage.prompt_tokens_details.cached_tokens` of the final usage
+chunk (`stream_options.include_usage`). The conversation id goes in `user` and in the
+`X-Conversation-Id` header, so a router can pin the conversation. `ignore_eos` and
+`min_tokens` (vLLM/SGLang extensions) ask for exactly `max_tokens` tokens.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import httpx
+
+from .records import Generation
+from .target import TargetError, WallClock
+
+CONVERSATION_HEADER = "X-Conversation-Id"
+
+
+class OpenAICompletionsTarget:
+    """Streams completions from an OpenAI-compatible server."""
+
+    def __init__(
+        self,
+        base_url: str,
+        *,
+        model: str = "kvfleet",
+        timeout_s: float = 600.0,
+        max_connections: int = 256,
+    ) -> None:
+        if timeout_s <= 0:
+            raise ValueError(f"timeout_s={timeout_s} must be > 0")
+        self.clock = WallClock()
+        self.model = model
+        self._client = httpx.AsyncClient(
+            base_url=base_url.rstrip("/"),
+            timeout=httpx.Timeout(timeout_s),
+            limits=httpx.Limits(max_connections=max_connections),
+        )
+
+    def request_body(self, conversation_id: str, tokens: list[int], max_tokens: int) -> dict:
+        """The JSON body of one completion request."""
+        return {
+            "model": self.model,
+            "prompt": tokens,
+            "max_tokens": max_tokens,
+            "min_tokens": max_tokens,
+            "ignore_eos": True,
+            "temperature": 0.0,
+            "stream": True,
+            "stream_options": {"include_usage": True},
+            "user": conversation_id,
+        }
+
+    async def generate(
+        self, conversation_id: str, tokens: list[int], max_tokens: int
+    ) -> Generation:
+        """Stream one completion and time its chunks."""
+        if max_tokens < 1:
+            raise ValueError(f"max_tokens={max_tokens} must be >= 1")
+        body = self.request_body(conversation_id, tokens, max_tokens)
+        headers = {CONVERSATION_HEADER: conversation_id}
+        token_times: list[float] = []
+        usage: dict[str, Any] | None = None
+        try:
+            async with self._client.stream(
+                "POST", "/v1/completions", json=body, headers=headers
+            ) as response:
+                if response.status_code != 200:
+                    detail = (await response.aread()).decode(errors="replace")[:300]
+                    raise TargetError(f"HTTP {response.status_code} from completions: {detail}")
+                async for line in response.aiter_lines():
+                    chunk = _event(line)
+                    if chunk is None:
+                        continue
+                    if chunk.get("choices"):
+                        token_times.append(self.clock.now())
+                    if chunk.get("usage"):
+                        usage = chunk["usage"]
+        except httpx.HTTPError as error:
+            raise TargetError(f"completions request failed: {error!r}") from error
+        finish = self.clock.now()
+        return _generation(usage, len(tokens), token_times, finish)
+
+    async def aclose(self) -> None:
+        """Close the connection pool."""
+        await self._client.aclose()
+
+
+def _event(line: str) -> dict[str, Any] | None:
+    """The JSON payload of one server-sent-event line, or None for anything else."""
+    if not line.startswith("data:"):
+        return None
+    payload = line[len("data:") :].strip()
+    if not payload or payload == "[DONE]":
+        return None
+    try:
+        return json.loads(payload)
+    except json.JSONDecodeError as error:
+        raise TargetError(f"bad stream chunk {payload[:120]!r}") from error
+
+
+def _generation(
+    usage: dict[str, Any] | None, sent_tokens: int, token_times: list[float], finish: float
+) -> Generation:
+    if usage is None:
+        raise TargetError("stream ended without a usage chunk (stream_options.include_usage)")
+    details = usage.get("prompt_tokens_details") or {}
+    prompt_tokens = int(usage.get("prompt_tokens", sent_tokens))
+    cached = int(details.get("cached_tokens") or 0)
+    return Generation(
+        prompt_tokens=prompt_tokens,
+        cached_tokens=min(cached, prompt_tokens),
+        output_tokens=int(usage.get("completion_tokens", len(token_times))),
+        first_token_s=token_times[0] if token_times else None,
+        token_times_s=tuple(token_times),
+        finish_s=finish,
+    )
