@@ -17,6 +17,7 @@ SUBCOMMAND_MODULES: tuple[str, ...] = (
     "kvfleet.services.router.cli",
     "kvfleet.proto.cli",
     "kvfleet.services.replay.command",
+    "kvfleet.operator.cli",
 )
 
 

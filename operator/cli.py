@@ -1,0 +1,37 @@
+"""`kvfleet operator`: run the KVFleet operator (kopf) in this process."""
+
+from __future__ import annotations
+
+import argparse
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:
+    """Add the `operator` subcommand."""
+    parser = subparsers.add_parser("operator", help="run the KVFleet operator (kopf)")
+    scope = parser.add_mutually_exclusive_group()
+    scope.add_argument(
+        "--namespace", action="append", default=[], help="watch this namespace (repeatable)"
+    )
+    scope.add_argument(
+        "--all-namespaces", action="store_true", help="watch every namespace (default)"
+    )
+    parser.add_argument(
+        "--liveness-port", type=int, default=8080, help="serve /healthz on this port (0: off)"
+    )
+    parser.set_defaults(func=run_operator)
+
+
+def run_operator(args: argparse.Namespace) -> int:
+    """Run the handlers until SIGTERM/SIGINT; kopf handles the signals and the drain of handlers."""
+    import kopf
+    import kvfleet.operator.handlers  # noqa: F401  (registers the handlers)
+
+    liveness = f"http://0.0.0.0:{args.liveness_port}/healthz" if args.liveness_port else None
+    kopf.configure(verbose=False)
+    kopf.run(
+        clusterwide=not args.namespace,
+        namespaces=args.namespace,
+        standalone=True,
+        liveness_endpoint=liveness,
+    )
+    return 0

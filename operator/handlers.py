@@ -1,0 +1,196 @@
+"""The kopf handlers of the KVFleet resource: reconcile on create/update/resume, clean up on
+delete, and a timer that reports pool readiness and autoscales.
+
+Run with `kvfleet operator` (or `kopf run -m kvfleet.operator.handlers`). Shared objects live in
+kopf's memo: `kube` (a KubeApi), `readers` and `histories` (per-fleet metric state).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import time
+from collections import defaultdict
+from typing import Any
+
+import kopf
+
+from .autoscale import Sample, decide
+from .conditions import now_rfc3339, set_condition
+from .kube import KubeApi
+from .metrics import FleetMetricsReader, http_scrape
+from .names import GROUP, PLURAL, VERSION, FleetRef
+from .reconcile import delete_children, mark_draining, pool_reports, rank_names, reconcile
+from .scaling_state import effective_replicas, policy_for, state_from_status, state_to_status
+from .spec import FleetSpec, SpecError, parse_spec
+
+FINALIZER = f"{GROUP}/cleanup"
+# How often each fleet's pools are looked at (readiness, autoscaling); the spec's
+# autoscaling.intervalSeconds cannot be finer than this.
+TICK_SECONDS = float(os.environ.get("KVFLEET_OPERATOR_TICK_SECONDS", "10"))
+
+
+@kopf.on.startup()
+def configure(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) -> None:
+    """Name the finalizer, and build the API client once unless a test already gave one."""
+    settings.persistence.finalizer = FINALIZER
+    settings.posting.level = 20  # INFO: scaling decisions are worth an Event
+    if getattr(memo, "kube", None) is None:
+        memo.kube = KubeApi.from_environment()
+    if getattr(memo, "scrape", None) is None:
+        memo.scrape = http_scrape
+    memo.readers = {}
+    memo.histories = defaultdict(lambda: defaultdict(list))
+
+
+def fleet_ref(body: kopf.Body) -> FleetRef:
+    """The identity of the fleet a handler was called for."""
+    return FleetRef(
+        name=body.metadata.name, namespace=body.metadata.namespace, uid=body.metadata.uid
+    )
+
+
+def _conditions(status: kopf.Status) -> list[dict]:
+    return [dict(condition) for condition in status.get("conditions", [])]
+
+
+def _parse_or_report(
+    body: kopf.Body, spec: kopf.Spec, status: kopf.Status, patch: kopf.Patch
+) -> FleetSpec:
+    """The parsed spec; on a bad spec, record it as conditions and an Event and stop for good."""
+    generation = body.metadata.get("generation")
+    try:
+        parsed = parse_spec(dict(spec))
+    except SpecError as exc:
+        now = now_rfc3339()
+        conditions = set_condition(
+            _conditions(status), "SpecValid", False, "InvalidSpec", str(exc), generation, now
+        )
+        conditions = set_condition(
+            conditions, "Ready", False, "InvalidSpec", "the spec is invalid", generation, now
+        )
+        patch.status["conditions"] = conditions
+        patch.status["observedGeneration"] = generation
+        kopf.warn(body, reason="InvalidSpec", message=str(exc))
+        raise kopf.PermanentError(f"invalid spec: {exc}") from None
+    conditions = set_condition(
+        _conditions(status), "SpecValid", True, "Valid", "", generation, now_rfc3339()
+    )
+    patch.status["conditions"] = conditions
+    return parsed
+
+
+@kopf.on.create(GROUP, VERSION, PLURAL)
+@kopf.on.update(GROUP, VERSION, PLURAL)
+@kopf.on.resume(GROUP, VERSION, PLURAL)
+def reconcile_fleet(
+    body: kopf.Body,
+    spec: kopf.Spec,
+    status: kopf.Status,
+    patch: kopf.Patch,
+    memo: kopf.Memo,
+    logger,
+    **_: Any,
+) -> None:
+    """Make the children match the spec; patch only what changed."""
+    parsed = _parse_or_report(body, spec, status, patch)
+    fleet = fleet_ref(body)
+    actions = reconcile(memo.kube, fleet, parsed, effective_replicas(parsed, status), logger)
+    generation = body.metadata.get("generation")
+    patch.status["observedGeneration"] = generation
+    router_host = f"{fleet.child_name('router')}.{fleet.namespace}.svc"
+    patch.status["endpoints"] = {
+        "grpc": f"{router_host}:{parsed.ports.router_grpc}",
+        "metrics": f"{router_host}:{parsed.ports.router_metrics}",
+    }
+    _report_pools(memo.kube, fleet, parsed, patch, generation)
+    if actions:
+        kopf.info(
+            body, reason="Reconciled", message=", ".join(f"{a.verb} {a.kind_name}" for a in actions)
+        )
+
+
+def _report_pools(
+    kube: KubeApi, fleet: FleetRef, spec: FleetSpec, patch: kopf.Patch, generation: int | None
+) -> None:
+    reports = pool_reports(kube, fleet, spec)
+    patch.status["pools"] = {name: report.as_status() for name, report in reports.items()}
+    waiting = [
+        f"{name} {r.ready_replicas}/{r.replicas}"
+        for name, r in reports.items()
+        if r.ready_replicas < r.replicas
+    ]
+    conditions = patch.status.get("conditions") or []
+    ready_message = "all pools ready" if not waiting else "waiting for " + ", ".join(waiting)
+    patch.status["conditions"] = set_condition(
+        list(conditions), "Ready", not waiting, "PoolsReady" if not waiting else "Progressing",
+        ready_message, generation, now_rfc3339(),
+    )  # fmt: skip
+
+
+@kopf.on.delete(GROUP, VERSION, PLURAL)
+def delete_fleet(body: kopf.Body, memo: kopf.Memo, logger, **_: Any) -> None:
+    """Delete every child now rather than waiting for the garbage collector."""
+    delete_children(memo.kube, fleet_ref(body), logger)
+
+
+@kopf.timer(GROUP, VERSION, PLURAL, interval=TICK_SECONDS, initial_delay=TICK_SECONDS)
+async def tick(**kwargs: Any) -> None:
+    """Run one look at the fleet in a worker thread; awaiting it keeps the timer cancellable."""
+    await asyncio.to_thread(_tick, **kwargs)
+
+
+def _tick(
+    body: kopf.Body,
+    spec: kopf.Spec,
+    status: kopf.Status,
+    patch: kopf.Patch,
+    memo: kopf.Memo,
+    logger,
+    **_: Any,
+) -> None:
+    """Report pool readiness; when autoscaling is on, read metrics, decide, act, record."""
+    try:
+        parsed = parse_spec(dict(spec))
+    except SpecError:
+        return  # already reported by the reconcile handler
+    fleet = fleet_ref(body)
+    patch.status["conditions"] = _conditions(status)
+    if parsed.autoscaling.enabled:
+        _autoscale(body, parsed, status, patch, memo, fleet, logger)
+    _report_pools(memo.kube, fleet, parsed, patch, body.metadata.get("generation"))
+
+
+def _autoscale(body, spec: FleetSpec, status, patch, memo, fleet: FleetRef, logger) -> None:
+    key = (fleet.namespace, fleet.name, fleet.uid)
+    now = time.time()
+    replicas = effective_replicas(spec, status)
+    reader = memo.readers.setdefault(key, FleetMetricsReader(scrape=memo.scrape))
+    history: dict[str, list[Sample]] = memo.histories[key]
+    for name, sample in reader.read(memo.kube, fleet, spec, replicas, now).items():
+        history[name] = [
+            s for s in history[name] if s.at >= now - spec.autoscaling.window_seconds
+        ] + [sample]
+    recorded: dict[str, Any] = {}
+    new_replicas = dict(replicas)
+    for name in spec.enabled_pools():
+        state = state_from_status(status, name, replicas[name])
+        decision = decide(policy_for(spec, name), state, history[name], now)
+        recorded[name] = state_to_status(decision, now)
+        if decision.action == "hold":
+            continue
+        logger.info("autoscale %s: %s (%s)", name, decision.action, decision.reason)
+        kopf.info(
+            body,
+            reason=f"Autoscale{name.capitalize()}",
+            message=f"{decision.action}: {decision.reason}",
+        )
+        if decision.action in ("begin_drain", "cancel_drain"):
+            leaving = range((state.drain or decision.state.drain).target_replicas, state.replicas)
+            mark_draining(
+                memo.kube, fleet, rank_names(fleet, name, leaving), decision.action == "begin_drain"
+            )
+        new_replicas[name] = decision.state.replicas
+    patch.status["autoscaling"] = recorded
+    if new_replicas != replicas:
+        reconcile(memo.kube, fleet, spec, new_replicas, logger)

@@ -1,0 +1,108 @@
+"""A small generic Kubernetes client for the fleet's children: any resource, plain dicts.
+
+It rides on the official client's ApiClient (auth, TLS, in-cluster or kubeconfig) and asks it
+for raw JSON, so every kind is handled alike and nothing is lost to model classes.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import kubernetes
+
+from .children import Resource
+
+MERGE_PATCH = "application/merge-patch+json"
+REQUEST_TIMEOUT_SECONDS = 30.0
+
+
+class KubeApi:
+    """Create, read, merge-patch, list and delete namespaced objects as dicts."""
+
+    def __init__(self, configuration: kubernetes.client.Configuration) -> None:
+        self._client = kubernetes.client.ApiClient(configuration)
+
+    @classmethod
+    def from_environment(cls) -> KubeApi:
+        """In a pod: the service account; elsewhere: $KUBECONFIG or ~/.kube/config."""
+        configuration = kubernetes.client.Configuration()
+        try:
+            kubernetes.config.load_incluster_config(client_configuration=configuration)
+        except kubernetes.config.ConfigException:
+            kubernetes.config.load_kube_config(client_configuration=configuration)
+        return cls(configuration)
+
+    def _call(
+        self,
+        method: str,
+        path: str,
+        body: Any = None,
+        query: list | None = None,
+        content_type: str | None = None,
+    ) -> Any:
+        headers = {"Accept": "application/json"}
+        if content_type:
+            headers["Content-Type"] = content_type
+        method, url, headers, body, post_params = self._client.param_serialize(
+            method, path, query_params=query or [], header_params=headers, body=body,
+            auth_settings=["BearerToken"],
+        )  # fmt: skip
+        response = self._client.call_api(
+            method, url, header_params=headers, body=body, post_params=post_params,
+            _request_timeout=REQUEST_TIMEOUT_SECONDS,
+        )  # fmt: skip
+        data = response.read()
+        if not 200 <= response.status <= 299:
+            raise kubernetes.client.ApiException.from_response(
+                http_resp=response, body=data.decode(errors="replace"), data=None
+            )
+        return json.loads(data) if data else None
+
+    def get(self, resource: Resource, namespace: str, name: str) -> dict | None:
+        """The object, or None when it does not exist."""
+        try:
+            return self._call("GET", resource.object_path(namespace, name))
+        except kubernetes.client.ApiException as exc:
+            if exc.status == 404:
+                return None
+            raise
+
+    def list(self, resource: Resource, namespace: str, labels: dict[str, str]) -> list[dict]:
+        """Objects whose labels include `labels` (also filtered here, so any server will do)."""
+        selector = ",".join(f"{key}={value}" for key, value in sorted(labels.items()))
+        found = self._call(
+            "GET", resource.collection_path(namespace), query=[("labelSelector", selector)]
+        )
+        items = (found or {}).get("items", [])
+        return [
+            item
+            for item in items
+            if labels.items() <= item.get("metadata", {}).get("labels", {}).items()
+        ]
+
+    def create(self, resource: Resource, namespace: str, body: dict) -> dict:
+        """Create the object from `body`."""
+        return self._call("POST", resource.collection_path(namespace), body=body)
+
+    def patch(self, resource: Resource, namespace: str, name: str, patch: dict) -> dict | None:
+        """Apply a JSON merge patch; None when the object does not exist."""
+        try:
+            return self._call(
+                "PATCH", resource.object_path(namespace, name), body=patch, content_type=MERGE_PATCH
+            )
+        except kubernetes.client.ApiException as exc:
+            if exc.status == 404:
+                return None
+            raise
+
+    def delete(self, resource: Resource, namespace: str, name: str) -> bool:
+        """Delete the object (its dependents go in the background); False when it was gone."""
+        body = {"kind": "DeleteOptions", "apiVersion": "v1", "propagationPolicy": "Background"}
+        try:
+            self._call("DELETE", resource.object_path(namespace, name), body=body)
+        except kubernetes.client.ApiException as exc:
+            if exc.status == 404:
+                return False
+            raise
+        return True

@@ -1,0 +1,85 @@
+"""Stateful dependencies of a fleet: the shared disk-tier PVC and the managed Redis."""
+
+from __future__ import annotations
+
+from .names import FleetRef
+from .security import container_security_context, pod_security_context, scratch_volumes
+from .spec import FleetSpec
+
+REDIS_PORT = 6379
+
+
+def render_disk_tier(fleet: FleetRef, spec: FleetSpec, replicas: dict[str, int]) -> list[dict]:
+    """The PVC every engine pod mounts as the shared disk tier (none when the tier is off)."""
+    disk = spec.kv_tiers.disk
+    if not disk.enabled:
+        return []
+    claim_spec: dict = {
+        "accessModes": [disk.access_mode],
+        "resources": {"requests": {"storage": disk.size}},
+    }
+    if disk.storage_class_name:
+        claim_spec["storageClassName"] = disk.storage_class_name
+    return [
+        {
+            "apiVersion": "v1",
+            "kind": "PersistentVolumeClaim",
+            "metadata": fleet.metadata("disk", "disk-tier"),
+            "spec": claim_spec,
+        }
+    ]
+
+
+def render_managed_redis(fleet: FleetRef, spec: FleetSpec, replicas: dict[str, int]) -> list[dict]:
+    """A single in-memory Redis for pins and slot reservations, when the spec asks for one."""
+    if spec.redis.mode != "managed":
+        return []
+    volumes, mounts = scratch_volumes()
+    container = {
+        "name": "redis",
+        "image": spec.images.redis,
+        "imagePullPolicy": spec.images.pull_policy,
+        # Pins are soft state that the router rebuilds: no persistence, bounded memory.
+        "args": [
+            "redis-server",
+            "--save",
+            "",
+            "--appendonly",
+            "no",
+            "--maxmemory-policy",
+            "allkeys-lru",
+        ],
+        "ports": [{"name": "redis", "containerPort": REDIS_PORT}],
+        "readinessProbe": {"tcpSocket": {"port": REDIS_PORT}, "periodSeconds": 5},
+        "resources": {"requests": {"cpu": "250m", "memory": "512Mi"}, "limits": {"memory": "1Gi"}},
+        "securityContext": container_security_context(),
+        "volumeMounts": mounts,
+    }
+    deployment = {
+        "apiVersion": "apps/v1",
+        "kind": "Deployment",
+        "metadata": fleet.metadata("redis", "redis"),
+        "spec": {
+            "replicas": 1,
+            "selector": {"matchLabels": fleet.selector("redis")},
+            "template": {
+                "metadata": {"labels": fleet.labels("redis")},
+                "spec": {
+                    "automountServiceAccountToken": False,
+                    "securityContext": pod_security_context(),
+                    "containers": [container],
+                    "volumes": volumes,
+                },
+            },
+        },
+    }
+    service = {
+        "apiVersion": "v1",
+        "kind": "Service",
+        "metadata": fleet.metadata("redis", "redis"),
+        "spec": {
+            "selector": fleet.selector("redis"),
+            "ports": [{"name": "redis", "port": REDIS_PORT, "targetPort": "redis"}],
+        },
+    }
+    return [deployment, service]

@@ -1,0 +1,211 @@
+"""The KVFleet custom resource's spec as typed models, and the checks a schema cannot express.
+
+The CRD (charts/kvfleet/crds/) validates shapes and applies defaults on a real API server; these
+models repeat the same defaults (a test keeps the two equal) so the operator sees one complete
+spec either way, and add the cross-field rules that become an `InvalidSpec` condition.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic.alias_generators import to_camel
+
+POOL_NAMES: tuple[str, ...] = ("context", "generation")
+
+
+class SpecError(ValueError):
+    """A fleet spec that the operator cannot run; the message names the fields at fault."""
+
+
+class _Model(BaseModel):
+    model_config = ConfigDict(alias_generator=to_camel, populate_by_name=True, extra="forbid")
+
+
+class Images(_Model):
+    engine: str = "ghcr.io/kvfleet/engine:0.1.0"
+    router: str = "ghcr.io/kvfleet/router:0.1.0"
+    redis: str = "redis:7.4-alpine"
+    pull_policy: Literal["Always", "IfNotPresent", "Never"] = "IfNotPresent"
+
+
+class Model(_Model):
+    name: str
+    path: str
+    pvc_name: str | None = None
+    config: dict[str, Any] = Field(default_factory=dict)
+
+
+class Pool(_Model):
+    enabled: bool = True
+    replicas: int = Field(default=1, ge=0)
+    gpus_per_pod: int = Field(default=1, ge=0)
+    ranks_per_pod: int = Field(default=1, ge=1)
+    max_batch_size: int = Field(default=32, ge=1)
+    resources: dict[str, Any] = Field(default_factory=dict)
+    node_selector: dict[str, str] = Field(default_factory=dict)
+    tolerations: list[dict[str, Any]] = Field(default_factory=list)
+
+
+class Pools(_Model):
+    context: Pool = Field(default_factory=Pool)
+    generation: Pool = Field(default_factory=Pool)
+
+
+class DiskTier(_Model):
+    enabled: bool = True
+    storage_class_name: str | None = None
+    size: str = "500Gi"
+    access_mode: Literal["ReadWriteMany", "ReadWriteOnce", "ReadWriteOncePod"] = "ReadWriteMany"
+
+
+class KVTiers(_Model):
+    gpu_memory_fraction: float = Field(default=0.9, gt=0.0, le=0.99)
+    host_gib: int = Field(default=64, ge=0, alias="hostGiB")
+    disk: DiskTier = Field(default_factory=DiskTier)
+
+
+class Routing(_Model):
+    replicas: int = Field(default=1, ge=1)
+    affinity: Literal["strict", "lenient"] = "strict"
+    max_wait_passes: int = Field(default=8, ge=0)
+    max_wait_seconds: float = Field(default=2.0, ge=0.0)
+    placement: Literal["load", "prefix"] = "prefix"
+    pin_ttl_seconds: int = Field(default=3600, ge=1)
+    heartbeat_timeout_seconds: int = Field(default=10, ge=1)
+
+
+class Reuse(_Model):
+    policy: Literal["per_conversation", "per_request", "all_reusable"] = "per_conversation"
+    max_num_turns: int = Field(default=2, ge=1)
+    checkpoint: bool = True
+
+
+class SecretKeyRef(_Model):
+    name: str
+    key: str
+
+
+class Redis(_Model):
+    mode: Literal["managed", "external"] = "managed"
+    url: str | None = None
+    url_secret_ref: SecretKeyRef | None = None
+
+
+class PoolBounds(_Model):
+    min_replicas: int = Field(default=1, ge=0)
+    max_replicas: int = Field(default=4, ge=0)
+
+
+class ScaleTargets(_Model):
+    queue_depth_per_rank: float = Field(default=4.0, gt=0.0)
+    deferrals_per_second: float = Field(default=0.5, gt=0.0)
+    ttft_p90_seconds: float = Field(default=2.0, gt=0.0)
+    kv_usage: float = Field(default=0.9, gt=0.0, le=1.0)
+    retained_working_set: float = Field(default=0.8, gt=0.0, le=1.0)
+
+
+class Autoscaling(_Model):
+    enabled: bool = False
+    interval_seconds: float = Field(default=30.0, gt=0.0)
+    window_seconds: float = Field(default=120.0, gt=0.0)
+    scale_in_below: float = Field(default=0.5, gt=0.0, lt=1.0)
+    scale_out_cooldown_seconds: float = Field(default=180.0, ge=0.0)
+    scale_in_cooldown_seconds: float = Field(default=600.0, ge=0.0)
+    max_step: int = Field(default=2, ge=1)
+    context: PoolBounds = Field(default_factory=PoolBounds)
+    generation: PoolBounds = Field(default_factory=PoolBounds)
+    targets: ScaleTargets = Field(default_factory=ScaleTargets)
+
+
+class Ports(_Model):
+    router_grpc: int = Field(default=50051, ge=1, le=65535)
+    router_metrics: int = Field(default=9400, ge=1, le=65535)
+    engine_grpc: int = Field(default=50061, ge=1, le=65535)
+    engine_http: int = Field(default=8000, ge=1, le=65535)
+    engine_metrics: int = Field(default=9401, ge=1, le=65535)
+
+
+class FleetSpec(_Model):
+    """The whole spec of one fleet, defaults filled in."""
+
+    model: Model
+    images: Images = Field(default_factory=Images)
+    pools: Pools = Field(default_factory=Pools)
+    kv_tiers: KVTiers = Field(default_factory=KVTiers)
+    routing: Routing = Field(default_factory=Routing)
+    reuse: Reuse = Field(default_factory=Reuse)
+    redis: Redis = Field(default_factory=Redis)
+    autoscaling: Autoscaling = Field(default_factory=Autoscaling)
+    ports: Ports = Field(default_factory=Ports)
+    drain_seconds: int = Field(default=120, ge=0)
+
+    @model_validator(mode="after")
+    def _check_cross_fields(self) -> FleetSpec:
+        problems = [*_redis_problems(self.redis), *_pool_problems(self)]
+        if problems:
+            raise ValueError("; ".join(problems))
+        return self
+
+    def pool(self, name: str) -> Pool:
+        """The pool called `name` (one of POOL_NAMES)."""
+        return getattr(self.pools, name)
+
+    def bounds(self, name: str) -> PoolBounds:
+        """The autoscaling bounds of the pool called `name`."""
+        return getattr(self.autoscaling, name)
+
+    def enabled_pools(self) -> tuple[str, ...]:
+        """Names of the pools that run, in POOL_NAMES order."""
+        return tuple(name for name in POOL_NAMES if self.pool(name).enabled)
+
+
+def _redis_problems(redis: Redis) -> list[str]:
+    given = [
+        name
+        for name, value in (("url", redis.url), ("urlSecretRef", redis.url_secret_ref))
+        if value
+    ]
+    if redis.mode == "external" and len(given) != 1:
+        return [f"redis.mode=external needs exactly one of url, urlSecretRef (got {len(given)})"]
+    if redis.mode == "managed" and given:
+        return [f"redis.mode=managed takes no {', '.join(given)}"]
+    return []
+
+
+def _pool_problems(spec: FleetSpec) -> list[str]:
+    problems = []
+    if not spec.pools.generation.enabled:
+        problems.append("pools.generation.enabled=false: the generation pool is required")
+    for name in spec.enabled_pools():
+        pool, bounds = spec.pool(name), spec.bounds(name)
+        if bounds.min_replicas > bounds.max_replicas:
+            problems.append(
+                f"autoscaling.{name}: minReplicas={bounds.min_replicas}"
+                f" > maxReplicas={bounds.max_replicas}"
+            )
+        if pool.gpus_per_pod and pool.ranks_per_pod > pool.gpus_per_pod:
+            problems.append(
+                f"pools.{name}: ranksPerPod={pool.ranks_per_pod} > gpusPerPod={pool.gpus_per_pod}"
+            )
+    total_pods = sum(spec.pool(name).replicas for name in spec.enabled_pools())
+    disk = spec.kv_tiers.disk
+    if disk.enabled and disk.access_mode != "ReadWriteMany" and total_pods > 1:
+        problems.append(
+            f"kvTiers.disk.accessMode={disk.access_mode} cannot be shared by"
+            f" {total_pods} engine pods; use ReadWriteMany"
+        )
+    return problems
+
+
+def parse_spec(raw: dict[str, Any]) -> FleetSpec:
+    """Parse a fleet's spec; raise SpecError with one line per problem and the fields at fault."""
+    try:
+        return FleetSpec.model_validate(raw)
+    except ValidationError as exc:
+        lines = []
+        for error in exc.errors():
+            where = ".".join(str(part) for part in error["loc"]) or "spec"
+            lines.append(f"{where}: {error['msg'].removeprefix('Value error, ')}")
+        raise SpecError("; ".join(lines)) from None

