@@ -16,7 +16,7 @@ Page states (every page but the null page is in exactly one):
 from __future__ import annotations
 
 from collections import Counter, OrderedDict, deque
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 
 from kvfleet.kvstore.events import KVEvent, KVEventKind, KVEventListener, ignore_event
 
@@ -24,6 +24,14 @@ from kvfleet.kvstore.events import KVEvent, KVEventKind, KVEventListener, ignore
 # slid out (or a state life cycle keeps no snapshot), so they stay position-aligned; the engine
 # never reads it because those positions are masked out.
 NULL_PAGE = 0
+
+
+# on_evict(page, block_hash): a cached page is about to be reused by `take` (tiers offload it).
+EvictionHook = Callable[[int, int], None]
+
+
+def _keep_nothing(page: int, block_hash: int) -> None:
+    """The default eviction hook: an evicted block is simply gone."""
 
 
 class PoolExhaustedError(RuntimeError):
@@ -38,13 +46,18 @@ class BlockPool:
     """Page ids 1..num_pages-1 with ref counts, a block-hash index and LRU eviction."""
 
     def __init__(
-        self, life_cycle: str, num_pages: int, listener: KVEventListener = ignore_event
+        self,
+        life_cycle: str,
+        num_pages: int,
+        listener: KVEventListener = ignore_event,
+        on_evict: EvictionHook = _keep_nothing,
     ) -> None:
         if num_pages < 2:
             raise ValueError(f"pool {life_cycle!r} needs >= 2 pages (1 is null), got {num_pages}")
         self.life_cycle = life_cycle
         self.num_pages = num_pages
         self._listener = listener
+        self._on_evict = on_evict
         self._ref_counts = [0] * num_pages
         self._page_hash: list[int | None] = [None] * num_pages
         self._index: dict[int, int] = {}
@@ -116,6 +129,9 @@ class BlockPool:
                 page = self._free.popleft()
             else:
                 page, _ = self._evictable.popitem(last=False)
+                # NOTE: the hook runs before `removed` is announced, so tiers can tell whether
+                # the block is still held on this rank.
+                self._on_evict(page, self._page_hash[page])
                 self._forget(page)
             self._ref_counts[page] = 1
             pages.append(page)

@@ -13,12 +13,17 @@ An engine (or a simulator, with the same calls and no tensors) drives one reques
 
 Checks come paired with actions and an action either does all of its work or raises before
 touching anything. Not thread-safe: one scheduler thread owns the manager.
+
+With tiers (`kvfleet.kvstore.tiers`), a match also finds blocks on host or disk, admission
+onboards them before it returns, evicted device pages are offloaded to host, and
+`prefetch(waiting_request_ids)` reads queued requests' disk blocks to host in the background.
 """
 
 from __future__ import annotations
 
 from collections import Counter, deque
 from collections.abc import Mapping, Sequence
+from functools import partial
 
 import numpy as np
 from kvfleet.kvstore.block_pool import NULL_PAGE, BlockPool
@@ -35,6 +40,9 @@ from kvfleet.kvstore.results import (
     RequestProgress,
     TurnRecord,
 )
+from kvfleet.kvstore.tiers.metrics import DISK
+from kvfleet.kvstore.tiers.onboarding import onboard_staged
+from kvfleet.kvstore.tiers.stack import KVTiers, StagedBlock, StaleMatchError
 
 
 class UnknownRequestError(KeyError):
@@ -44,12 +52,26 @@ class UnknownRequestError(KeyError):
 class KVCacheManager:
     """Paged KV cache index and allocator over one pool per life cycle."""
 
-    def __init__(self, config: KVStoreConfig, listener: KVEventListener = ignore_event) -> None:
+    def __init__(
+        self,
+        config: KVStoreConfig,
+        listener: KVEventListener = ignore_event,
+        tiers: KVTiers | None = None,
+    ) -> None:
         self.config = config
         self.life_cycles = {lc.name: lc for lc in config.life_cycles}
+        self.tiers = tiers or KVTiers.device_only(list(self.life_cycles))
+        pool_listener = self.tiers.attach(listener, self._on_device)
         self.pools: Mapping[str, BlockPool] = {
-            name: BlockPool(name, config.pool_pages[name], listener) for name in self.life_cycles
+            name: BlockPool(
+                name,
+                config.pool_pages[name],
+                pool_listener,
+                partial(self.tiers.on_device_evict, name),
+            )
+            for name in self.life_cycles
         }
+        self._locate = self.tiers.locate if self.tiers.has_lower_tiers else None
         self._requests: dict[str, RequestState] = {}
         self._conversations: dict[str, deque[TurnRecord]] = {}
 
@@ -65,6 +87,7 @@ class KVCacheManager:
             self.config.life_cycles,
             self.pools,
             self.config.block_size,
+            self._locate,
         )
 
     def page_table(self, request_id: str, life_cycle: str) -> tuple[int, ...]:
@@ -114,17 +137,9 @@ class KVCacheManager:
 
     def can_admit(self, request_id: str, num_new_tokens: int) -> bool:
         """True if `admit(request_id, num_new_tokens)` would succeed now."""
-        state = self._state(request_id)
-        if state.admitted:
+        if self._state(request_id).admitted:
             return False
-        match = self.match(request_id)
-        blocks_after = self._blocks_for(match.num_reusable_tokens + num_new_tokens)
-        for name, pool in self._required_pools():
-            revived = sum(1 for page in match.pages[name] if pool.is_evictable(page))
-            needed = blocks_after - match.num_reusable_blocks
-            if needed > pool.num_available() - revived:
-                return False
-        return True
+        return self._fits(self.match(request_id), num_new_tokens)
 
     def admit(self, request_id: str, num_new_tokens: int) -> Allocation:
         """Take the matched prefix and pages for the first `num_new_tokens` tokens after it."""
@@ -132,14 +147,22 @@ class KVCacheManager:
         if not self.can_admit(request_id, num_new_tokens):
             raise ValueError(f"request {request_id!r} cannot be admitted for {num_new_tokens}")
         state = self._state(request_id)
-        match = self.match(request_id)
-        for name, pages in match.pages.items():
-            for page in pages:
-                if page != NULL_PAGE:
-                    self.pools[name].ref(page)
-            state.page_tables[name] = list(pages)
-            state.next_commit[name] = match.num_reusable_blocks
-            state.next_release[name] = 0
+        self.tiers.land_prefetched()
+        match, staged = self._staged_match(request_id)
+        try:
+            if not self._fits(match, num_new_tokens):
+                raise ValueError(f"request {request_id!r}: its match shrank and no longer fits")
+            for name, pages in match.pages.items():
+                for page in pages:
+                    if page != NULL_PAGE:
+                        self.pools[name].ref(page)
+                self.tiers.count_device_hits(sum(page != NULL_PAGE for page in pages))
+                state.page_tables[name] = list(pages)
+                state.next_commit[name] = match.num_reusable_blocks
+                state.next_release[name] = 0
+            onboard_staged(self.tiers, self.pools, self.life_cycles, state.page_tables, staged)
+        finally:
+            self.tiers.release_pins()
         state.admitted = True
         state.num_reused_tokens = state.num_computed_tokens = match.num_reusable_tokens
         self._plan_commits(state)
@@ -171,6 +194,7 @@ class KVCacheManager:
             table.extend(pages)
             table.extend([NULL_PAGE] * (needed - len(pages)))  # only optional ones fall short
             new_pages[name] = tuple(pages)
+        self.tiers.flush()
         return Allocation(
             request_id,
             state.num_reused_tokens,
@@ -238,6 +262,27 @@ class KVCacheManager:
                     pool.release(page)
         del self._requests[request_id]
 
+    def prefetch(self, waiting_request_ids: Sequence[str]) -> int:
+        """Read the disk blocks of the first `disk_prefetch_num_reqs` waiting requests to host
+        in the background (others in flight are cancelled); returns the reads queued.
+
+        Finished reads land on host here, at `admit`, or at `land_prefetched`.
+        """
+        self.tiers.land_prefetched()
+        keys: list[tuple[str, int]] = []
+        for request_id in waiting_request_ids[: self.tiers.disk_prefetch_num_reqs]:
+            state = self._state(request_id)
+            if state.admitted:
+                continue
+            hashes = state.sequence.hashes
+            for name, where in self.match(request_id).locations.items():
+                keys.extend((name, hashes[i]) for i, tier in enumerate(where) if tier == DISK)
+        return self.tiers.prefetch(keys)
+
+    def land_prefetched(self) -> int:
+        """Put finished background disk reads on the host tier; returns how many landed."""
+        return self.tiers.land_prefetched()
+
     def drop_conversation(self, conversation_id: str) -> tuple[DropPlan, ...]:
         """Release every retained turn of a conversation that has ended."""
         turns = self._conversations.pop(conversation_id, deque())
@@ -257,6 +302,7 @@ class KVCacheManager:
                     holders[name].update(page for page in pages if page is not None)
         for name, pool in self.pools.items():
             pool.check_integrity(holders[name])
+        self.tiers.check_integrity()
 
     # -- internals -------------------------------------------------------------------------------
 
@@ -265,6 +311,28 @@ class KVCacheManager:
             return self._requests[request_id]
         except KeyError:
             raise UnknownRequestError(request_id) from None
+
+    def _on_device(self, life_cycle: str, block_hash: int) -> bool:
+        return self.pools[life_cycle].lookup(block_hash) is not None
+
+    def _fits(self, match: PrefixMatch, num_new_tokens: int) -> bool:
+        """True if every required pool has room for the new blocks and the onboarded ones."""
+        blocks_after = self._blocks_for(match.num_reusable_tokens + num_new_tokens)
+        for name, pool in self._required_pools():
+            revived = sum(1 for page in match.pages[name] if pool.is_evictable(page))
+            needed = blocks_after - match.num_reusable_blocks + match.num_lower(name)
+            if needed > pool.num_available() - revived:
+                return False
+        return True
+
+    def _staged_match(self, request_id: str) -> tuple[PrefixMatch, dict[str, list[StagedBlock]]]:
+        """Match and stage its host/disk blocks; a bad disk file drops out and we match again."""
+        while True:  # each retry has forgotten at least one disk block, so this ends
+            match = self.match(request_id)
+            try:
+                return match, self.tiers.stage(match, self._state(request_id).sequence.hashes)
+            except StaleMatchError:
+                continue
 
     def _blocks_for(self, num_tokens: int) -> int:
         return -(-num_tokens // self.config.block_size)

@@ -1,33 +1,35 @@
-"""Longest-prefix match that honours every life cycle (reads pools, writes nothing).
+"""Longest-prefix match that honours every life cycle (reads pools and tiers, writes nothing).
 
 The reusable length is the largest block-aligned position at which every required reusable life
 cycle can resume: full life cycles bound it by their run of cached blocks from the start, the
 others are checked at each candidate position from the top down (failing fast on the last block).
+With tiers, a block counts as cached if the device pool or a lower tier (`locate`) has it.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 
 from kvfleet.kvstore.block_pool import NULL_PAGE, BlockPool
 from kvfleet.kvstore.life_cycles import LifeCycle
 from kvfleet.kvstore.results import PrefixMatch
 
+# locate(life_cycle, block_hash) -> "host" / "disk" for a block off the device, else None.
+Locate = Callable[[str, int], str | None]
+Found = Callable[[int], bool]
+
 
 def cached_run(pool: BlockPool, hashes: Sequence[int], limit: int) -> int:
     """How many of the first `limit` blocks are cached in `pool`, counted from the start."""
-    for index in range(limit):
-        if pool.lookup(hashes[index]) is None:
-            return index
-    return limit
+    return _run(lambda block_hash: pool.lookup(block_hash) is not None, hashes, limit)
 
 
 def can_resume(
     pool: BlockPool, life_cycle: LifeCycle, hashes: Sequence[int], k: int, block_size: int
 ) -> bool:
     """True if every block `life_cycle` needs to resume at block `k` is cached."""
-    needed = reversed(life_cycle.resume_blocks(k, block_size))
-    return all(pool.lookup(hashes[index]) is not None for index in needed)
+    found = _finder(pool, None)
+    return _resumable(found, life_cycle, hashes, k, block_size)
 
 
 def find_prefix(
@@ -36,30 +38,78 @@ def find_prefix(
     life_cycles: Sequence[LifeCycle],
     pools: Mapping[str, BlockPool],
     block_size: int,
+    locate: Locate | None = None,
 ) -> PrefixMatch:
     """The longest prefix (<= `max_blocks` blocks) every required life cycle can resume."""
     limit = min(max_blocks, len(hashes))
     required = [lc for lc in life_cycles if lc.reusable and lc.required]
+    found = {lc.name: _finder(pools[lc.name], locate and _bind(locate, lc.name)) for lc in required}
     for life_cycle in required:
         if life_cycle.needs_whole_prefix:
-            limit = cached_run(pools[life_cycle.name], hashes, limit)
+            limit = _run(found[life_cycle.name], hashes, limit)
     others = [lc for lc in required if not lc.needs_whole_prefix]
     k = limit
-    while k > 0 and not all(can_resume(pools[lc.name], lc, hashes, k, block_size) for lc in others):
+    while k > 0 and not all(_resumable(found[lc.name], lc, hashes, k, block_size) for lc in others):
         k -= 1
     pages = {lc.name: _pages_at(pools[lc.name], lc, hashes, k, block_size) for lc in life_cycles}
-    return PrefixMatch(k * block_size, k, pages)
+    if locate is None:
+        return PrefixMatch(k * block_size, k, pages)
+    locations = {
+        lc.name: _locations(pages[lc.name], lc, hashes, k, block_size, _bind(locate, lc.name))
+        for lc in life_cycles
+    }
+    return PrefixMatch(k * block_size, k, pages, locations)
+
+
+def _bind(locate: Locate, name: str) -> Callable[[int], str | None]:
+    return lambda block_hash: locate(name, block_hash)
+
+
+def _finder(pool: BlockPool, lower: Callable[[int], str | None] | None) -> Found:
+    lookup = pool.lookup
+    if lower is None:
+        return lambda block_hash: lookup(block_hash) is not None
+    return lambda block_hash: lookup(block_hash) is not None or lower(block_hash) is not None
+
+
+def _run(found: Found, hashes: Sequence[int], limit: int) -> int:
+    for index in range(limit):
+        if not found(hashes[index]):
+            return index
+    return limit
+
+
+def _resumable(
+    found: Found, life_cycle: LifeCycle, hashes: Sequence[int], k: int, block_size: int
+) -> bool:
+    needed = reversed(life_cycle.resume_blocks(k, block_size))
+    return all(found(hashes[index]) for index in needed)
 
 
 def _pages_at(
     pool: BlockPool, life_cycle: LifeCycle, hashes: Sequence[int], k: int, block_size: int
 ) -> tuple[int, ...]:
     """Position-aligned pages of `life_cycle` for a resume at block k (NULL where not needed)."""
+    lookup = pool.lookup
     if life_cycle.needs_whole_prefix and life_cycle.required:
-        lookup = pool.lookup
-        return tuple([lookup(h) for h in hashes[:k]])
+        return tuple([NULL_PAGE if (page := lookup(h)) is None else page for h in hashes[:k]])
     table = [NULL_PAGE] * k
     for index in life_cycle.resume_blocks(k, block_size):
-        page = pool.lookup(hashes[index])
+        page = lookup(hashes[index])
         table[index] = NULL_PAGE if page is None else page
     return tuple(table)
+
+
+def _locations(
+    pages: tuple[int, ...],
+    life_cycle: LifeCycle,
+    hashes: Sequence[int],
+    k: int,
+    block_size: int,
+    lower: Callable[[int], str | None],
+) -> tuple[str, ...]:
+    """Per block of the match: "device", "host", "disk", or "" where it is not needed/found."""
+    where = [""] * k
+    for index in life_cycle.resume_blocks(k, block_size):
+        where[index] = "device" if pages[index] != NULL_PAGE else (lower(hashes[index]) or "")
+    return tuple(where)

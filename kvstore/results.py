@@ -3,7 +3,11 @@
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+
+# Where a matched block is: on the device (its page is in `pages`), or on a lower tier (its page
+# is NULL_PAGE until admission onboards it); "" where the life cycle does not need the block.
+LOWER_TIERS = ("host", "disk")
 
 
 @dataclass(frozen=True)
@@ -12,11 +16,19 @@ class PrefixMatch:
 
     `pages[life_cycle]` has one entry per reused block in token order; NULL_PAGE marks positions
     that life cycle does not need (slid out of a window, between state snapshots, private).
+    With tiers, `locations[life_cycle]` says per block "device", "host", "disk" or "" (not
+    needed); blocks on host or disk have NULL_PAGE in `pages` until admission onboards them.
+    Without tiers `locations` is empty and every needed block is on the device.
     """
 
     num_reusable_tokens: int
     num_reusable_blocks: int
     pages: Mapping[str, tuple[int, ...]]
+    locations: Mapping[str, tuple[str, ...]] = field(default_factory=dict)
+
+    def num_lower(self, life_cycle: str) -> int:
+        """Blocks of `life_cycle` that admission must onboard from host or disk."""
+        return sum(tier in LOWER_TIERS for tier in self.locations.get(life_cycle, ()))
 
 
 @dataclass(frozen=True)

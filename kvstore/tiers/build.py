@@ -1,0 +1,76 @@
+"""Build a rank's tiers from config: real bytes for an engine, an index alone for the simulator."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from kvfleet.kvstore.config import KVStoreConfig
+from kvfleet.kvstore.tiers.disk_files import DiskFiles, NoDiskFiles
+from kvfleet.kvstore.tiers.layout import KVLayout
+from kvfleet.kvstore.tiers.stack import KVTiers
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class TierConfig:
+    """Pages per life cycle on host and on disk, the shared disk folder, prefetch depth.
+
+    `disk_dir` None with a layout: no disk tier. Without a layout (the simulator) the disk tier
+    is an index of `disk_pages` and `disk_dir` must be None.
+    """
+
+    host_pages: Mapping[str, int] = field(default_factory=dict)
+    disk_pages: Mapping[str, int] = field(default_factory=dict)
+    disk_dir: str | None = None
+    disk_prefetch_num_reqs: int = 0
+    prefetch_queue_blocks: int = 256
+
+
+def build_tiers(
+    store: KVStoreConfig, tiers: TierConfig, layout: KVLayout | None = None, device: Any = None
+) -> KVTiers:
+    """Tiers for a manager of `store`: TorchBytes (device KV + host rows) when `layout` is given.
+
+    A disk folder that cannot be created or written logs a warning and leaves no disk tier.
+    """
+    names = [life_cycle.name for life_cycle in store.life_cycles]
+    unknown = sorted((set(tiers.host_pages) | set(tiers.disk_pages)) - set(names))
+    if unknown:
+        raise ValueError(f"tier pages name unknown life cycles {unknown}; known: {names}")
+    host = {name: tiers.host_pages.get(name, 0) for name in names}
+    disk = {name: tiers.disk_pages.get(name, 0) for name in names}
+    common = {
+        "disk_prefetch_num_reqs": tiers.disk_prefetch_num_reqs,
+        "prefetch_queue_blocks": tiers.prefetch_queue_blocks,
+    }
+    if layout is None:
+        if tiers.disk_dir is not None:
+            raise ValueError("disk_dir needs a layout: the byte-less tiers keep no files")
+        return KVTiers(host, disk, dict.fromkeys(names, 0), **common)
+    missing = sorted(set(names) - set(layout.layers))
+    if missing:
+        raise ValueError(f"layout has no layers entry for life cycles {missing}")
+    from kvfleet.kvstore.tiers.torch_bytes import TorchBytes  # torch only where bytes are real
+
+    byte_store = TorchBytes(layout, store.pool_pages, host, device)
+    page_bytes = {name: layout.page_bytes(name) for name in names}
+    files = _open_disk(tiers.disk_dir, layout, names)
+    if isinstance(files, NoDiskFiles):
+        disk = dict.fromkeys(names, 0)
+    return KVTiers(host, disk, page_bytes, byte_store, files, **common)
+
+
+def _open_disk(disk_dir: str | None, layout: KVLayout, names: list[str]):
+    if disk_dir is None:
+        return NoDiskFiles()
+    files = DiskFiles(disk_dir, {name: layout.fingerprint(name) for name in names})
+    try:
+        files.probe()
+    except OSError as error:
+        log.warning("disk tier at %s unusable (%s): no disk tier", disk_dir, error)
+        return NoDiskFiles()
+    return files

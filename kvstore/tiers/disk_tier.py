@@ -1,0 +1,73 @@
+"""The disk tier of one rank: its LRU index over the shared folder, and the folder's files.
+
+The index is this rank's view (capacity, recency); the files are shared with other ranks, so a
+block another rank wrote is found through the files and adopted into the index when read.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable
+
+from kvfleet.kvstore.tiers.disk_files import DiskFiles, NoDiskFiles
+from kvfleet.kvstore.tiers.metrics import DISK, TierMetrics
+from kvfleet.kvstore.tiers.tier_index import TierIndex
+
+
+class DiskTier:
+    """Index + files; evicting a block from the index deletes its file."""
+
+    def __init__(self, index: TierIndex, files: DiskFiles | NoDiskFiles, metrics: TierMetrics):
+        self.index = index
+        self.files = files
+        self.metrics = metrics
+
+    @classmethod
+    def absent(cls, life_cycles: Iterable[str], metrics: TierMetrics) -> DiskTier:
+        """No disk tier: zero capacity, no files (a read-only or full volume)."""
+        return cls(TierIndex(DISK, dict.fromkeys(life_cycles, 0)), NoDiskFiles(), metrics)
+
+    def has(self, life_cycle: str, block_hash: int) -> bool:
+        """True if this rank indexed the block or any rank's file for it exists (no mutation)."""
+        if self.index.lookup(life_cycle, block_hash) is not None:
+            return True
+        return self.files.contains(life_cycle, block_hash)
+
+    def keep(self, life_cycle: str, block_hash: int) -> bool:
+        """Index a block that is (or is about to be) on disk; False if the tier has no room."""
+        if self.index.lookup(life_cycle, block_hash) is not None:
+            self.index.touch(life_cycle, block_hash)
+            return True
+        slot, evicted = self.index.insert(life_cycle, block_hash)
+        for old_hash, _ in evicted:
+            self.files.remove(life_cycle, old_hash)
+            self.metrics.evictions += 1
+        return slot is not None
+
+    def store(
+        self, life_cycle: str, block_hash: int, payload: Callable[[], memoryview | None]
+    ) -> bool:
+        """Write the block unless it is there already; True if bytes were written.
+
+        Raises OSError when the volume refuses the write (full, read-only).
+        """
+        known = self.index.lookup(life_cycle, block_hash) is not None
+        if not self.keep(life_cycle, block_hash) or known:
+            return False
+        if self.files.contains(life_cycle, block_hash):
+            return False  # another rank wrote it: content-addressed, so these very bytes
+        try:
+            self.files.write(life_cycle, block_hash, payload())
+        except OSError:
+            self.index.remove(life_cycle, block_hash)
+            raise
+        return True
+
+    def read(self, life_cycle: str, block_hash: int, out: memoryview | None) -> bool:
+        """Read the block into `out` and pin it until the onboarding ends; False on a miss."""
+        if self.files.read_into(life_cycle, block_hash, out):
+            if self.keep(life_cycle, block_hash):
+                self.index.pin(life_cycle, block_hash)
+            return True
+        self.index.remove(life_cycle, block_hash)
+        self.metrics.misses += 1
+        return False

@@ -1,0 +1,73 @@
+"""The shape of one page of KV per life cycle: what the device, host and disk tiers store.
+
+No torch here: the fleet simulator sizes tiers and charges copy time from `page_bytes` alone.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+
+# Bytes per element of the dtypes a KV cache is kept in.
+DTYPE_BYTES = {"float32": 4, "float16": 2, "bfloat16": 2, "float8_e4m3fn": 1, "float8_e5m2": 1}
+_NAME = re.compile(r"^[A-Za-z0-9_.-]+$")
+
+
+@dataclass(frozen=True)
+class KVLayout:
+    """Per life cycle, the model layers it holds; every layer keeps K and V of one page shape.
+
+    A page of life cycle `lc` is `[num_layers(lc), 2, page_size, kv_heads, head_dim]` (K then V),
+    so one block's bytes are contiguous on host and on disk.
+    """
+
+    page_size: int
+    kv_heads: int
+    head_dim: int
+    layers: Mapping[str, tuple[int, ...]]
+    dtype: str = "bfloat16"
+    _layer_slot: dict[int, tuple[str, int]] = field(init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        sizes = (self.page_size, self.kv_heads, self.head_dim)
+        if min(sizes) <= 0:
+            raise ValueError(f"page_size, kv_heads, head_dim must be positive, got {sizes}")
+        if self.dtype not in DTYPE_BYTES:
+            raise ValueError(f"dtype {self.dtype!r} unknown; known: {sorted(DTYPE_BYTES)}")
+        slots: dict[int, tuple[str, int]] = {}
+        for name, layer_ids in self.layers.items():
+            if not _NAME.match(name):
+                raise ValueError(f"life cycle name {name!r} must match {_NAME.pattern}")
+            for index, layer in enumerate(layer_ids):
+                if layer in slots:
+                    raise ValueError(f"layer {layer} is in {slots[layer][0]!r} and {name!r}")
+                slots[layer] = (name, index)
+        object.__setattr__(self, "layers", {k: tuple(v) for k, v in self.layers.items()})
+        object.__setattr__(self, "_layer_slot", slots)
+
+    def page_shape(self, life_cycle: str) -> tuple[int, int, int, int, int]:
+        """`(layers, 2, page_size, kv_heads, head_dim)` of one page of `life_cycle`."""
+        num_layers = len(self.layers[life_cycle])
+        return (num_layers, 2, self.page_size, self.kv_heads, self.head_dim)
+
+    def page_bytes(self, life_cycle: str) -> int:
+        """Bytes of one page of `life_cycle` (all its layers, K and V)."""
+        count = 1
+        for size in self.page_shape(life_cycle):
+            count *= size
+        return count * DTYPE_BYTES[self.dtype]
+
+    def layer_slot(self, layer: int) -> tuple[str, int]:
+        """The life cycle holding `layer` and the layer's index within it."""
+        try:
+            return self._layer_slot[layer]
+        except KeyError:
+            raise ValueError(
+                f"layer {layer} is in no life cycle of {sorted(self.layers)}"
+            ) from None
+
+    def fingerprint(self, life_cycle: str) -> bytes:
+        """What a disk file must match to be read as a page of `life_cycle` (shape, dtype)."""
+        shape = "x".join(str(size) for size in self.page_shape(life_cycle))
+        return f"{life_cycle}/{shape}/{self.dtype}".encode()

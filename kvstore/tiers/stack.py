@@ -1,0 +1,305 @@
+"""Host and disk tiers under one manager's device pools: indexes, byte moves, events, metrics.
+
+The manager owns a `KVTiers` and calls it from its owner thread only; so does everything here
+that writes an index. The order of work for each kind of move:
+
+| move              | index change (at once)                   | bytes (at `flush`)                |
+|-------------------|------------------------------------------|-----------------------------------|
+| device eviction   | host slot taken (oldest host block out)  | evicted host blocks -> disk, then |
+|                   |                                          | device pages -> host slots        |
+| onboard (admit)   | host/disk blocks pinned, device pages    | disk files -> staging rows before |
+|                   | taken and committed                      | any page is taken; rows -> device |
+| prefetch landing  | host slot taken                          | file bytes (read by the worker)   |
+|                   |                                          | -> host slot                      |
+
+KV events describe the rank: a block is *stored* when it becomes findable on this rank's device
+or host and *removed* when it leaves both. The shared disk is no rank's: every rank reaches it
+alike, so it says nothing about where to route.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections import Counter
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from kvfleet.kvstore.block_pool import IntegrityError
+from kvfleet.kvstore.events import KVEvent, KVEventKind, KVEventListener, ignore_event
+from kvfleet.kvstore.results import PrefixMatch
+from kvfleet.kvstore.tiers.disk_files import DiskFiles, NoDiskFiles
+from kvfleet.kvstore.tiers.disk_tier import DiskTier
+from kvfleet.kvstore.tiers.metrics import DEVICE, DISK, HOST, TierMetrics, new_tier_metrics
+from kvfleet.kvstore.tiers.page_bytes import NoBytes, TierBytes
+from kvfleet.kvstore.tiers.prefetch import BlockKey, Prefetcher
+from kvfleet.kvstore.tiers.tier_index import TierIndex
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class StagedBlock:
+    """A lower-tier block of a match whose bytes are ready in a host row."""
+
+    position: int
+    block_hash: int
+    tier: str
+    row: Any
+
+
+class KVTiers:
+    """Host and disk tiers of one rank, driven by the manager that owns the device pools."""
+
+    def __init__(
+        self,
+        host_pages: Mapping[str, int],
+        disk_pages: Mapping[str, int],
+        page_bytes: Mapping[str, int],
+        byte_store: TierBytes | None = None,
+        disk_files: DiskFiles | NoDiskFiles | None = None,
+        disk_prefetch_num_reqs: int = 0,
+        prefetch_queue_blocks: int = 256,
+    ) -> None:
+        if disk_prefetch_num_reqs < 0:
+            raise ValueError(f"disk_prefetch_num_reqs must be >= 0, got {disk_prefetch_num_reqs}")
+        self.bytes = byte_store or NoBytes()
+        self.page_bytes = dict(page_bytes)
+        self.host = TierIndex(HOST, host_pages)
+        self.metrics: dict[str, TierMetrics] = new_tier_metrics()
+        files = disk_files or NoDiskFiles()
+        self.disk = DiskTier(TierIndex(DISK, disk_pages), files, self.metrics[DISK])
+        self.disk_prefetch_num_reqs = disk_prefetch_num_reqs
+        self.device_kv = getattr(self.bytes, "kv", None)
+        self._prefetcher = Prefetcher(self.disk.files, self.page_bytes, prefetch_queue_blocks)
+        self._pending: list[tuple[str, int, int]] = []  # (life cycle, device page, host slot)
+        self._pending_slots: set[tuple[str, int]] = set()
+        self._to_disk: list[tuple[str, int, int]] = []  # (life cycle, hash, host slot)
+        self._listener: KVEventListener = ignore_event
+        self._on_device: Callable[[str, int], bool] = lambda life_cycle, block_hash: False
+
+    @classmethod
+    def device_only(cls, life_cycles: Sequence[str]) -> KVTiers:
+        """No host and no disk tier: the manager's default."""
+        zero = dict.fromkeys(life_cycles, 0)
+        return cls(zero, zero, zero)
+
+    def attach(
+        self, listener: KVEventListener, on_device: Callable[[str, int], bool]
+    ) -> KVEventListener:
+        """Take the rank's event listener; return the one the device pools must call."""
+        self._listener, self._on_device = listener, on_device
+        return self._device_event
+
+    # -- reads -----------------------------------------------------------------------------
+
+    @property
+    def has_lower_tiers(self) -> bool:
+        """True if a host or disk tier can hold any block (else matching skips `locate`)."""
+        capacities = [*self.host.capacity.values(), *self.disk.index.capacity.values()]
+        return any(capacities) or isinstance(self.disk.files, DiskFiles)
+
+    def locate(self, life_cycle: str, block_hash: int) -> str | None:
+        """HOST or DISK for a block not on the device, else None (no mutation)."""
+        if self.host.lookup(life_cycle, block_hash) is not None:
+            return HOST
+        return DISK if self.disk.has(life_cycle, block_hash) else None
+
+    # -- device evictions (offload) --------------------------------------------------------
+
+    def on_device_evict(self, life_cycle: str, page: int, block_hash: int) -> None:
+        """A cached device page is being reused: keep its block on host (copied at `flush`)."""
+        if self.host.lookup(life_cycle, block_hash) is not None:
+            self.host.touch(life_cycle, block_hash)
+            return
+        slot = self._host_insert(life_cycle, block_hash)
+        if slot is not None:
+            self._pending.append((life_cycle, page, slot))
+            self._pending_slots.add((life_cycle, slot))
+
+    def flush(self) -> None:
+        """Write evicted host blocks to disk, then copy evicted device pages to host."""
+        to_disk, self._to_disk = self._to_disk, []
+        for life_cycle, block_hash, slot in to_disk:
+            self._store_on_disk(life_cycle, block_hash, slot)
+        pending, self._pending = self._pending, []
+        self._pending_slots.clear()
+        by_life_cycle: dict[str, list[tuple[int, int]]] = {}
+        for life_cycle, page, slot in pending:
+            by_life_cycle.setdefault(life_cycle, []).append((page, slot))
+        for life_cycle, moves in by_life_cycle.items():
+            started = time.perf_counter()
+            self.bytes.offload(life_cycle, [p for p, _ in moves], [s for _, s in moves])
+            self._count_move(DEVICE, HOST, life_cycle, len(moves), started)
+
+    # -- onboarding (admit) ----------------------------------------------------------------
+
+    def stage(self, match: PrefixMatch, hashes: Sequence[int]) -> dict[str, list[StagedBlock]]:
+        """Pin the match's host blocks and read its disk blocks into rows.
+
+        Returns the staged blocks per life cycle in position order, or raises
+        `StaleMatchError` after forgetting the disk blocks whose files were missing or failed
+        their checks (the caller matches again; each retry has fewer disk blocks).
+        """
+        staged: dict[str, list[StagedBlock]] = {}
+        bad = 0
+        for name, locations in match.locations.items():
+            blocks = [(i, hashes[i], t) for i, t in enumerate(locations) if t in (HOST, DISK)]
+            disk_blocks = [(i, h) for i, h, t in blocks if t == DISK]
+            disk_rows = dict(
+                zip(disk_blocks, self.bytes.new_rows(name, len(disk_blocks)), strict=True)
+            )
+            started = time.perf_counter()
+            rows = []
+            for index, block_hash, tier in blocks:
+                if tier == HOST:
+                    self.host.pin(name, block_hash)
+                    self.host.touch(name, block_hash)
+                    slot = self.host.lookup(name, block_hash)
+                    row = self.bytes.host_row(name, slot)
+                else:
+                    row = disk_rows[(index, block_hash)]
+                    if not self.disk.read(name, block_hash, self.bytes.payload(row)):
+                        bad += 1
+                        continue
+                rows.append(StagedBlock(index, block_hash, tier, row))
+            self.metrics[DEVICE].copy_seconds += time.perf_counter() - started
+            staged[name] = rows
+        if bad:
+            self.release_pins()
+            raise StaleMatchError(f"{bad} disk blocks of the match failed their checks")
+        return staged
+
+    def onboard(self, life_cycle: str, pages: Sequence[int], blocks: Sequence[StagedBlock]):
+        """Copy staged blocks into the device pages taken for them (after `flush`)."""
+        started = time.perf_counter()
+        self.bytes.onboard(life_cycle, pages, [block.row for block in blocks])
+        self.metrics[DEVICE].copy_seconds += time.perf_counter() - started
+        found = Counter(block.tier for block in blocks)
+        device = self.metrics[DEVICE]
+        device.misses += len(blocks)
+        device.pages_in += len(blocks)
+        device.bytes_in += len(blocks) * self.page_bytes.get(life_cycle, 0)
+        self.metrics[HOST].misses += found[DISK]
+        for tier, count in found.items():
+            self.metrics[tier].hits += count
+            self.metrics[tier].pages_out += count
+            self.metrics[tier].bytes_out += count * self.page_bytes.get(life_cycle, 0)
+
+    def count_device_hits(self, num_pages: int) -> None:
+        """Pages of an admitted prefix that were already on the device."""
+        self.metrics[DEVICE].hits += num_pages
+
+    def release_pins(self) -> None:
+        """End of an onboarding: staged blocks may be evicted again."""
+        self.host.unpin_all()
+        self.disk.index.unpin_all()
+
+    # -- prefetch --------------------------------------------------------------------------
+
+    def prefetch(self, keys: Sequence[BlockKey]) -> int:
+        """Read these disk blocks to host in the background, in order; cancel the others.
+
+        Returns how many new reads were queued (the queue is bounded; the rest wait for the
+        next call).
+        """
+        wanted = dict.fromkeys(keys)
+        in_flight = self._prefetcher.in_flight()
+        self._prefetcher.cancel(in_flight - wanted.keys())
+        queued = 0
+        for key in wanted:
+            if key in in_flight or self.host.lookup(*key) is not None:
+                continue
+            if not self._prefetcher.submit(key):
+                break
+            queued += 1
+        return queued
+
+    def land_prefetched(self) -> int:
+        """Put finished background reads on the host tier; returns how many landed."""
+        landed = 0
+        for (name, block_hash), data in self._prefetcher.completed():
+            if data is None:
+                self.disk.index.remove(name, block_hash)
+                self.metrics[DISK].misses += 1
+                continue
+            if self._on_device(name, block_hash) or self.host.lookup(name, block_hash) is not None:
+                continue
+            slot = self._host_insert(name, block_hash)
+            if slot is None:
+                continue
+            self.flush()  # evicted host blocks reach disk before the slot is overwritten
+            started = time.perf_counter()
+            self.bytes.fill_row(self.bytes.host_row(name, slot), data)
+            self._count_move(DISK, HOST, name, 1, started)
+            self.disk.keep(name, block_hash)
+            self._listener(KVEvent(KVEventKind.STORED, name, block_hash))
+            landed += 1
+        return landed
+
+    def wait_prefetch(self, timeout_s: float) -> bool:
+        """Block until no background read is queued or running; False on timeout."""
+        return self._prefetcher.wait_idle(timeout_s)
+
+    # -- invariants and life ---------------------------------------------------------------
+
+    def check_integrity(self) -> None:
+        """Raise IntegrityError unless both indexes add up and no copy or pin is left over."""
+        self.host.check_integrity()
+        self.disk.index.check_integrity()
+        if self._pending or self._to_disk:
+            raise IntegrityError(
+                f"tiers: {len(self._pending)} offloads and {len(self._to_disk)} disk writes "
+                "were never flushed"
+            )
+        if self.host.num_pinned() or self.disk.index.num_pinned():
+            raise IntegrityError("tiers: blocks are still pinned after an onboarding")
+
+    def close(self) -> None:
+        """Stop the prefetch worker and wait for copies in flight."""
+        self._prefetcher.close()
+        self.bytes.synchronize()
+
+    # -- internals -------------------------------------------------------------------------
+
+    def _device_event(self, event: KVEvent) -> None:
+        # NOTE: a block still (or already) on host stays findable on this rank either way.
+        if self.host.lookup(event.life_cycle, event.block_hash) is None:
+            self._listener(event)
+
+    def _host_insert(self, life_cycle: str, block_hash: int) -> int | None:
+        slot, evicted = self.host.insert(life_cycle, block_hash)
+        for old_hash, old_slot in evicted:
+            if (life_cycle, old_slot) in self._pending_slots:
+                self.flush()  # the evicted block's bytes are still on their way to its slot
+            self._to_disk.append((life_cycle, old_hash, old_slot))
+            self.metrics[HOST].evictions += 1
+            if not self._on_device(life_cycle, old_hash):
+                self._listener(KVEvent(KVEventKind.REMOVED, life_cycle, old_hash))
+        return slot
+
+    def _store_on_disk(self, life_cycle: str, block_hash: int, slot: int) -> None:
+        started = time.perf_counter()
+        row = self.bytes.host_row(life_cycle, slot)
+        try:
+            written = self.disk.store(life_cycle, block_hash, lambda: self.bytes.payload(row))
+        except OSError as error:
+            log.warning("disk tier unusable (%s): continuing with device and host only", error)
+            self.metrics[DISK].errors += 1
+            self.disk = DiskTier.absent(self.disk.index.capacity, self.metrics[DISK])
+            return
+        if written:
+            self._count_move(HOST, DISK, life_cycle, 1, started)
+
+    def _count_move(self, source: str, target: str, life_cycle: str, pages: int, started: float):
+        size = pages * self.page_bytes.get(life_cycle, 0)
+        self.metrics[source].pages_out += pages
+        self.metrics[source].bytes_out += size
+        self.metrics[target].pages_in += pages
+        self.metrics[target].bytes_in += size
+        self.metrics[target].copy_seconds += time.perf_counter() - started
+
+
+class StaleMatchError(RuntimeError):
+    """Some disk blocks of a match turned out unreadable; match again."""

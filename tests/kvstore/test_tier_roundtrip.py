@@ -1,0 +1,81 @@
+"""Offload then onboard returns bit-identical KV through every tier, for every life cycle."""
+
+import pytest
+from kvfleet.kvstore.life_cycles import (
+    FullLifeCycle,
+    PrivateLifeCycle,
+    StateLifeCycle,
+    WindowLifeCycle,
+)
+from tier_factories import BLOCK, make_tiered, prompt_of, serve
+
+LIFE_CYCLES = (
+    FullLifeCycle("full"),
+    WindowLifeCycle("swa", window_tokens=2 * BLOCK),
+    StateLifeCycle("ssm", every_tokens=BLOCK),
+)
+
+
+def _evict_a_with(manager, count):
+    """Serve turn "a", then `count` unrelated turns that push it off the device."""
+    serve(manager, "a", prompt_of(1))
+    for seed in range(2, 2 + count):
+        serve(manager, f"push{seed}", prompt_of(seed))
+
+
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+@pytest.mark.parametrize(("host_pages", "tier"), [(16, "host"), (2, "disk")])
+def test_offloaded_blocks_come_back_bit_identical(host_pages, tier, dtype):
+    """A turn resumed from host or disk must see exactly the KV its earlier turn computed."""
+    manager = make_tiered(LIFE_CYCLES, device_pages=6, host_pages=host_pages, dtype=dtype)
+    _evict_a_with(manager, 3)
+    prompt = prompt_of(1) + prompt_of(9, BLOCK)
+    manager.add_request("a2", prompt)
+    match = manager.match("a2")
+    assert match.num_reusable_blocks == 4
+    assert match.locations == {
+        "full": (tier,) * 4,
+        "swa": ("", "", tier, tier),
+        "ssm": ("", "", "", tier),
+    }
+    manager.finish_request("a2")
+    assert serve(manager, "a2b", prompt) == 4 * BLOCK  # serve() checks every reused page's bytes
+    assert manager.tiers.metrics[tier].hits == 4 + 2 + 1
+    manager.check_integrity()
+    manager.tiers.close()
+
+
+def test_onboarded_blocks_are_device_hits_next_time():
+    """After onboarding, a resend must find the blocks on the device, not copy them again."""
+    manager = make_tiered(LIFE_CYCLES, device_pages=8, host_pages=16)
+    _evict_a_with(manager, 3)
+    prompt = prompt_of(1) + prompt_of(9, BLOCK)
+    serve(manager, "a2", prompt)
+    manager.add_request("a3", prompt)
+    assert set(manager.match("a3").locations["full"]) == {"device"}
+    manager.finish_request("a3")
+    manager.check_integrity()
+    manager.tiers.close()
+
+
+def test_private_pages_never_leave_the_device():
+    """Per-request scratch must not be offloaded: nobody can ever find it."""
+    life_cycles = (FullLifeCycle("full"), PrivateLifeCycle("scratch"))
+    manager = make_tiered(life_cycles, device_pages=6, host_pages=16)
+    _evict_a_with(manager, 3)
+    assert manager.tiers.host.num_blocks("scratch") == 0
+    assert manager.tiers.host.num_blocks("full") == 16 - 5  # all but the 5 device pages
+    manager.check_integrity()
+    manager.tiers.close()
+
+
+def test_device_eviction_order_decides_what_reaches_host():
+    """The LRU device page is offloaded first, so the oldest block is the first on host."""
+    manager = make_tiered(device_pages=5, host_pages=16)
+    serve(manager, "a", prompt_of(1))
+    serve(manager, "b", prompt_of(2, 2 * BLOCK))
+    manager.add_request("a2", [*prompt_of(1), 7])
+    assert manager.match("a2").locations["full"] == ("host", "host", "device", "device")
+    manager.finish_request("a2")
+    manager.check_integrity()
+    manager.tiers.close()
