@@ -18,6 +18,8 @@ SUBCOMMAND_MODULES: tuple[str, ...] = (
     "kvfleet.proto.cli",
     "kvfleet.services.replay.command",
     "kvfleet.operator.cli",
+    "kvfleet.services.engine.cli",
+    "kvfleet.services.engine.up",
 )
 
 

@@ -1,0 +1,85 @@
+"""Attention backends over the paged KV cache, picked from a small registry.
+
+Every backend computes, for each new token of each sequence, causal attention over the
+sequence's cached plus new keys (read from its pages), restricted to the last `window`
+positions (the query's own included) when `window` is set.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Protocol
+
+import torch
+
+from .batch import AttentionMetadata
+
+
+class AttentionBackend(Protocol):
+    """Paged attention: `q [T, heads, head_dim]` -> output of the same shape."""
+
+    name: str
+
+    def forward(
+        self,
+        q: torch.Tensor,
+        k_pages: torch.Tensor,
+        v_pages: torch.Tensor,
+        meta: AttentionMetadata,
+        window: int | None,
+        scale: float,
+    ) -> torch.Tensor:
+        """Attention of the new queries over their sequences' pages (reads only)."""
+        ...
+
+
+@dataclass(frozen=True)
+class BackendEntry:
+    """How to make a backend and whether it can run on a device."""
+
+    factory: Callable[..., AttentionBackend]
+    supports: Callable[[torch.device], bool]
+
+
+BACKENDS: dict[str, BackendEntry] = {}
+
+# Preference order of the automatic pick on each device type.
+AUTO_ORDER: dict[str, tuple[str, ...]] = {
+    "cuda": ("flash", "sdpa", "reference"),
+    "cpu": ("reference", "sdpa"),
+}
+
+
+def register_backend(name: str, entry: BackendEntry) -> None:
+    """Add a backend to the registry under `name`."""
+    BACKENDS[name] = entry
+
+
+def available_backends(device: torch.device | str) -> list[str]:
+    """Names of the registered backends that can run on `device`."""
+    _load_builtin_backends()
+    device = torch.device(device)
+    return [name for name, entry in BACKENDS.items() if entry.supports(device)]
+
+
+def make_backend(
+    name: str | None, device: torch.device | str, **options: object
+) -> AttentionBackend:
+    """The backend `name` (or the best available when None or "auto") for `device`."""
+    _load_builtin_backends()
+    device = torch.device(device)
+    if name in (None, "auto"):
+        order = AUTO_ORDER.get(device.type, ("reference",))
+        name = next(n for n in order if n in BACKENDS and BACKENDS[n].supports(device))
+    entry = BACKENDS.get(name)
+    if entry is None:
+        raise ValueError(f"unknown attention backend {name!r}; known: {sorted(BACKENDS)}")
+    if not entry.supports(device):
+        raise ValueError(f"attention backend {name!r} cannot run on device {device}")
+    return entry.factory(**options)
+
+
+def _load_builtin_backends() -> None:
+    # Imported here, not at module top, so that each backend module can import this one.
+    from . import attn_flash, attn_reference, attn_sdpa  # noqa: F401

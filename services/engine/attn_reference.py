@@ -1,0 +1,78 @@
+"""`reference` backend: plain fp32 math per sequence; the definition the others must match."""
+
+from __future__ import annotations
+
+import torch
+
+from .attention import BackendEntry, register_backend
+from .batch import AttentionMetadata
+
+
+def attention_mask(
+    query_positions: torch.Tensor, num_keys: int, window: int | None
+) -> torch.Tensor:
+    """Bool `[queries, keys]`: key j is visible to a query at position p iff p-window < j <= p."""
+    keys = torch.arange(num_keys, device=query_positions.device)
+    delta = query_positions[:, None] - keys[None, :]
+    visible = delta >= 0
+    if window is not None:
+        visible &= delta < window
+    return visible
+
+
+def dense_attention(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    query_positions: torch.Tensor,
+    window: int | None,
+    scale: float,
+) -> torch.Tensor:
+    """Attention of `q [n, H, D]` over contiguous `k`, `v` `[ctx, KVH, D]`, in fp32."""
+    group = q.shape[1] // k.shape[1]
+    k = k.float().repeat_interleave(group, dim=1)
+    v = v.float().repeat_interleave(group, dim=1)
+    scores = torch.einsum("qhd,khd->hqk", q.float(), k) * scale
+    mask = attention_mask(query_positions, k.shape[0], window)
+    scores = scores.masked_fill(~mask, float("-inf"))
+    return torch.einsum("hqk,khd->qhd", scores.softmax(dim=-1), v).to(q.dtype)
+
+
+def gather_pages(pages: torch.Tensor, page_ids: torch.Tensor, num_tokens: int) -> torch.Tensor:
+    """Tokens `[num_tokens, KVH, D]` of one sequence read from its pages in order."""
+    page_size = pages.shape[1]
+    used = page_ids[: -(-num_tokens // page_size)].long()
+    return pages[used].flatten(0, 1)[:num_tokens]
+
+
+class ReferenceAttention:
+    """Loops over sequences; gathers each one's pages and does the math in fp32."""
+
+    name = "reference"
+
+    def forward(
+        self,
+        q: torch.Tensor,
+        k_pages: torch.Tensor,
+        v_pages: torch.Tensor,
+        meta: AttentionMetadata,
+        window: int | None,
+        scale: float,
+    ) -> torch.Tensor:
+        """Attention of the new queries over their sequences' pages (reads only)."""
+        out = torch.empty_like(q)
+        start = 0
+        for b, (n, ctx) in enumerate(zip(meta.query_lens, meta.context_lens, strict=True)):
+            k = gather_pages(k_pages, meta.page_table[b], ctx)
+            v = gather_pages(v_pages, meta.page_table[b], ctx)
+            positions = torch.arange(ctx - n, ctx, device=q.device)
+            out[start : start + n] = dense_attention(
+                q[start : start + n], k, v, positions, window, scale
+            )
+            start += n
+        return out
+
+
+register_backend(
+    "reference", BackendEntry(factory=ReferenceAttention, supports=lambda _device: True)
+)

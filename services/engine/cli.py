@@ -1,0 +1,81 @@
+"""`kvfleet engine`: one engine rank (the operator's pod command line)."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import signal
+import threading
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:
+    parser = subparsers.add_parser(
+        "engine", help="run one engine rank (gRPC Engine, OpenAI HTTP, /metrics)"
+    )
+    parser.add_argument("--role", choices=("both", "context", "generation"), default=None)
+    parser.add_argument("--host", default="0.0.0.0", help="bind address")
+    parser.add_argument(
+        "--advertise-host",
+        default=os.environ.get("POD_IP"),
+        help="host the router dials (default: $POD_IP, else this host's address)",
+    )
+    parser.add_argument("--grpc-port", type=int, default=50061)
+    parser.add_argument("--http-port", type=int, default=8000, help="-1: no HTTP API")
+    parser.add_argument("--metrics-port", type=int, default=9401, help="-1: no /metrics")
+    parser.add_argument("--router", default=None, help="HOST:PORT of the router to register with")
+    parser.add_argument("--rank-id", default=None, help="default: the host name")
+    parser.add_argument("--config", default=None, help="engine.yaml (the operator's layout)")
+    parser.add_argument("--disk-tier-dir", default=None)
+    parser.add_argument("--model", default=None, help="preset name (tiny, 1b, 8b)")
+    parser.add_argument("--model-path", default=None, help="local checkpoint directory")
+    parser.add_argument("--max-batch-size", type=int, default=None)
+    parser.add_argument("--max-num-batched-tokens", type=int, default=None)
+    parser.add_argument("--kv-pages", type=int, default=None, help="pages per KV pool")
+    parser.add_argument("--device", default=None)
+    parser.set_defaults(func=run)  # fmt: skip
+
+
+def engine_config_from_args(args: argparse.Namespace):
+    """The config file (if any) with the command line's explicit values on top."""
+    from .engine_config import EngineConfig, load_engine_config
+
+    config = load_engine_config(args.config) if args.config else EngineConfig()
+    return config.with_changes(
+        role=args.role,
+        model=args.model,
+        model_path=args.model_path,
+        max_batch_size=args.max_batch_size,
+        max_num_batched_tokens=args.max_num_batched_tokens,
+        kv_pages=args.kv_pages,
+        device=args.device,
+        disk_tier_dir=args.disk_tier_dir,
+    )
+
+
+def run(args: argparse.Namespace) -> int:
+    from .config import PRESETS
+    from .rank import EngineRank, RankAddresses
+
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
+    config = engine_config_from_args(args)
+    if not config.model_path and config.model not in PRESETS:
+        raise SystemExit(f"--model: unknown model {config.model!r}; known: {sorted(PRESETS)}")
+    addresses = RankAddresses(
+        host=args.host,
+        grpc_port=args.grpc_port,
+        http_port=None if args.http_port < 0 else args.http_port,
+        metrics_port=None if args.metrics_port < 0 else args.metrics_port,
+        router=args.router,
+        rank_id=args.rank_id or os.uname().nodename,
+        advertise_host=args.advertise_host,
+    )
+    rank = EngineRank(config, addresses).start()
+    ports = f"grpc {rank.grpc_port}, http {rank.http_port}, metrics {rank.metrics_port}"
+    print(f"engine {addresses.rank_id} ({config.role}, model {config.model}): {ports}", flush=True)
+    stop = threading.Event()
+    for signum in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(signum, lambda *_: stop.set())
+    stop.wait()
+    rank.stop()
+    return 0

@@ -1,0 +1,95 @@
+"""Compute backends: what runs a step's chunks and picks their next tokens, from a registry.
+
+`torch` runs the model over the paged KV tensors. A `sim` backend (cost-model timing, no
+tensors) registers here with the same interface: it gets the same chunks and page ids from
+the scheduler and returns tokens, so the scheduler and the kvstore calls are identical.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from typing import Protocol
+
+import torch
+from kvfleet.kvstore.config import KVStoreConfig
+
+from .attention import make_backend
+from .batch import ForwardBatch, SequenceChunk
+from .config import ModelConfig, preset
+from .engine_config import EngineConfig
+from .generate import default_dtype
+from .kv_setup import build_kv
+from .sampling import sample_batch
+from .scheduler import ScheduledChunk
+from .weights import build_model, config_from_file, load_checkpoint
+
+
+class ComputeBackend(Protocol):
+    """Runs one step; owns the model and the K/V bytes (never the page tables)."""
+
+    name: str
+    model_config: ModelConfig
+    store_config: KVStoreConfig
+
+    def execute(self, chunks: Sequence[ScheduledChunk]) -> list[int | None]:
+        """Run `chunks` as one batch; a sampled token for each chunk that samples, else None."""
+        ...
+
+
+def resolve_model_config(config: EngineConfig) -> ModelConfig:
+    """The model's shape: from the checkpoint's config.json, else the named preset."""
+    if config.model_path:
+        return config_from_file(f"{config.model_path}/config.json")
+    return preset(config.model)
+
+
+class TorchCompute:
+    """The model's paged forward, then per-request sampling of the chunks that reach the end."""
+
+    name = "torch"
+
+    def __init__(self, config: EngineConfig) -> None:
+        torch.set_num_threads(config.torch_threads)
+        self.device = torch.device(config.device)
+        dtype = default_dtype(self.device)
+        self.model_config = resolve_model_config(config)
+        if config.model_path:
+            self.model = load_checkpoint(config.model_path, self.device, dtype)
+        else:
+            self.model = build_model(self.model_config, config.seed, self.device, dtype)
+        kv = build_kv(self.model_config, config, str(self.device), dtype, with_storage=True)
+        self.store_config = kv.store_config
+        self.cache = kv.storage
+        self.attention = make_backend(config.attention_backend, self.device)
+
+    def execute(self, chunks: Sequence[ScheduledChunk]) -> list[int | None]:
+        """Forward every chunk in one batch; sample the rows whose chunk reaches the end."""
+        inputs = [SequenceChunk(c.new_tokens, c.start, c.page_ids) for c in chunks]
+        logits = self.model(ForwardBatch.build(inputs, self.cache), self.cache, self.attention)
+        rows = [i for i, c in enumerate(chunks) if c.samples]
+        tokens: list[int | None] = [None] * len(chunks)
+        if rows:
+            sequences = [chunks[i].sequence for i in rows]
+            sampled = sample_batch(
+                logits[rows],
+                [s.sampling for s in sequences],
+                [s.generator for s in sequences],
+            )
+            for row, token in zip(rows, sampled, strict=True):
+                tokens[row] = token
+        return tokens
+
+
+COMPUTE_BACKENDS: dict[str, Callable[[EngineConfig], ComputeBackend]] = {"torch": TorchCompute}
+
+
+def make_compute(config: EngineConfig) -> ComputeBackend:
+    """The compute backend named by `config.compute_backend`."""
+    try:
+        factory = COMPUTE_BACKENDS[config.compute_backend]
+    except KeyError:
+        known = sorted(COMPUTE_BACKENDS)
+        raise ValueError(
+            f"compute_backend: unknown {config.compute_backend!r}; known: {known}"
+        ) from None
+    return factory(config)

@@ -1,0 +1,108 @@
+"""What one engine rank runs with: model, slots, step budget, reuse policy, KV pool size.
+
+`load_engine_config` reads the operator's `engine.yaml` (snake_case keys, unknown ones kept out):
+
+    model: {name: tiny, path: "", config: {}}
+    max_batch_size: 8
+    reuse: {policy: per_conversation, max_num_turns: 2, checkpoint: true}
+    kv_tiers: {gpu_memory_fraction: 0.9, host_gib: 0, disk: {enabled: false, dir: ...}}
+    engine: {page_size: 16, max_num_batched_tokens: 256, kv_pages: null, seed: 0, ...}
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+ROLES = ("both", "context", "generation")
+
+
+@dataclass(frozen=True)
+class EngineConfig:
+    """Everything an engine rank needs besides its network addresses."""
+
+    model: str = "tiny"
+    model_path: str = ""
+    seed: int = 0
+    device: str = "cpu"
+    attention_backend: str = "auto"
+    compute_backend: str = "torch"
+    role: str = "both"
+    max_batch_size: int = 8
+    max_num_batched_tokens: int = 256
+    page_size: int = 16
+    kv_pages: int | None = None  # per life cycle pool; None: sized by kvstore's plan_pools
+    reuse_policy: str = "per_conversation"
+    max_num_turns: int = 2
+    checkpoint: bool = True
+    checkpoint_margin_tokens: int = 512
+    window_replay_tokens: int = 0
+    disk_tier_dir: str = ""
+    torch_threads: int = 1
+    # Disaggregation (kvfleet.services.disagg): how long a context rank keeps a parked
+    # request's KV, how long a receiver waits for it, and the transports it tries in order.
+    handoff_hold_seconds: float = 30.0
+    handoff_timeout_seconds: float = 10.0
+    handoff_transports: tuple[str, ...] = ("grpc", "disk")
+    extra: dict[str, Any] = field(default_factory=dict, compare=False)
+
+    def __post_init__(self) -> None:
+        for name in ("max_batch_size", "max_num_batched_tokens", "page_size", "torch_threads"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
+        if self.role not in ROLES:
+            raise ValueError(f"role must be one of {ROLES}, got {self.role!r}")
+        if self.kv_pages is not None and self.kv_pages < 2:
+            raise ValueError(
+                f"kv_pages must be >= 2 (page 0 is the null page), got {self.kv_pages}"
+            )
+        if self.max_num_turns < 1:
+            raise ValueError(f"max_num_turns must be >= 1, got {self.max_num_turns}")
+
+    def with_changes(self, **changes: Any) -> EngineConfig:
+        """A copy with some fields replaced; None values are ignored (unset CLI flags)."""
+        return dataclasses.replace(self, **{k: v for k, v in changes.items() if v is not None})
+
+
+def engine_config_from_dict(data: dict[str, Any]) -> EngineConfig:
+    """Map the operator's engine.yaml layout onto EngineConfig."""
+    model = data.get("model") or {}
+    reuse = data.get("reuse") or {}
+    tiers = data.get("kv_tiers") or {}
+    values: dict[str, Any] = dict(data.get("engine") or {})
+    if isinstance(model, str):
+        values["model"] = model
+    else:
+        if model.get("name"):
+            values["model"] = model["name"]
+        if model.get("path"):
+            values["model_path"] = model["path"]
+    if "max_batch_size" in data:
+        values["max_batch_size"] = int(data["max_batch_size"])
+    if "policy" in reuse:
+        values["reuse_policy"] = reuse["policy"]
+    if "max_num_turns" in reuse:
+        values["max_num_turns"] = int(reuse["max_num_turns"])
+    if "checkpoint" in reuse:
+        values["checkpoint"] = bool(reuse["checkpoint"])
+    disk = tiers.get("disk") or {}
+    if disk.get("enabled") and disk.get("dir"):
+        values["disk_tier_dir"] = disk["dir"]
+    known = {f.name for f in dataclasses.fields(EngineConfig)} - {"extra"}
+    unknown = {k: v for k, v in values.items() if k not in known}
+    return EngineConfig(**{k: v for k, v in values.items() if k in known}, extra=unknown)
+
+
+def load_engine_config(path: str | Path) -> EngineConfig:
+    """Read an engine.yaml; a missing file is an error that names the path."""
+    path = Path(path)
+    if not path.is_file():
+        raise FileNotFoundError(f"engine config {path} does not exist")
+    data = yaml.safe_load(path.read_text()) or {}
+    if not isinstance(data, dict):
+        raise ValueError(f"engine config {path} must be a mapping, got {type(data).__name__}")
+    return engine_config_from_dict(data)

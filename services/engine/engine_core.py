@@ -1,0 +1,359 @@
+"""The engine core: one thread owns the kvstore manager, the scheduler and the model.
+
+RPC and HTTP handlers never touch them: `submit` and `cancel` put commands on a queue that the
+core thread runs between steps, and each request's outputs come back on a queue of its own
+(`RequestHandle`). KV events are collected during a step and handed to `kv_event_sink` after it.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import itertools
+import logging
+import queue
+import threading
+import time
+from collections.abc import Callable
+from typing import Any
+
+from kvfleet.kvstore.events import KVEvent
+from kvfleet.kvstore.manager import KVCacheManager
+from kvfleet.services.disagg.roles import ROLE_HOOKS
+
+from .compute import ComputeBackend, make_compute
+from .engine_config import EngineConfig
+from .engine_request import (
+    EngineLoad,
+    EngineStoppedError,
+    GenerateCall,
+    InvalidRequestError,
+    SampleOutput,
+    Usage,
+)
+from .kv_events import BlockEvent, BlockTokens
+from .metrics import EngineMetrics
+from .request_handle import RequestHandle
+from .sampling import make_generator
+from .scheduler import ScheduledChunk, Scheduler
+from .sequence import Sequence
+
+log = logging.getLogger(__name__)
+
+IDLE_WAIT_SECONDS = 0.05
+KVEventSink = Callable[[list[BlockEvent]], None]
+
+
+class EngineCore:
+    """Continuous batching over the kvstore manager and a compute backend, on one thread."""
+
+    def __init__(
+        self,
+        config: EngineConfig,
+        compute: ComputeBackend | None = None,
+        metrics: EngineMetrics | None = None,
+        kv_event_sink: KVEventSink | None = None,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.config = config
+        self.compute = compute or make_compute(config)
+        self.model_config = self.compute.model_config
+        self.metrics = metrics or EngineMetrics()
+        self._clock = self.clock = clock
+        self._sink = kv_event_sink
+        self._events: list[KVEvent] = []
+        self._block_tokens = BlockTokens(config.page_size)
+        self.manager = KVCacheManager(self.compute.store_config, listener=self._events.append)
+        self.scheduler = Scheduler(
+            self.manager, config.max_batch_size, config.max_num_batched_tokens
+        )
+        self._commands: queue.Queue[Callable[[], None]] = queue.Queue()
+        self._handles: dict[str, RequestHandle] = {}
+        self._sequences: dict[str, list[Sequence]] = {}
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self._ids = itertools.count()
+        self._load = EngineLoad(config.max_batch_size, 0, 0, 0.0, 0)
+        self._counted_preemptions = 0
+        # What this rank's role does after a first token (context ranks park for a hand-off).
+        self.role = ROLE_HOOKS[config.role](self)
+
+    # -- lifecycle ---------------------------------------------------------------------------------
+
+    def start(self) -> EngineCore:
+        """Start the core thread."""
+        self._thread = threading.Thread(target=self._run, name="engine-core", daemon=True)
+        self._thread.start()
+        return self
+
+    def stop(self, timeout: float = 10.0) -> None:
+        """Stop the core thread; unfinished requests get EngineStoppedError."""
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(timeout)
+        self.role.close()
+        for handle in list(self._handles.values()):
+            handle._put(EngineStoppedError(f"request {handle.call.request_id}: engine stopped"))
+        self._handles.clear()
+
+    # -- what other threads call -------------------------------------------------------------------
+
+    def submit(self, call: GenerateCall) -> RequestHandle:
+        """Validate and queue a request; raises InvalidRequestError naming the field."""
+        self.validate(call)
+        handle = RequestHandle(call, self.cancel)
+        self._commands.put(lambda: self._add(call, handle))
+        return handle
+
+    def cancel(self, request_id: str) -> None:
+        """Drop a request wherever it is and release its pages."""
+        self._commands.put(lambda: self._remove(request_id))
+
+    def call_on_core(self, fn: Callable[[], Any], timeout: float = 10.0) -> Any:
+        """Run `fn` on the core thread between steps and return its result."""
+        done: queue.Queue[tuple[bool, Any]] = queue.Queue()
+
+        def run() -> None:
+            try:
+                done.put((True, fn()))
+            except Exception as error:  # handed back to the caller below
+                done.put((False, error))
+
+        self._commands.put(run)
+        ok, value = done.get(timeout=timeout)
+        if not ok:
+            raise value
+        return value
+
+    def check_integrity(self) -> None:
+        """Run the kvstore integrity check on the core thread (raises IntegrityError)."""
+        self.call_on_core(self.manager.check_integrity)
+
+    def load(self) -> EngineLoad:
+        """The load after the last step (slots, queue, KV usage, retained pages)."""
+        return self._load
+
+    def next_request_id(self) -> str:
+        """A fresh request id for callers that have none."""
+        return f"req-{next(self._ids)}-{int(time.time() * 1000)}"
+
+    # -- validation --------------------------------------------------------------------------------
+
+    def validate(self, call: GenerateCall) -> None:
+        """Raise InvalidRequestError naming the field when the request cannot run here."""
+        model = self.model_config
+        prompt_len = len(call.prompt_token_ids)
+        if prompt_len == 0:
+            raise InvalidRequestError("prompt", "empty prompt")
+        if prompt_len >= model.max_position:
+            raise InvalidRequestError(
+                "prompt",
+                f"{prompt_len} tokens leave no room in the model's context of "
+                f"{model.max_position} tokens",
+            )
+        total = prompt_len + call.sampling.max_tokens
+        if total > model.max_position:
+            raise InvalidRequestError(
+                "max_tokens",
+                f"prompt {prompt_len} + max_tokens {call.sampling.max_tokens} = {total} > "
+                f"model context {model.max_position}",
+            )
+        bad = [t for t in call.prompt_token_ids if not 0 <= t < model.vocab_size]
+        if bad:
+            raise InvalidRequestError(
+                "prompt", f"token ids {bad[:5]} outside 0..{model.vocab_size - 1}"
+            )
+        if not 1 <= call.num_samples <= self.config.max_batch_size:
+            raise InvalidRequestError(
+                "num_samples",
+                f"{call.num_samples} not in 1..max_batch_size {self.config.max_batch_size}",
+            )
+        pages = -(-total // self.config.page_size)
+        for name, pool in self.manager.pools.items():
+            if pages > pool.num_usable:
+                raise InvalidRequestError(
+                    "prompt",
+                    f"{total} tokens need {pages} pages > pool {name!r} of {pool.num_usable}",
+                )
+        if call.request_id in self._handles:
+            raise InvalidRequestError("request_id", f"{call.request_id!r} is already running")
+
+    # -- the core thread ---------------------------------------------------------------------------
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            try:
+                self._run_commands(block=not self.scheduler.num_sequences)
+                chunks = self.scheduler.schedule()
+                if chunks:
+                    self._step(chunks)
+                self.role.tick()
+                self._flush_events()
+                self._publish_load()
+            except Exception as error:  # a broken step must not leave clients waiting forever
+                log.exception("engine step failed")
+                self._fail_all(error)
+
+    def _run_commands(self, block: bool) -> None:
+        try:
+            command = self._commands.get(timeout=IDLE_WAIT_SECONDS) if block else None
+            while True:
+                if command is not None:
+                    command()
+                command = self._commands.get_nowait()
+        except queue.Empty:
+            return
+
+    def _add(self, call: GenerateCall, handle: RequestHandle) -> None:
+        if call.request_id in self._handles:
+            handle._put(InvalidRequestError("request_id", f"{call.request_id!r} is running"))
+            return
+        now = self._clock()
+        sequences: list[Sequence] = []
+        for index in range(call.num_samples):
+            sampling = call.sampling
+            if sampling.seed is not None and index:
+                sampling = dataclasses.replace(sampling, seed=sampling.seed + index)
+            generator = None if sampling.greedy else make_generator(sampling, "cpu")
+            sequence = Sequence(
+                key=f"{call.request_id}#{index}",
+                call=call,
+                sample_index=index,
+                sampling=sampling,
+                generator=generator,
+                arrived_at=now,
+                parent=sequences[0] if sequences else None,
+            )
+            self.scheduler.add(sequence)
+            self._block_tokens.extend(sequence.key, call.prompt_token_ids)
+            sequences.append(sequence)
+        self._handles[call.request_id] = handle
+        self._sequences[call.request_id] = sequences
+
+    # -- hand-off (core thread; see kvfleet.services.disagg) ----------------------------------
+
+    def new_sequence(self, call: GenerateCall) -> Sequence:
+        """A single-sample sequence for `call`, not yet known to the scheduler."""
+        generator = None if call.sampling.greedy else make_generator(call.sampling, "cpu")
+        return Sequence(f"{call.request_id}#0", call, 0, call.sampling, generator, self._clock())
+
+    def detach(self, request_id: str) -> RequestHandle:
+        """Forget a request but keep its pages (its KV is handed off); returns its handle."""
+        for sequence in self._sequences.pop(request_id):
+            sequence.finished = True
+            self.scheduler.park(sequence)
+            self._block_tokens.retire(sequence.key)
+        return self._handles.pop(request_id)
+
+    def adopt(self, sequence: Sequence, reused_tokens: int, tokens: tuple[int, ...]):
+        """Run a sequence whose prompt KV was installed (admitted, computed) as decoding after
+        `tokens` already sampled elsewhere; returns its RequestHandle."""
+        call = sequence.call
+        if call.request_id in self._handles:
+            raise InvalidRequestError("request_id", f"{call.request_id!r} is already running")
+        now = self._clock()
+        sequence.admitted = True
+        sequence.cached_tokens = reused_tokens
+        sequence.output.extend(tokens)
+        sequence.first_token_at = sequence.last_token_at = now
+        self.manager.append_tokens(sequence.key, tokens)
+        self._block_tokens.extend(sequence.key, [*call.prompt_token_ids, *tokens])
+        self.scheduler.adopt(sequence)
+        self.scheduler.context_ended(sequence)
+        handle = RequestHandle(call, self.cancel)
+        self._handles[call.request_id] = handle
+        self._sequences[call.request_id] = [sequence]
+        return handle
+
+    def usage_of(self, sequence: Sequence) -> Usage:
+        """What a sample cost so far (the hand-off reports it with the first token)."""
+        return self._usage(sequence)
+
+    def _remove(self, request_id: str) -> None:
+        for sequence in self._sequences.pop(request_id, []):
+            if not sequence.finished:
+                sequence.finished = True
+                self.scheduler.remove(sequence)
+            self._block_tokens.retire(sequence.key)
+        self._handles.pop(request_id, None)
+
+    def _step(self, chunks: list[ScheduledChunk]) -> None:
+        tokens = self.compute.execute(chunks)
+        now = self._clock()
+        for chunk, token in zip(chunks, tokens, strict=True):
+            sequence = chunk.sequence
+            self.manager.commit(sequence.key, chunk.start + len(chunk.new_tokens))
+            if not sequence.context_done and chunk.samples:
+                self.scheduler.context_ended(sequence)
+            if token is not None:
+                self._emit(sequence, token, now)
+
+    def _emit(self, sequence: Sequence, token: int, now: float) -> None:
+        self.manager.append_tokens(sequence.key, [token])
+        self._block_tokens.extend(sequence.key, [token])
+        sequence.output.append(token)
+        if sequence.first_token_at is None:
+            sequence.first_token_at = now
+            self.metrics.ttft.observe(now - sequence.arrived_at)
+        else:
+            self.metrics.itl.observe(now - (sequence.last_token_at or now))
+            sequence.itl_total += now - (sequence.last_token_at or now)
+        sequence.last_token_at = now
+        reason = ""
+        if sequence.sampling.is_stop(token):
+            reason = "stop"
+        elif len(sequence.output) >= sequence.sampling.max_tokens:
+            reason = "length"
+        usage = self._usage(sequence) if reason else None
+        output = SampleOutput(
+            sequence.call.request_id, sequence.sample_index, (token,), bool(reason), reason, usage
+        )
+        if not reason and self.role.after_first_token(sequence, output):
+            return
+        if reason:
+            sequence.finished = True
+            self.scheduler.remove(sequence)
+            self._block_tokens.retire(sequence.key)
+            self.metrics.sample_finished(usage, reason)
+            if all(s.finished for s in self._sequences[sequence.call.request_id]):
+                self._sequences.pop(sequence.call.request_id)
+                handle = self._handles.pop(sequence.call.request_id)
+                handle._put(output)
+                return
+        self._handles[sequence.call.request_id]._put(output)
+
+    def _usage(self, sequence: Sequence) -> Usage:
+        steps = max(1, len(sequence.output) - 1)
+        return Usage(
+            prompt_tokens=len(sequence.prompt),
+            cached_tokens=sequence.cached_tokens or 0,
+            completion_tokens=len(sequence.output),
+            ttft_seconds=(sequence.first_token_at or 0.0) - sequence.arrived_at,
+            mean_itl_seconds=sequence.itl_total / steps,
+        )
+
+    def _flush_events(self) -> None:
+        events = self._block_tokens.translate(self._events)
+        self._events.clear()
+        if self._sink is not None and events:
+            self._sink(events)
+
+    def _publish_load(self) -> None:
+        pools = self.manager.pools.values()
+        usable = sum(pool.num_usable for pool in pools) or 1
+        in_use = sum(pool.num_in_use for pool in pools)
+        retained = self.scheduler.retained_pages()
+        self._load = EngineLoad(
+            self.config.max_batch_size,
+            len(self.scheduler.running),
+            len(self.scheduler.waiting),
+            in_use / usable,
+            retained,
+        )
+        self.metrics.load(self._load)
+        self.metrics.preemptions.inc(self.scheduler.preemptions - self._counted_preemptions)
+        self._counted_preemptions = self.scheduler.preemptions
+
+    def _fail_all(self, error: BaseException) -> None:
+        for request_id, handle in list(self._handles.items()):
+            handle._put(EngineStoppedError(f"request {request_id}: engine step failed: {error}"))
+            self._remove(request_id)

@@ -1,0 +1,68 @@
+"""What a client hands the engine core and what it gets back (no RPC or HTTP types here)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from .sampling import SamplingParams
+
+
+class InvalidRequestError(ValueError):
+    """A request breaks a rule; `field` names the input at fault (first in the message)."""
+
+    def __init__(self, field: str, message: str) -> None:
+        super().__init__(f"{field}: {message}")
+        self.field = field
+
+
+class EngineStoppedError(RuntimeError):
+    """The engine core stopped before the request finished."""
+
+
+@dataclass(frozen=True)
+class GenerateCall:
+    """One request: a prompt, how to sample it, and `num_samples` = 1 + child samples."""
+
+    request_id: str
+    prompt_token_ids: tuple[int, ...]
+    sampling: SamplingParams
+    conversation_id: str | None = None
+    num_samples: int = 1
+
+
+@dataclass(frozen=True)
+class Usage:
+    """What one finished sample cost and how fast it ran (engine-side timings)."""
+
+    prompt_tokens: int
+    cached_tokens: int
+    completion_tokens: int
+    ttft_seconds: float
+    mean_itl_seconds: float
+
+
+@dataclass(frozen=True)
+class SampleOutput:
+    """New tokens of one sample; `usage` and `finish_reason` come with `finished`."""
+
+    request_id: str
+    sample_index: int
+    token_ids: tuple[int, ...]
+    finished: bool = False
+    finish_reason: str = ""
+    usage: Usage | None = None
+
+
+@dataclass(frozen=True)
+class EngineLoad:
+    """A rank's load, as its heartbeat reports it."""
+
+    max_batch_size: int
+    running: int
+    queued: int
+    kv_usage: float
+    retained_pages: int
+
+    @property
+    def free_slots(self) -> int:
+        return max(0, self.max_batch_size - self.running - self.queued)

@@ -1,0 +1,120 @@
+"""An embedded fleet in one process: a router, N engine ranks and the OpenAI HTTP front.
+
+The HTTP front calls the router's gRPC Generate, so conversation affinity applies to OpenAI
+clients too. Pins live in Redis under a fresh key prefix when one answers, else in-process.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+import uuid
+from dataclasses import dataclass, field
+
+from .engine_config import EngineConfig
+from .http_backends import RouterBackend
+from .http_server import HttpServer
+from .openai_http import build_app
+from .rank import EngineRank, RankAddresses
+from .tokenizer import load_tokenizer
+
+log = logging.getLogger(__name__)
+
+DEFAULT_REDIS_URL = "redis://127.0.0.1:6379/0"
+
+
+@dataclass(frozen=True)
+class FleetConfig:
+    """What `kvfleet up` starts."""
+
+    engine: EngineConfig = field(default_factory=lambda: EngineConfig(max_batch_size=4))
+    num_ranks: int = 2
+    host: str = "127.0.0.1"
+    router_port: int = 0
+    http_port: int = 0
+    redis_url: str | None = DEFAULT_REDIS_URL  # None: never try Redis
+
+
+def redis_answers(url: str, timeout: float = 0.5) -> bool:
+    """True if a Redis server answers PING at `url`."""
+    import redis
+
+    client = redis.Redis.from_url(url, socket_timeout=timeout, socket_connect_timeout=timeout)
+    try:
+        return bool(client.ping())
+    except redis.RedisError:
+        return False
+    finally:
+        client.close()
+
+
+class EmbeddedFleet:
+    """Router + ranks + HTTP front, started and stopped together."""
+
+    def __init__(self, config: FleetConfig) -> None:
+        self.config = config
+        self.redis_url = (
+            config.redis_url if config.redis_url and redis_answers(config.redis_url) else None
+        )
+        self.redis_prefix = f"kvfleet-up-{uuid.uuid4().hex[:10]}"
+        self.ranks: list[EngineRank] = []
+        self.router = None
+        self.router_port: int | None = None
+        self.http: HttpServer | None = None
+        self._backend: RouterBackend | None = None
+
+    @property
+    def router_address(self) -> str:
+        return f"{self.config.host}:{self.router_port}"
+
+    @property
+    def http_base_url(self) -> str:
+        return f"http://{self.config.host}:{self.http.port if self.http else 0}/v1"
+
+    def start(self, timeout: float = 30.0) -> EmbeddedFleet:
+        """Start everything; return once every rank is registered with the router."""
+        from kvfleet.services.router.server import RouterConfig, create_server
+
+        c = self.config
+        router_config = RouterConfig(redis_url=self.redis_url, redis_prefix=self.redis_prefix)
+        self.router, self.router_port = create_server(f"{c.host}:{c.router_port}", router_config)
+        for index in range(c.num_ranks):
+            addresses = RankAddresses(
+                host=c.host, router=self.router_address, rank_id=f"rank-{index}"
+            )
+            self.ranks.append(EngineRank(c.engine, addresses).start())
+        tokenizer = load_tokenizer(None)
+        names = (c.engine.model, "kvfleet")
+        self._backend = RouterBackend(self.router_address, tokenizer, names)
+        self.http = HttpServer(build_app(self._backend), c.host, c.http_port).start()
+        deadline = time.monotonic() + timeout
+        for rank in self.ranks:
+            if not rank.link.registered.wait(max(0.0, deadline - time.monotonic())):
+                raise TimeoutError(f"rank {rank.addresses.rank_id} did not register in {timeout} s")
+        return self
+
+    def stop(self) -> None:
+        """Stop the HTTP front, the ranks, the router; delete this fleet's Redis keys."""
+        if self.http is not None:
+            self.http.stop()
+        if self._backend is not None:
+            self._backend.close()
+        for rank in self.ranks:
+            rank.stop(grace=1.0)
+        if self.router is not None:
+            self.router.stop(grace=1.0)
+        if self.redis_url:
+            self._delete_redis_keys()
+
+    def _delete_redis_keys(self) -> None:
+        import redis
+
+        client = redis.Redis.from_url(self.redis_url, socket_timeout=1.0)
+        try:
+            keys = list(client.scan_iter(match=f"{self.redis_prefix}*", count=500))
+            if keys:
+                client.delete(*keys)
+        except redis.RedisError as error:
+            log.warning("could not delete Redis keys %s*: %s", self.redis_prefix, error)
+        finally:
+            client.close()

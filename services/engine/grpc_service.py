@@ -1,0 +1,158 @@
+"""The engine's gRPC service (proto/engine.proto): a thin translation onto the engine core."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterator
+from concurrent import futures
+
+import grpc
+from grpc_health.v1 import health, health_pb2, health_pb2_grpc
+from kvfleet.proto import common_pb2, engine_pb2, engine_pb2_grpc
+from kvfleet.services.disagg.context_side import HeldPrefixMismatch, HoldNotFound
+from kvfleet.services.disagg.generation_side import HandoffFailed, HandoffNoRoom
+from kvfleet.services.disagg.grpc_pull import serve_pull
+
+from .detokenizer import StreamDetokenizer
+from .engine_core import EngineCore
+from .engine_request import EngineStoppedError, GenerateCall, InvalidRequestError, SampleOutput
+from .request_inputs import make_sampling
+from .tokenizer import Tokenizer
+
+log = logging.getLogger(__name__)
+
+SERVICE_NAME = engine_pb2.DESCRIPTOR.services_by_name["Engine"].full_name
+OUTPUT_TIMEOUT_SECONDS = 600.0
+
+# The one map from engine errors to gRPC status codes.
+GRPC_CODES: dict[type[Exception], grpc.StatusCode] = {
+    InvalidRequestError: grpc.StatusCode.INVALID_ARGUMENT,
+    EngineStoppedError: grpc.StatusCode.UNAVAILABLE,
+    TimeoutError: grpc.StatusCode.DEADLINE_EXCEEDED,
+    # KV hand-off: ABORTED, not UNAVAILABLE, so the router does not take this rank for dead.
+    HandoffFailed: grpc.StatusCode.ABORTED,
+    HandoffNoRoom: grpc.StatusCode.RESOURCE_EXHAUSTED,
+    HoldNotFound: grpc.StatusCode.NOT_FOUND,
+    HeldPrefixMismatch: grpc.StatusCode.FAILED_PRECONDITION,
+}
+HANDOFF_ERRORS = (HandoffFailed, HandoffNoRoom, InvalidRequestError, ValueError)
+
+
+def call_from_proto(
+    request: engine_pb2.EngineGenerateRequest, tokenizer: Tokenizer, request_id: str
+) -> GenerateCall:
+    """A GenerateCall from an EngineGenerateRequest; InvalidRequestError names the field."""
+    kind = request.WhichOneof("prompt")
+    if kind == "prompt_token_ids":
+        prompt = tuple(request.prompt_token_ids.ids)
+    elif kind == "prompt_text":
+        prompt = tuple(tokenizer.encode(request.prompt_text))
+    else:
+        raise InvalidRequestError("prompt", "empty: set prompt_token_ids or prompt_text")
+    sampling = request.sampling
+    top_p = sampling.top_p if sampling.top_p > 0 else 1.0  # proto: 0 = no nucleus cut
+    params = make_sampling(
+        temperature=sampling.temperature,
+        top_p=top_p,
+        seed=sampling.seed if sampling.HasField("seed") else None,
+        max_tokens=request.max_tokens,
+        stop_token_ids=tuple(sampling.stop_token_ids),
+        prefix="sampling.",
+    )
+    return GenerateCall(
+        request_id=request_id,
+        prompt_token_ids=prompt,
+        sampling=params,
+        conversation_id=request.conversation_id or None,
+        num_samples=max(1, request.num_samples),
+    )
+
+
+def chunk_from_output(output: SampleOutput, text: str) -> common_pb2.GenerationChunk:
+    """The proto chunk of one engine output (usage only on a sample's last chunk)."""
+    chunk = common_pb2.GenerationChunk(
+        request_id=output.request_id,
+        sample_index=output.sample_index,
+        token_ids=list(output.token_ids),
+        text=text,
+        finished=output.finished,
+        finish_reason=output.finish_reason,
+    )
+    if output.usage is not None:
+        usage = output.usage
+        chunk.usage.CopyFrom(
+            common_pb2.Usage(
+                prompt_tokens=usage.prompt_tokens,
+                cached_tokens=usage.cached_tokens,
+                completion_tokens=usage.completion_tokens,
+                ttft_seconds=usage.ttft_seconds,
+            )
+        )
+    return chunk
+
+
+class EngineServicer(engine_pb2_grpc.EngineServicer):
+    """Generate streams the core's outputs; a cancelled call cancels the request."""
+
+    def __init__(self, core: EngineCore, tokenizer: Tokenizer) -> None:
+        self._core = core
+        self._tokenizer = tokenizer
+
+    def Generate(self, request, context) -> Iterator[common_pb2.GenerationChunk]:
+        request_id = request.request_id or self._core.next_request_id()
+        try:
+            call = call_from_proto(request, self._tokenizer, request_id)
+            if request.kv_source_address or request.handoff_token_ids:
+                handle = self._core.role.receiver().receive(
+                    call, request.kv_source_address, tuple(request.handoff_token_ids)
+                )
+            else:
+                handle = self._core.submit(call)
+        except HANDOFF_ERRORS as error:
+            code = GRPC_CODES.get(type(error), grpc.StatusCode.INVALID_ARGUMENT)
+            context.abort(code, str(error))
+        context.add_callback(handle.cancel)
+        detokenizer = StreamDetokenizer(self._tokenizer)
+        try:
+            for output in handle.outputs(OUTPUT_TIMEOUT_SECONDS):
+                text = detokenizer.piece(output.sample_index, output.token_ids, output.finished)
+                yield chunk_from_output(output, text)
+        except (EngineStoppedError, TimeoutError, InvalidRequestError) as error:
+            handle.cancel()
+            context.abort(GRPC_CODES[type(error)], str(error))
+
+    def PullKvBlocks(self, request, context):
+        side = getattr(self._core.role, "side", None)
+        if side is None:
+            context.abort(
+                grpc.StatusCode.FAILED_PRECONDITION,
+                f"PullKvBlocks: rank role {self._core.config.role!r} parks no KV",
+            )
+        life_cycles = tuple(self._core.manager.life_cycles)
+
+        def export(request_id: str, held: tuple[int, ...]):
+            return self._core.call_on_core(lambda: side.export(request_id, held))
+
+        try:
+            yield from serve_pull(export, life_cycles, request, context)
+        except (HoldNotFound, HeldPrefixMismatch) as error:
+            context.abort(GRPC_CODES[type(error)], str(error))
+
+
+def create_engine_server(
+    address: str, core: EngineCore, tokenizer: Tokenizer, max_workers: int = 64
+) -> tuple[grpc.Server, health.HealthServicer, int]:
+    """Serve Engine + health on `address` (port 0 picks one); returns server, health, port."""
+    server = grpc.server(
+        futures.ThreadPoolExecutor(max_workers=max_workers, thread_name_prefix="engine-grpc")
+    )
+    engine_pb2_grpc.add_EngineServicer_to_server(EngineServicer(core, tokenizer), server)
+    health_servicer = health.HealthServicer()
+    health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
+    for name in ("", SERVICE_NAME):
+        health_servicer.set(name, health_pb2.HealthCheckResponse.SERVING)
+    port = server.add_insecure_port(address)
+    if port == 0:
+        raise OSError(f"could not bind the engine to {address}")
+    server.start()
+    return server, health_servicer, port

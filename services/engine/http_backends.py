@@ -1,0 +1,153 @@
+"""Generate backends behind the OpenAI HTTP app: one engine core in-process, or the router.
+
+The HTTP layer turns a body into a `BackendRequest` and reads `SampleOutput`s back; which
+backend answers is the only difference between an engine's HTTP port and the fleet's.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+from typing import Protocol
+
+import grpc
+from kvfleet.proto import common_pb2, router_pb2, router_pb2_grpc
+
+from .engine_core import EngineCore
+from .engine_request import (
+    EngineStoppedError,
+    GenerateCall,
+    InvalidRequestError,
+    SampleOutput,
+    Usage,
+)
+from .sampling import SamplingParams
+from .tokenizer import Tokenizer
+
+POLL_SECONDS = 0.25
+ROUTER_TIMEOUT_SECONDS = 600.0
+_DONE = object()
+
+
+@dataclass(frozen=True)
+class BackendRequest:
+    """A validated request, prompt already tokenized."""
+
+    request_id: str
+    prompt_token_ids: tuple[int, ...]
+    sampling: SamplingParams
+    conversation_id: str | None = None
+    num_samples: int = 1
+
+
+class GenerateBackend(Protocol):
+    """What the OpenAI app needs: a tokenizer, model names, and a stream of outputs."""
+
+    tokenizer: Tokenizer
+    model_names: tuple[str, ...]
+
+    def generate(self, request: BackendRequest) -> AsyncIterator[SampleOutput]:
+        """Outputs until every sample finished; InvalidRequestError for bad input."""
+        ...
+
+
+class EngineBackend:
+    """Calls an engine core in this process."""
+
+    def __init__(self, core: EngineCore, tokenizer: Tokenizer, model_names: tuple[str, ...]):
+        self.core = core
+        self.tokenizer = tokenizer
+        self.model_names = model_names
+
+    async def generate(self, request: BackendRequest) -> AsyncIterator[SampleOutput]:
+        handle = self.core.submit(
+            GenerateCall(
+                request.request_id,
+                request.prompt_token_ids,
+                request.sampling,
+                request.conversation_id,
+                request.num_samples,
+            )
+        )
+        try:
+            while not handle.done:
+                output = await asyncio.to_thread(handle.get, POLL_SECONDS)
+                if output is not None:
+                    yield output
+        finally:
+            handle.cancel()  # a client that went away frees its pages
+
+
+class RouterBackend:
+    """Calls the router's gRPC Generate, so conversation affinity applies."""
+
+    def __init__(self, router_address: str, tokenizer: Tokenizer, model_names: tuple[str, ...]):
+        self.tokenizer = tokenizer
+        self.model_names = model_names
+        self._channel = grpc.insecure_channel(router_address)
+        self._stub = router_pb2_grpc.RouterStub(self._channel)
+
+    def close(self) -> None:
+        self._channel.close()
+
+    async def generate(self, request: BackendRequest) -> AsyncIterator[SampleOutput]:
+        sampling = request.sampling
+        proto_sampling = common_pb2.SamplingParams(
+            temperature=sampling.temperature,
+            top_p=sampling.top_p,
+            stop_token_ids=list(sampling.stop_token_ids),
+        )
+        if sampling.seed is not None:
+            proto_sampling.seed = sampling.seed
+        call = self._stub.Generate(
+            router_pb2.GenerateRequest(
+                request_id=request.request_id,
+                conversation_id=request.conversation_id or "",
+                prompt_token_ids=common_pb2.TokenIds(ids=list(request.prompt_token_ids)),
+                sampling=proto_sampling,
+                max_tokens=sampling.max_tokens,
+                child_samples=request.num_samples - 1,
+            ),
+            # NOTE: the router forwards the remaining deadline; with none it gets none left.
+            timeout=ROUTER_TIMEOUT_SECONDS,
+        )
+        responses = iter(call)
+        lock = threading.Lock()
+
+        def next_response():
+            with lock:
+                return next(responses, _DONE)
+
+        try:
+            while True:
+                response = await asyncio.to_thread(next_response)
+                if response is _DONE:
+                    return
+                yield _output(response.chunk)
+        except grpc.RpcError as error:
+            if error.code() == grpc.StatusCode.INVALID_ARGUMENT:
+                details = error.details() or ""
+                if details.startswith("rank "):  # the router passes on an engine's refusal
+                    details = details.partition(": ")[2]
+                field, _, message = details.partition(": ")
+                raise InvalidRequestError(field, message) from error
+            raise EngineStoppedError(f"router: {error.code().name} {error.details()}") from error
+        finally:
+            call.cancel()
+
+
+def _output(chunk: common_pb2.GenerationChunk) -> SampleOutput:
+    usage = None
+    if chunk.HasField("usage"):
+        u = chunk.usage
+        usage = Usage(u.prompt_tokens, u.cached_tokens, u.completion_tokens, u.ttft_seconds, 0.0)
+    return SampleOutput(
+        chunk.request_id,
+        chunk.sample_index,
+        tuple(chunk.token_ids),
+        chunk.finished,
+        chunk.finish_reason,
+        usage,
+    )

@@ -1,0 +1,35 @@
+"""Run an ASGI app with uvicorn on a thread of its own (port 0 picks a free port)."""
+
+from __future__ import annotations
+
+import threading
+import time
+
+import uvicorn
+
+
+class HttpServer:
+    """A uvicorn server on a background thread; `port` is the bound port after `start`."""
+
+    def __init__(self, app, host: str = "127.0.0.1", port: int = 0) -> None:
+        config = uvicorn.Config(app, host=host, port=port, log_level="warning", lifespan="off")
+        self._server = uvicorn.Server(config)
+        self._thread = threading.Thread(target=self._server.run, name="http", daemon=True)
+        self.host = host
+        self.port: int | None = None
+
+    def start(self, timeout: float = 10.0) -> HttpServer:
+        """Start serving; raises OSError if the port is not bound within `timeout` seconds."""
+        self._thread.start()
+        deadline = time.monotonic() + timeout
+        while not self._server.started:
+            if not self._thread.is_alive() or time.monotonic() > deadline:
+                raise OSError(f"HTTP server on {self.host} did not start within {timeout} s")
+            time.sleep(0.01)
+        self.port = self._server.servers[0].sockets[0].getsockname()[1]
+        return self
+
+    def stop(self, timeout: float = 5.0) -> None:
+        """Ask uvicorn to exit and wait for its thread."""
+        self._server.should_exit = True
+        self._thread.join(timeout)

@@ -1,0 +1,64 @@
+"""Prometheus metrics of one engine rank, in a registry of its own (several ranks per process)."""
+
+from __future__ import annotations
+
+from kvfleet.services.disagg.metrics import HandoffMetrics
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+
+from .engine_request import EngineLoad, Usage
+
+LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30)
+TOKEN_BUCKETS = (0, 16, 64, 256, 1024, 4096, 16384, 65536, 262144)
+
+
+class EngineMetrics:
+    """Per-request TTFT, inter-token latency, cached tokens; KV usage and retained pages."""
+
+    def __init__(self) -> None:
+        self.registry = CollectorRegistry()
+        r = self.registry
+        self.ttft = Histogram(
+            "kvfleet_engine_ttft_seconds", "Time to first token per sample", registry=r,
+            buckets=LATENCY_BUCKETS,
+        )  # fmt: skip
+        self.itl = Histogram(
+            "kvfleet_engine_inter_token_latency_seconds", "Time between a sample's tokens",
+            registry=r, buckets=LATENCY_BUCKETS,
+        )  # fmt: skip
+        self.cached_tokens = Histogram(
+            "kvfleet_engine_request_cached_tokens", "Reused prompt tokens per sample",
+            registry=r, buckets=TOKEN_BUCKETS,
+        )  # fmt: skip
+        self.prompt_tokens_total = Counter(
+            "kvfleet_engine_prompt_tokens", "Prompt tokens of finished samples", registry=r
+        )
+        self.cached_tokens_total = Counter(
+            "kvfleet_engine_cached_tokens", "Reused prompt tokens of finished samples", registry=r
+        )
+        self.finished = Counter(
+            "kvfleet_engine_samples_finished", "Finished samples by reason", ["reason"], registry=r
+        )
+        self.preemptions = Counter(
+            "kvfleet_engine_preemptions", "Sequences preempted for pages", registry=r
+        )
+        self.kv_usage = Gauge("kvfleet_engine_kv_usage", "Share of KV pages in use", registry=r)
+        self.retained_pages = Gauge(
+            "kvfleet_engine_retained_pages", "Pages held by retained conversation turns", registry=r
+        )
+        self.running = Gauge("kvfleet_engine_running", "Sequences running", registry=r)
+        self.queued = Gauge("kvfleet_engine_queued", "Sequences waiting", registry=r)
+        self.handoff = HandoffMetrics(r)
+
+    def sample_finished(self, usage: Usage, reason: str) -> None:
+        """Record one finished sample's usage."""
+        self.cached_tokens.observe(usage.cached_tokens)
+        self.prompt_tokens_total.inc(usage.prompt_tokens)
+        self.cached_tokens_total.inc(usage.cached_tokens)
+        self.finished.labels(reason).inc()
+
+    def load(self, load: EngineLoad) -> None:
+        """Record the rank's load after a step."""
+        self.kv_usage.set(load.kv_usage)
+        self.retained_pages.set(load.retained_pages)
+        self.running.set(load.running)
+        self.queued.set(load.queued)

@@ -1,0 +1,119 @@
+"""One engine rank: engine core, gRPC Engine service, OpenAI HTTP, /metrics, router link."""
+
+from __future__ import annotations
+
+import logging
+import socket
+from dataclasses import dataclass
+from pathlib import Path
+
+import grpc
+from prometheus_client import start_http_server
+
+from .engine_config import EngineConfig
+from .engine_core import EngineCore
+from .grpc_service import create_engine_server
+from .http_backends import EngineBackend
+from .http_server import HttpServer
+from .metrics import EngineMetrics
+from .openai_http import build_app
+from .router_link import RouterLink
+from .tokenizer import load_tokenizer
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class RankAddresses:
+    """Where a rank listens (port 0: any free port; None: not served) and what it advertises."""
+
+    host: str = "127.0.0.1"
+    grpc_port: int = 0
+    http_port: int | None = None
+    metrics_port: int | None = None
+    router: str | None = None
+    rank_id: str = "rank-0"
+    advertise_host: str | None = None
+
+
+class EngineRank:
+    """A running rank; `stop` ends everything it started, in reverse order."""
+
+    def __init__(self, config: EngineConfig, addresses: RankAddresses) -> None:
+        self.config = config
+        self.addresses = addresses
+        self.tokenizer = load_tokenizer(_tokenizer_path(config))
+        self.metrics = EngineMetrics()
+        self.link: RouterLink | None = None
+        self.core = EngineCore(config, metrics=self.metrics, kv_event_sink=self._publish)
+        self.model_names = (config.model, "kvfleet")
+        self.grpc_server: grpc.Server | None = None
+        self.grpc_port: int | None = None
+        self.http: HttpServer | None = None
+        self._metrics_http = None
+        self.metrics_port: int | None = None
+
+    def start(self) -> EngineRank:
+        """Start the core, the servers and (with a router address) registration."""
+        a = self.addresses
+        self.core.start()
+        self.grpc_server, self._health, self.grpc_port = create_engine_server(
+            f"{a.host}:{a.grpc_port}", self.core, self.tokenizer
+        )
+        if a.http_port is not None:
+            backend = EngineBackend(self.core, self.tokenizer, self.model_names)
+            self.http = HttpServer(build_app(backend), a.host, a.http_port).start()
+        if a.metrics_port is not None:
+            self._metrics_http, _ = start_http_server(
+                a.metrics_port, a.host, registry=self.metrics.registry
+            )
+            self.metrics_port = self._metrics_http.server_port
+        if a.router:
+            advertise = f"{a.advertise_host or _default_host(a.host)}:{self.grpc_port}"
+            self.link = RouterLink(
+                a.router,
+                a.rank_id,
+                advertise,
+                self.config.max_batch_size,
+                self.config.role,
+                self.config.page_size,
+                self.core.load,
+            ).start()
+        log.info("rank %s: grpc %s, http %s", a.rank_id, self.grpc_port, self.http_port)
+        return self
+
+    @property
+    def http_port(self) -> int | None:
+        return self.http.port if self.http else None
+
+    def stop(self, grace: float = 2.0) -> None:
+        """Stop heartbeats, refuse new calls, let streams end for `grace` s, stop the core."""
+        if self.link is not None:
+            self.link.stop()
+        if self.grpc_server is not None:
+            self._health.enter_graceful_shutdown()
+            self.grpc_server.stop(grace).wait(grace + 5)
+        if self.http is not None:
+            self.http.stop()
+        if self._metrics_http is not None:
+            self._metrics_http.shutdown()
+            self._metrics_http.server_close()
+        self.core.stop()
+
+    def _publish(self, events) -> None:
+        if self.link is not None:
+            self.link.publish(events)
+
+
+def _tokenizer_path(config: EngineConfig) -> str | None:
+    if not config.model_path:
+        return None
+    path = Path(config.model_path) / "tokenizer.json"
+    return str(path) if path.is_file() else None
+
+
+def _default_host(bind_host: str) -> str:
+    """The address the router should dial: the bind host unless it is a wildcard."""
+    if bind_host not in ("0.0.0.0", "::", ""):
+        return bind_host
+    return socket.gethostbyname(socket.gethostname())

@@ -1,0 +1,40 @@
+"""Client inputs to engine calls: sampling values checked once, errors that name the field."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+
+from .engine_request import InvalidRequestError
+from .sampling import SamplingParams
+
+
+def make_sampling(
+    *,
+    temperature: float | None,
+    top_p: float | None,
+    seed: int | None,
+    max_tokens: int | None,
+    stop_token_ids: Sequence[int] = (),
+    default_max_tokens: int = 16,
+    prefix: str = "",
+) -> SamplingParams:
+    """SamplingParams from client values; InvalidRequestError names the bad field."""
+    temperature = 1.0 if temperature is None else float(temperature)
+    top_p = 1.0 if top_p is None else float(top_p)
+    max_tokens = default_max_tokens if max_tokens is None else int(max_tokens)
+    if not math.isfinite(temperature) or not 0.0 <= temperature <= 100.0:
+        raise InvalidRequestError(f"{prefix}temperature", f"{temperature} not in [0, 100]")
+    if not math.isfinite(top_p) or not 0.0 < top_p <= 1.0:
+        raise InvalidRequestError(f"{prefix}top_p", f"{top_p} not in (0, 1]")
+    if max_tokens < 1:
+        raise InvalidRequestError("max_tokens", f"{max_tokens} must be >= 1")
+    if seed is not None and not 0 <= int(seed) < 2**63:
+        raise InvalidRequestError(f"{prefix}seed", f"{seed} not in [0, 2**63)")
+    return SamplingParams(
+        temperature=temperature,
+        top_p=top_p,
+        seed=None if seed is None else int(seed),
+        max_tokens=max_tokens,
+        stop_token_ids=tuple(int(t) for t in stop_token_ids),
+    )

@@ -1,0 +1,146 @@
+"""A rank's link to the router: Register, periodic Heartbeat with load, PublishKvEvents.
+
+Two threads: one registers (retrying until the router answers) and heartbeats, registering
+again when a reply says the router forgot the rank; one streams KV event batches from a queue
+that the engine core fills (never blocking the core).
+"""
+
+from __future__ import annotations
+
+import logging
+import queue
+import threading
+from collections.abc import Callable, Iterator
+
+import grpc
+from kvfleet.kvstore.events import KVEventKind
+from kvfleet.proto import common_pb2, router_pb2, router_pb2_grpc
+
+from .engine_request import EngineLoad
+from .kv_events import BlockEvent
+
+log = logging.getLogger(__name__)
+
+ROLES = {
+    "both": common_pb2.RANK_ROLE_BOTH,
+    "context": common_pb2.RANK_ROLE_CONTEXT,
+    "generation": common_pb2.RANK_ROLE_GENERATION,
+}
+RETRY_SECONDS = 0.5
+RPC_TIMEOUT_SECONDS = 2.0
+
+
+def event_proto(event: BlockEvent) -> router_pb2.KvEvent:
+    """One BlockEvent as the router's KvEvent."""
+    if event.kind == KVEventKind.STORED:
+        stored = router_pb2.BlocksStored(
+            block_hashes=[event.block_hash], token_ids=list(event.token_ids)
+        )
+        if event.parent_hash is not None:
+            stored.parent_block_hash = event.parent_hash
+        return router_pb2.KvEvent(stored=stored)
+    return router_pb2.KvEvent(removed=router_pb2.BlocksRemoved(block_hashes=[event.block_hash]))
+
+
+class RouterLink:
+    """Registers a rank, heartbeats its load and publishes its KV events."""
+
+    def __init__(
+        self,
+        router_address: str,
+        rank_id: str,
+        advertise_address: str,
+        max_batch_size: int,
+        role: str,
+        block_size: int,
+        load: Callable[[], EngineLoad],
+    ) -> None:
+        self.rank_id = rank_id
+        self._registration = router_pb2.RegisterRequest(
+            rank_id=rank_id,
+            address=advertise_address,
+            max_batch_size=max_batch_size,
+            role=ROLES[role],
+            block_size=block_size,
+        )
+        self._load = load
+        self._channel = grpc.insecure_channel(router_address)
+        self._registry = router_pb2_grpc.RankRegistryStub(self._channel)
+        self._events: queue.Queue[list[BlockEvent] | None] = queue.Queue()
+        self._stop = threading.Event()
+        self.registered = threading.Event()
+        self._threads: list[threading.Thread] = []
+
+    def start(self) -> RouterLink:
+        """Start the heartbeat and KV event threads."""
+        for target, name in ((self._beat, "heartbeat"), (self._publish, "kv-events")):
+            thread = threading.Thread(target=target, name=f"{name}-{self.rank_id}", daemon=True)
+            thread.start()
+            self._threads.append(thread)
+        return self
+
+    def publish(self, events: list[BlockEvent]) -> None:
+        """Queue events for the router (called on the engine core thread; never blocks)."""
+        self._events.put(events)
+
+    def stop(self, timeout: float = 5.0) -> None:
+        """Stop both threads and close the channel."""
+        self._stop.set()
+        self._events.put(None)
+        for thread in self._threads:
+            thread.join(timeout)
+        self._channel.close()
+
+    def _register(self) -> float:
+        reply = self._registry.Register(self._registration, timeout=RPC_TIMEOUT_SECONDS)
+        self.registered.set()
+        log.info("rank %s registered", self.rank_id)
+        return reply.heartbeat_interval_seconds or 1.0
+
+    def _beat(self) -> None:
+        interval = RETRY_SECONDS
+        while not self._stop.is_set():
+            try:
+                if not self.registered.is_set():
+                    interval = self._register()
+                load = self._load()
+                reply = self._registry.Heartbeat(
+                    router_pb2.HeartbeatRequest(
+                        rank_id=self.rank_id,
+                        load=router_pb2.RankLoad(
+                            free_slots=load.free_slots, queued=load.queued, kv_usage=load.kv_usage
+                        ),
+                    ),
+                    timeout=RPC_TIMEOUT_SECONDS,
+                )
+                if not reply.registered:
+                    self.registered.clear()
+                    continue
+            except grpc.RpcError as error:
+                log.warning("rank %s: router unreachable (%s)", self.rank_id, error.code().name)
+                self.registered.clear()
+                self._stop.wait(RETRY_SECONDS)
+                continue
+            self._stop.wait(interval)
+
+    def _batches(self) -> Iterator[router_pb2.KvEventBatch]:
+        while True:
+            events = self._events.get()
+            if events is None:
+                return
+            yield router_pb2.KvEventBatch(
+                rank_id=self.rank_id, events=[event_proto(e) for e in events]
+            )
+
+    def _publish(self) -> None:
+        # NOTE: events lost while the router is away are not replayed; the router forgets a
+        # silent rank's blocks anyway, and new commits re-teach it.
+        while not self._stop.is_set():
+            if not self.registered.wait(RETRY_SECONDS):
+                continue
+            try:
+                self._registry.PublishKvEvents(self._batches())
+                return
+            except grpc.RpcError as error:
+                log.warning("rank %s: KV event stream broke (%s)", self.rank_id, error.code().name)
+                self._stop.wait(RETRY_SECONDS)

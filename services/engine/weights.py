@@ -1,0 +1,173 @@
+"""Weights: deterministic init from a seed, and local safetensors checkpoints.
+
+The seeded init draws every weight from a counter-based hash (splitmix64 of the element index,
+keyed by the seed and the parameter's name) in integer arithmetic, which CPU and CUDA compute
+bit for bit alike; so one seed gives the same weights on any device, and an 8B-shaped model
+initialises on the GPU in seconds instead of on the CPU in minutes.
+"""
+
+from __future__ import annotations
+
+import json
+import zlib
+from pathlib import Path
+
+import torch
+from torch import nn
+
+from .config import ModelConfig
+from .model import CausalLM
+
+_MASK64 = (1 << 64) - 1
+_GOLDEN = 0x9E3779B97F4A7C15
+_MIX1 = 0xBF58476D1CE4E5B9
+_MIX2 = 0x94D049BB133111EB
+_CHUNK = 1 << 24  # elements hashed at a time, to bound the int64 scratch memory
+
+CONFIG_FILE = "config.json"
+WEIGHTS_FILE = "model.safetensors"
+
+
+def _signed(value: int) -> int:
+    value &= _MASK64
+    return value - (1 << 64) if value >= 1 << 63 else value
+
+
+def _shr(x: torch.Tensor, bits: int) -> torch.Tensor:
+    """Logical right shift of int64 (torch's >> is arithmetic)."""
+    return (x >> bits) & ((1 << (64 - bits)) - 1)
+
+
+def _splitmix(x: torch.Tensor) -> torch.Tensor:
+    # int64 products wrap modulo 2**64 on CPU and CUDA alike.
+    x = x + _signed(_GOLDEN)
+    x = (x ^ _shr(x, 30)) * _signed(_MIX1)
+    x = (x ^ _shr(x, 27)) * _signed(_MIX2)
+    return x ^ _shr(x, 31)
+
+
+def _splitmix_int(value: int) -> int:
+    z = (value + _GOLDEN) & _MASK64
+    z = ((z ^ (z >> 30)) * _MIX1) & _MASK64
+    z = ((z ^ (z >> 27)) * _MIX2) & _MASK64
+    return z ^ (z >> 31)
+
+
+def hashed_uniform(numel: int, seed: int, stream: str, device: torch.device | str) -> torch.Tensor:
+    """fp32 values in [-1, 1), a pure function of (seed, stream, element index)."""
+    key = _signed(_splitmix_int((seed << 32) ^ zlib.crc32(stream.encode())))
+    out = torch.empty(numel, dtype=torch.float32, device=device)
+    for start in range(0, numel, _CHUNK):
+        index = torch.arange(start, min(start + _CHUNK, numel), dtype=torch.int64, device=device)
+        bits = _shr(_splitmix(index + key), 40)  # top 24 bits: exact in fp32
+        out[start : start + index.numel()] = bits.to(torch.float32) * (2.0 / (1 << 24)) - 1.0
+    return out
+
+
+@torch.no_grad()
+def init_weights(model: CausalLM, seed: int) -> None:
+    """Fill `model` in place: norms with ones, every matrix uniform with std `init_std`."""
+    bound = model.config.init_std * 3**0.5
+    for name, param in model.named_parameters():
+        if name.endswith("norm.weight"):
+            param.fill_(1.0)
+            continue
+        values = hashed_uniform(param.numel(), seed, name, param.device) * bound
+        param.copy_(values.view(param.shape))
+
+
+def build_model(
+    config: ModelConfig,
+    seed: int = 0,
+    device: torch.device | str = "cpu",
+    dtype: torch.dtype = torch.float32,
+) -> CausalLM:
+    """A model with seeded random weights, allocated directly on `device` in `dtype`."""
+    with torch.device("meta"):
+        model = CausalLM(config)
+    model = model.to_empty(device=device)
+    if config.tie_embeddings:
+        model.lm_head.weight = model.model.embed_tokens.weight
+    init_weights(model, seed)
+    return model.to(dtype).eval().requires_grad_(False)
+
+
+def save_checkpoint(model: CausalLM, directory: str | Path) -> Path:
+    """Write `config.json` and `model.safetensors` (tied LM head stored once) into `directory`."""
+    from safetensors.torch import save_file
+
+    directory = Path(directory)
+    directory.mkdir(parents=True, exist_ok=True)
+    state = {k: v.detach().contiguous().cpu() for k, v in model.state_dict().items()}
+    if model.config.tie_embeddings:
+        state.pop("lm_head.weight", None)
+    save_file(state, str(directory / WEIGHTS_FILE))
+    (directory / CONFIG_FILE).write_text(json.dumps(model.config.to_dict(), indent=2))
+    return directory
+
+
+def load_checkpoint(
+    directory: str | Path,
+    device: torch.device | str = "cpu",
+    dtype: torch.dtype = torch.float32,
+) -> CausalLM:
+    """Load a local checkpoint written by `save_checkpoint` (or a Llama one of the same names)."""
+    from safetensors.torch import load_file
+
+    directory = Path(directory)
+    config = config_from_file(directory / CONFIG_FILE)
+    state = load_file(str(directory / WEIGHTS_FILE), device=str(device))
+    with torch.device("meta"):
+        model = CausalLM(config)
+    model = model.to_empty(device=device)
+    if config.tie_embeddings:
+        model.lm_head.weight = model.model.embed_tokens.weight
+        state.pop("lm_head.weight", None)
+    expected = {
+        k for k in model.state_dict() if not (config.tie_embeddings and k == "lm_head.weight")
+    }
+    missing, unexpected = sorted(expected - set(state)), sorted(set(state) - expected)
+    if missing or unexpected:
+        raise ValueError(
+            f"checkpoint {directory}: missing {missing[:5]}, unexpected {unexpected[:5]}"
+        )
+    _load_exact(model, state)
+    return model.to(dtype).eval().requires_grad_(False)
+
+
+@torch.no_grad()
+def _load_exact(model: nn.Module, state: dict[str, torch.Tensor]) -> None:
+    params = dict(model.named_parameters())
+    for name, tensor in state.items():
+        if params[name].shape != tensor.shape:
+            raise ValueError(
+                f"{name}: checkpoint shape {tuple(tensor.shape)} != {tuple(params[name].shape)}"
+            )
+        params[name].copy_(tensor)
+
+
+# Hugging Face Llama config keys -> ModelConfig fields.
+_HF_KEYS = {
+    "vocab_size": "vocab_size",
+    "hidden_size": "hidden_size",
+    "intermediate_size": "intermediate_size",
+    "num_hidden_layers": "num_layers",
+    "num_attention_heads": "num_heads",
+    "num_key_value_heads": "num_kv_heads",
+    "head_dim": "head_dim",
+    "max_position_embeddings": "max_position",
+    "rope_theta": "rope_theta",
+    "rms_norm_eps": "rms_norm_eps",
+    "tie_word_embeddings": "tie_embeddings",
+}
+
+
+def config_from_file(path: str | Path) -> ModelConfig:
+    """Read our `config.json`, or a Hugging Face Llama one (`num_hidden_layers`, ...)."""
+    data = json.loads(Path(path).read_text())
+    if "num_hidden_layers" not in data:
+        return ModelConfig.from_dict(data)
+    fields = {ours: data[hf] for hf, ours in _HF_KEYS.items() if hf in data}
+    fields.setdefault("head_dim", data["hidden_size"] // data["num_attention_heads"])
+    fields.setdefault("num_kv_heads", data["num_attention_heads"])
+    return ModelConfig(**fields, name=data.get("_name_or_path", "checkpoint"))

@@ -1,0 +1,70 @@
+"""Small real engines for the serving tests: the tiny model on CPU, fp32, one thread."""
+
+from __future__ import annotations
+
+import time
+
+from kvfleet.services.engine.compute import TorchCompute
+from kvfleet.services.engine.engine_config import EngineConfig
+from kvfleet.services.engine.engine_core import EngineCore
+from kvfleet.services.engine.engine_request import GenerateCall, SampleOutput
+from kvfleet.services.engine.sampling import SamplingParams
+
+# Small pools and a small step budget, so chunked prefill and paging are exercised; a short
+# checkpoint margin so that short prompts that rewrite their tail still reuse a prefix.
+TEST_CONFIG = EngineConfig(
+    model="tiny",
+    max_batch_size=4,
+    max_num_batched_tokens=48,
+    page_size=16,
+    kv_pages=160,
+    checkpoint_margin_tokens=32,
+)
+
+_COMPUTE: dict[tuple[EngineConfig, str], TorchCompute] = {}
+
+
+def shared_compute(config: EngineConfig = TEST_CONFIG, storage: str = "main") -> TorchCompute:
+    """One model + KV storage per (config, storage name) for the session (building costs ~1 s).
+
+    Two live cores must not share a storage name: each manager hands out the same page ids.
+    """
+    if (config, storage) not in _COMPUTE:
+        _COMPUTE[config, storage] = TorchCompute(config)
+    return _COMPUTE[config, storage]
+
+
+def make_core(config: EngineConfig = TEST_CONFIG, storage: str = "main", **kwargs) -> EngineCore:
+    """A started core with a fresh manager (an empty prefix cache) over a session model."""
+    return EngineCore(config, compute=shared_compute(config, storage), **kwargs).start()
+
+
+def greedy(max_tokens: int = 8, **kwargs) -> SamplingParams:
+    return SamplingParams(temperature=0.0, max_tokens=max_tokens, **kwargs)
+
+
+def run_call(core: EngineCore, call: GenerateCall, timeout: float = 30.0) -> list[SampleOutput]:
+    """Every output of one request."""
+    return list(core.submit(call).outputs(timeout))
+
+
+def tokens_of(outputs: list[SampleOutput], sample: int = 0) -> list[int]:
+    return [t for o in outputs if o.sample_index == sample for t in o.token_ids]
+
+
+def final(outputs: list[SampleOutput], sample: int = 0) -> SampleOutput:
+    return next(o for o in outputs if o.sample_index == sample and o.finished)
+
+
+def wait_until(predicate, timeout: float = 5.0, interval: float = 0.01) -> None:
+    """Poll until predicate() is true; fail after `timeout` seconds."""
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"condition not met within {timeout} s")
+        time.sleep(interval)
+
+
+def pages_in_use(core: EngineCore) -> dict[str, int]:
+    """Pages with a ref count per pool, read on the core thread."""
+    return core.call_on_core(lambda: {n: p.num_in_use for n, p in core.manager.pools.items()})
