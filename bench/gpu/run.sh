@@ -1,0 +1,35 @@
+#!/usr/bin/env bash
+# The engine's GPU benchmark on the H200 device machine, in two device calls made back to back
+# (flash-attn travels as two archives, each under the 64 MiB a call may carry; see
+# ../shared/gpu/README.md). Beforehand, here: ../shared/gpu/prepare-flash-attn.sh .gpu
+#
+#   call 1, carry [".gpu/part1.tar.xz"]:        bash bench/gpu/run.sh unpack
+#   call 2, carry [".gpu/part2.tar.xz"] (and ".gpu/fa_cache.tar" if an earlier call 2 left one
+#           in $OUT: it holds flash-attn's compiled kernels and saves minutes of JIT):
+#                                               bash bench/gpu/run.sh bench [extra bench args]
+#
+# Call 2 writes $OUT/bench.log and $OUT/fa_cache.tar.
+set -uo pipefail
+cd "$(dirname "$0")/../.."
+case "${1:-}" in
+  unpack)
+    mkdir -p /tmp/fa && tar -C /tmp/fa -xJf .gpu/part1.tar.xz && echo "part1 unpacked"
+    ;;
+  bench)
+    shift
+    if [ ! -d /tmp/fa/flash_attn ]; then echo "fresh machine: run call 1 (unpack) first"; exit 2; fi
+    tar -C /tmp/fa -xJf .gpu/part2.tar.xz || exit 2
+    export PYTHONPATH=/tmp/fa:/tmp/fa/nvidia_cutlass_dsl/dsl_packages PYTHONUNBUFFERED=1
+    export FLASH_ATTENTION_CUTE_DSL_CACHE_ENABLED=1 FLASH_ATTENTION_CUTE_DSL_CACHE_DIR=/tmp/fa_cache
+    if [ -f .gpu/fa_cache.tar ]; then tar -C /tmp -xf .gpu/fa_cache.tar; fi
+    nvidia-smi --query-gpu=name,memory.total,clocks.sm,clocks.mem --format=csv,noheader
+    timeout "${BENCH_TIMEOUT_S:-520}" python3 bench/gpu_engine_bench.py --budget-s "${BENCH_BUDGET_S:-420}" "$@" 2>&1 \
+      | tee "${OUT:-/tmp}/bench.log"
+    rc=${PIPESTATUS[0]}
+    if [ -d /tmp/fa_cache ]; then tar -C /tmp -cf "${OUT:-/tmp}/fa_cache.tar" fa_cache; fi
+    exit "$rc"
+    ;;
+  *)
+    echo "usage: $0 unpack|bench [bench args]"; exit 2
+    ;;
+esac
