@@ -29,6 +29,10 @@ def make_layout(life_cycles: Sequence[LifeCycle], dtype: str = "float32") -> KVL
     return KVLayout(page_size=BLOCK, kv_heads=2, head_dim=8, layers=layers, dtype=dtype)
 
 
+# One root for every test's disk folder, removed when the test process exits.
+_DISK_ROOT = tempfile.TemporaryDirectory(prefix="kvtiers-")
+
+
 def make_tiered(
     life_cycles: Sequence[LifeCycle] = (FullLifeCycle("full"),),
     device_pages: int = 6,
@@ -49,7 +53,7 @@ def make_tiered(
         reuse_policy=policy or AllReusable(),
         checkpoint=False,
     )
-    folder = tempfile.mkdtemp(prefix="kvtiers-") if disk_dir == "tmp" else disk_dir
+    folder = tempfile.mkdtemp(dir=_DISK_ROOT.name) if disk_dir == "tmp" else disk_dir
     tier_config = TierConfig(
         host_pages=dict.fromkeys(names, host_pages),
         disk_pages=dict.fromkeys(names, disk_pages),
