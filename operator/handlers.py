@@ -2,12 +2,14 @@
 delete, and a timer that reports pool readiness and autoscales.
 
 Run with `kvfleet operator` (or `kopf run -m kvfleet.operator.handlers`). Shared objects live in
-kopf's memo: `kube` (a KubeApi), `readers` and `histories` (per-fleet metric state).
+kopf's memo: `kube` (a KubeApi), `readers`, `histories` and `last_autoscale` (per-fleet
+metric state, dropped when the fleet is deleted).
 """
 
 from __future__ import annotations
 
 import asyncio
+import math
 import os
 import time
 from collections import defaultdict
@@ -26,7 +28,7 @@ from .spec import FleetSpec, SpecError, parse_spec
 
 FINALIZER = f"{GROUP}/cleanup"
 # How often each fleet's pools are looked at (readiness, autoscaling); the spec's
-# autoscaling.intervalSeconds cannot be finer than this.
+# autoscaling.intervalSeconds spaces the autoscaler's reads, and cannot be finer than this.
 TICK_SECONDS = float(os.environ.get("KVFLEET_OPERATOR_TICK_SECONDS", "10"))
 
 
@@ -41,6 +43,7 @@ def configure(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) -> Non
         memo.scrape = http_scrape
     memo.readers = {}
     memo.histories = defaultdict(lambda: defaultdict(list))
+    memo.last_autoscale = {}
 
 
 def fleet_ref(body: kopf.Body) -> FleetRef:
@@ -131,7 +134,11 @@ def _report_pools(
 @kopf.on.delete(GROUP, VERSION, PLURAL)
 def delete_fleet(body: kopf.Body, memo: kopf.Memo, logger, **_: Any) -> None:
     """Delete every child now rather than waiting for the garbage collector."""
-    delete_children(memo.kube, fleet_ref(body), logger)
+    fleet = fleet_ref(body)
+    delete_children(memo.kube, fleet, logger)
+    key = (fleet.namespace, fleet.name, fleet.uid)
+    for per_fleet in (memo.readers, memo.histories, memo.last_autoscale):
+        per_fleet.pop(key, None)
 
 
 @kopf.timer(GROUP, VERSION, PLURAL, interval=TICK_SECONDS, initial_delay=TICK_SECONDS)
@@ -164,6 +171,11 @@ def _tick(
 def _autoscale(body, spec: FleetSpec, status, patch, memo, fleet: FleetRef, logger) -> None:
     key = (fleet.namespace, fleet.name, fleet.uid)
     now = time.time()
+    # NOTE: the tick is shared by every fleet; each fleet's own intervalSeconds spaces its reads
+    # (a small tolerance so an interval equal to the tick is not skipped by timer jitter).
+    if now - memo.last_autoscale.get(key, -math.inf) < spec.autoscaling.interval_seconds * 0.9:
+        return
+    memo.last_autoscale[key] = now
     replicas = effective_replicas(spec, status)
     reader = memo.readers.setdefault(key, FleetMetricsReader(scrape=memo.scrape))
     history: dict[str, list[Sample]] = memo.histories[key]

@@ -25,8 +25,18 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("--metrics-port", type=int, default=9401, help="-1: no /metrics")
     parser.add_argument("--router", default=None, help="HOST:PORT of the router to register with")
     parser.add_argument("--rank-id", default=None, help="default: the host name")
+    parser.add_argument(
+        "--podinfo-dir",
+        default="/etc/podinfo",
+        help="downward API volume with the pod's annotations (kvfleet.dev/draining)",
+    )
     parser.add_argument("--config", default=None, help="engine.yaml (the operator's layout)")
-    parser.add_argument("--disk-tier-dir", default=None)
+    parser.add_argument("--disk-tier-dir", default=None, help="the shared disk KV tier's folder")
+    parser.add_argument("--host-kv-gib", type=float, default=None, help="host KV tier size")
+    parser.add_argument(
+        "--disk-kv-gib", type=float, default=None, help="this rank's share of the disk tier"
+    )
+    parser.add_argument("--disk-prefetch-num-reqs", type=int, default=None)
     parser.add_argument("--model", default=None, help="preset name (tiny, 1b, 8b)")
     parser.add_argument("--model-path", default=None, help="local checkpoint directory")
     parser.add_argument("--max-batch-size", type=int, default=None)
@@ -50,6 +60,9 @@ def engine_config_from_args(args: argparse.Namespace):
         kv_pages=args.kv_pages,
         device=args.device,
         disk_tier_dir=args.disk_tier_dir,
+        host_kv_gib=args.host_kv_gib,
+        disk_kv_gib=args.disk_kv_gib,
+        disk_prefetch_num_reqs=args.disk_prefetch_num_reqs,
     )
 
 
@@ -70,7 +83,7 @@ def run(args: argparse.Namespace) -> int:
         rank_id=args.rank_id or os.uname().nodename,
         advertise_host=args.advertise_host,
     )
-    rank = EngineRank(config, addresses).start()
+    rank = EngineRank(config, addresses, podinfo_dir=args.podinfo_dir).start()
     ports = f"grpc {rank.grpc_port}, http {rank.http_port}, metrics {rank.metrics_port}"
     print(f"engine {addresses.rank_id} ({config.role}, model {config.model}): {ports}", flush=True)
     stop = threading.Event()

@@ -12,13 +12,15 @@ from typing import Protocol
 
 import torch
 from kvfleet.kvstore.config import KVStoreConfig
+from kvfleet.kvstore.tiers.stack import KVTiers
 
 from .attention import make_backend
 from .batch import ForwardBatch, SequenceChunk
 from .config import ModelConfig, preset
+from .device_kv_cache import DeviceKVCache
 from .engine_config import EngineConfig
 from .generate import default_dtype
-from .kv_setup import build_kv
+from .kv_setup import build_kv, open_kv_tiers
 from .sampling import sample_batch
 from .scheduler import ScheduledChunk
 from .weights import build_model, config_from_file, load_checkpoint
@@ -33,6 +35,10 @@ class ComputeBackend(Protocol):
 
     def execute(self, chunks: Sequence[ScheduledChunk]) -> list[int | None]:
         """Run `chunks` as one batch; a sampled token for each chunk that samples, else None."""
+        ...
+
+    def open_tiers(self) -> KVTiers | None:
+        """KV tiers for a new manager (None: the manager's device-only default)."""
         ...
 
 
@@ -57,13 +63,26 @@ class TorchCompute:
             self.model = load_checkpoint(config.model_path, self.device, dtype)
         else:
             self.model = build_model(self.model_config, config.seed, self.device, dtype)
-        kv = build_kv(self.model_config, config, str(self.device), dtype, with_storage=True)
-        self.store_config = kv.store_config
-        self.cache = kv.storage
+        self.config = config
+        self.kv = build_kv(self.model_config, config, dtype)
+        self.store_config = self.kv.store_config
+        self.cache: DeviceKVCache | None = None  # the latest open_tiers' device KV
         self.attention = make_backend(config.attention_backend, self.device)
+
+    def open_tiers(self) -> KVTiers:
+        """Fresh KV tiers (device KV, host rows, disk index) for a new manager.
+
+        The model reads and writes the new tiers' device KV from now on; the caller closes
+        the tiers when its manager is done.
+        """
+        tiers = open_kv_tiers(self.model_config, self.config, self.kv, self.device)
+        self.cache = DeviceKVCache(self.model_config, tiers.device_kv)
+        return tiers
 
     def execute(self, chunks: Sequence[ScheduledChunk]) -> list[int | None]:
         """Forward every chunk in one batch; sample the rows whose chunk reaches the end."""
+        if self.cache is None:
+            raise RuntimeError("TorchCompute has no KV yet: call open_tiers() first")
         inputs = [SequenceChunk(c.new_tokens, c.start, c.page_ids) for c in chunks]
         logits = self.model(ForwardBatch.build(inputs, self.cache), self.cache, self.attention)
         rows = [i for i, c in enumerate(chunks) if c.samples]

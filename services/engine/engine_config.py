@@ -5,7 +5,8 @@
     model: {name: tiny, path: "", config: {}}
     max_batch_size: 8
     reuse: {policy: per_conversation, max_num_turns: 2, checkpoint: true}
-    kv_tiers: {gpu_memory_fraction: 0.9, host_gib: 0, disk: {enabled: false, dir: ...}}
+    kv_tiers: {gpu_memory_fraction: 0.9, host_gib: 0, host_pages: null,
+               disk: {enabled: false, dir: ..., gib: 32, pages: null, prefetch_num_reqs: 4}}
     engine: {page_size: 16, max_num_batched_tokens: 256, kv_pages: null, seed: 0, ...}
 """
 
@@ -42,6 +43,14 @@ class EngineConfig:
     checkpoint_margin_tokens: int = 512
     window_replay_tokens: int = 0
     disk_tier_dir: str = ""
+    # KV tiers under the device pools (kvfleet.kvstore.tiers); pages per life cycle come from
+    # the GiB split like the device pools, unless *_pages fixes them.
+    host_kv_gib: float = 0.0  # this rank's host tier; 0: none
+    host_kv_pages: int | None = None
+    disk_tier_enabled: bool = True  # the shared disk tier in disk_tier_dir (when set)
+    disk_kv_gib: float = 32.0  # this rank's share of the shared disk volume
+    disk_kv_pages: int | None = None
+    disk_prefetch_num_reqs: int = 4
     torch_threads: int = 1
     # Disaggregation (kvfleet.services.disagg): how long a context rank keeps a parked
     # request's KV, how long a receiver waits for it, and the transports it tries in order.
@@ -59,6 +68,13 @@ class EngineConfig:
         if self.kv_pages is not None and self.kv_pages < 2:
             raise ValueError(
                 f"kv_pages must be >= 2 (page 0 is the null page), got {self.kv_pages}"
+            )
+        for name in ("host_kv_gib", "host_kv_pages", "disk_kv_gib", "disk_kv_pages"):
+            if (getattr(self, name) or 0) < 0:
+                raise ValueError(f"{name} must be >= 0, got {getattr(self, name)}")
+        if self.disk_prefetch_num_reqs < 0:
+            raise ValueError(
+                f"disk_prefetch_num_reqs must be >= 0, got {self.disk_prefetch_num_reqs}"
             )
         if self.max_num_turns < 1:
             raise ValueError(f"max_num_turns must be >= 1, got {self.max_num_turns}")
@@ -89,12 +105,35 @@ def engine_config_from_dict(data: dict[str, Any]) -> EngineConfig:
         values["max_num_turns"] = int(reuse["max_num_turns"])
     if "checkpoint" in reuse:
         values["checkpoint"] = bool(reuse["checkpoint"])
-    disk = tiers.get("disk") or {}
-    if disk.get("enabled") and disk.get("dir"):
-        values["disk_tier_dir"] = disk["dir"]
+    values.update(_tier_values(tiers))
     known = {f.name for f in dataclasses.fields(EngineConfig)} - {"extra"}
     unknown = {k: v for k, v in values.items() if k not in known}
     return EngineConfig(**{k: v for k, v in values.items() if k in known}, extra=unknown)
+
+
+# engine.yaml `kv_tiers` keys -> EngineConfig fields (`disk.*` inside the disk block).
+TIER_KEYS = {"host_gib": "host_kv_gib", "host_pages": "host_kv_pages"}
+DISK_KEYS = {
+    "enabled": "disk_tier_enabled",
+    "dir": "disk_tier_dir",
+    "gib": "disk_kv_gib",
+    "pages": "disk_kv_pages",
+    "prefetch_num_reqs": "disk_prefetch_num_reqs",
+}
+
+
+def _tier_values(tiers: dict[str, Any]) -> dict[str, Any]:
+    """`kv_tiers: {host_gib, host_pages, disk: {enabled, dir, gib, pages, prefetch_num_reqs}}`."""
+    disk = tiers.get("disk") or {}
+    values = {field: tiers[key] for key, field in TIER_KEYS.items() if tiers.get(key) is not None}
+    values.update(
+        {field: disk[key] for key, field in DISK_KEYS.items() if disk.get(key) is not None}
+    )
+    if not disk.get("enabled", True):
+        # NOTE: the dir stays unset too: the hand-off's disk transport keys on it alone.
+        values.pop("disk_tier_dir", None)
+        values["disk_tier_enabled"] = False
+    return values
 
 
 def load_engine_config(path: str | Path) -> EngineConfig:

@@ -62,7 +62,11 @@ class EngineCore:
         self._sink = kv_event_sink
         self._events: list[KVEvent] = []
         self._block_tokens = BlockTokens(config.page_size)
-        self.manager = KVCacheManager(self.compute.store_config, listener=self._events.append)
+        # The compute backend allocates the device KV with its host and disk tiers.
+        self.manager = KVCacheManager(
+            self.compute.store_config, self._events.append, self.compute.open_tiers()
+        )
+        self.metrics.tiers.watch(self.manager.tiers.metrics)
         self.scheduler = Scheduler(
             self.manager, config.max_batch_size, config.max_num_batched_tokens
         )
@@ -91,6 +95,7 @@ class EngineCore:
         if self._thread is not None:
             self._thread.join(timeout)
         self.role.close()
+        self.manager.tiers.close()  # the disk prefetch worker
         for handle in list(self._handles.values()):
             handle._put(EngineStoppedError(f"request {handle.call.request_id}: engine stopped"))
         self._handles.clear()
@@ -348,6 +353,7 @@ class EngineCore:
             len(self.scheduler.waiting),
             in_use / usable,
             retained,
+            usable,
         )
         self.metrics.load(self._load)
         self.metrics.preemptions.inc(self.scheduler.preemptions - self._counted_preemptions)

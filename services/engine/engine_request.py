@@ -62,6 +62,12 @@ class EngineLoad:
     queued: int
     kv_usage: float
     retained_pages: int
+    kv_capacity_pages: int = 0  # usable pages of every pool: what retained_pages is a share of
+
+    @property
+    def retained_working_set(self) -> float:
+        """Retained pages as a share of KV capacity, 0..1 (the autoscaler's signal)."""
+        return self.retained_pages / self.kv_capacity_pages if self.kv_capacity_pages else 0.0
 
     @property
     def free_slots(self) -> int:

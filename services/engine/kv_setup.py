@@ -1,26 +1,37 @@
-"""The one place that sizes and allocates an engine's KV: kvstore life cycles, pools, storage.
+"""The one place that sizes and allocates an engine's KV: kvstore life cycles, pools, tiers.
 
 The model's layer groups (`full`, `window`) map one to one onto kvstore life cycles of the
 same names, so a page id from the manager's page table indexes the same group's K/V tensors.
 Pool sizes come from kvstore's `plan_pools` for a typical step of this rank (its slots, the
-model's context, the step budget, the retained turns) unless `kv_pages` fixes them.
-NOTE: when kvstore grows a device KV storage object (tiers), swap `PagedKVCache` here.
+model's context, the step budget, the retained turns) unless `kv_pages` fixes them. The K/V
+tensors are the kvstore tiers' device KV (`open_kv_tiers`), under which sit a host tier and the
+shared disk tier; the model reads them through `DeviceKVCache`.
 """
 
 from __future__ import annotations
 
 import inspect
+import logging
+import os
+from collections.abc import Mapping
 from dataclasses import dataclass
 
 import torch
+import xxhash
 from kvfleet.kvstore.config import KVStoreConfig
 from kvfleet.kvstore.life_cycles import FullLifeCycle, LifeCycle, WindowLifeCycle
 from kvfleet.kvstore.policies import REUSE_POLICIES, make_reuse_policy
 from kvfleet.kvstore.sizing import TypicalStep, plan_pools
+from kvfleet.kvstore.tiers.build import TierConfig, build_tiers
+from kvfleet.kvstore.tiers.layout import KVLayout
+from kvfleet.kvstore.tiers.stack import KVTiers
 
 from .config import FULL_GROUP, WINDOW_GROUP, ModelConfig
 from .engine_config import EngineConfig
-from .kv_cache import PagedKVCache
+
+log = logging.getLogger(__name__)
+
+GIB = 1 << 30
 
 
 def life_cycles_for(model: ModelConfig, config: EngineConfig) -> tuple[LifeCycle, ...]:
@@ -67,28 +78,90 @@ def kvstore_config(model: ModelConfig, config: EngineConfig) -> KVStoreConfig:
 
 @dataclass(frozen=True)
 class KVSetup:
-    """The manager's config and the tensors that hold the pages it hands out."""
+    """The manager's config and the page layout every tier stores."""
 
     store_config: KVStoreConfig
-    storage: PagedKVCache | None
+    layout: KVLayout
 
 
-def build_kv(
-    model: ModelConfig, config: EngineConfig, device: str, dtype: torch.dtype, with_storage: bool
-) -> KVSetup:
-    """Size the pools and (for a tensor backend) allocate their K/V storage."""
-    store_config = kvstore_config(model, config)
-    storage = None
-    if with_storage:
-        storage = PagedKVCache(
-            model,
-            dict(store_config.pool_pages),
-            config.page_size,
-            device=device,
-            dtype=dtype,
-            null_page_id=0,
-        )
-    return KVSetup(store_config, storage)
+def build_kv(model: ModelConfig, config: EngineConfig, dtype: torch.dtype) -> KVSetup:
+    """Size the pools and describe their pages (nothing is allocated yet)."""
+    return KVSetup(kvstore_config(model, config), kv_layout(model, config, dtype))
+
+
+def kv_layout(model: ModelConfig, config: EngineConfig, dtype: torch.dtype) -> KVLayout:
+    """One page per life cycle: its layer group's layers, K and V, `page_size` tokens."""
+    return KVLayout(
+        page_size=config.page_size,
+        kv_heads=model.num_kv_heads,
+        head_dim=model.head_dim,
+        layers=dict(model.groups),
+        dtype=str(dtype).removeprefix("torch."),
+    )
+
+
+def tier_pages(
+    budget_bytes: float, device_pages: Mapping[str, int], layout: KVLayout
+) -> dict[str, int]:
+    """Split a tier's bytes between life cycles in the device pools' byte proportions."""
+    weights = {name: device_pages[name] * layout.page_bytes(name) for name in layout.layers}
+    total = sum(weights.values())
+    if budget_bytes <= 0 or total <= 0:
+        return dict.fromkeys(layout.layers, 0)
+    return {
+        name: int(budget_bytes * weight / total) // layout.page_bytes(name)
+        for name, weight in weights.items()
+    }
+
+
+def disk_tier_root(model: ModelConfig, config: EngineConfig) -> str:
+    """This model's folder of the shared disk tier.
+
+    NOTE: block hashes name tokens, not weights, and file fingerprints only the page shape, so
+    ranks of another model (or other random weights) of the same shape must not read these.
+    """
+    identity = config.model_path or f"{model.name}/seed={config.seed}"
+    return os.path.join(
+        config.disk_tier_dir, f"model-{xxhash.xxh3_64_hexdigest(identity.encode())}"
+    )
+
+
+def tier_config(
+    model: ModelConfig, config: EngineConfig, store_config: KVStoreConfig, layout: KVLayout
+) -> TierConfig:
+    """Host and disk pages per life cycle, the disk folder and the prefetch depth."""
+    pools = dict(store_config.pool_pages)
+    host = _tier_pages(config.host_kv_pages, config.host_kv_gib, pools, layout)
+    disk_dir = None
+    disk = dict.fromkeys(pools, 0)
+    if config.disk_tier_dir and config.disk_tier_enabled:
+        disk = _tier_pages(config.disk_kv_pages, config.disk_kv_gib, pools, layout)
+        if any(disk.values()):
+            disk_dir = disk_tier_root(model, config)
+        else:
+            log.warning("disk tier %s has no capacity: no disk tier", config.disk_tier_dir)
+    return TierConfig(
+        host_pages=host,
+        disk_pages=disk if disk_dir else {},
+        disk_dir=disk_dir,
+        disk_prefetch_num_reqs=config.disk_prefetch_num_reqs,
+    )
+
+
+def open_kv_tiers(
+    model: ModelConfig, config: EngineConfig, kv: KVSetup, device: torch.device | str
+) -> KVTiers:
+    """Allocate a fresh device KV with its host and disk tiers, for one manager."""
+    tiers = tier_config(model, config, kv.store_config, kv.layout)
+    return build_tiers(kv.store_config, tiers, kv.layout, device)
+
+
+def _tier_pages(
+    pages: int | None, gib: float, device_pages: Mapping[str, int], layout: KVLayout
+) -> dict[str, int]:
+    if pages is not None:
+        return dict.fromkeys(device_pages, pages)
+    return tier_pages(gib * GIB, device_pages, layout)
 
 
 def _policy_params(config: EngineConfig) -> dict[str, int]:

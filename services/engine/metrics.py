@@ -6,6 +6,7 @@ from kvfleet.services.disagg.metrics import HandoffMetrics
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
 from .engine_request import EngineLoad, Usage
+from .tier_metrics import TierMetricsCollector
 
 LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30)
 TOKEN_BUCKETS = (0, 16, 64, 256, 1024, 4096, 16384, 65536, 262144)
@@ -41,13 +42,22 @@ class EngineMetrics:
         self.preemptions = Counter(
             "kvfleet_engine_preemptions", "Sequences preempted for pages", registry=r
         )
-        self.kv_usage = Gauge("kvfleet_engine_kv_usage", "Share of KV pages in use", registry=r)
+        # NOTE: the operator's autoscaler reads the two *_ratio names (docs/operator.md).
+        self.kv_usage = Gauge(
+            "kvfleet_engine_kv_usage_ratio", "Share of KV pages in use, 0..1", registry=r
+        )
         self.retained_pages = Gauge(
             "kvfleet_engine_retained_pages", "Pages held by retained conversation turns", registry=r
         )
+        self.retained_working_set = Gauge(
+            "kvfleet_engine_retained_working_set_ratio",
+            "Pages held by retained conversation turns / KV capacity, 0..1", registry=r,
+        )  # fmt: skip
         self.running = Gauge("kvfleet_engine_running", "Sequences running", registry=r)
         self.queued = Gauge("kvfleet_engine_queued", "Sequences waiting", registry=r)
         self.handoff = HandoffMetrics(r)
+        self.tiers = TierMetricsCollector()  # the core hands over its tiers' counters
+        r.register(self.tiers)
 
     def sample_finished(self, usage: Usage, reason: str) -> None:
         """Record one finished sample's usage."""
@@ -60,5 +70,6 @@ class EngineMetrics:
         """Record the rank's load after a step."""
         self.kv_usage.set(load.kv_usage)
         self.retained_pages.set(load.retained_pages)
+        self.retained_working_set.set(load.retained_working_set)
         self.running.set(load.running)
         self.queued.set(load.queued)

@@ -17,6 +17,7 @@ from .http_backends import EngineBackend
 from .http_server import HttpServer
 from .metrics import EngineMetrics
 from .openai_http import build_app
+from .podinfo import PodInfo
 from .router_link import RouterLink
 from .tokenizer import load_tokenizer
 
@@ -39,9 +40,13 @@ class RankAddresses:
 class EngineRank:
     """A running rank; `stop` ends everything it started, in reverse order."""
 
-    def __init__(self, config: EngineConfig, addresses: RankAddresses) -> None:
+    def __init__(
+        self, config: EngineConfig, addresses: RankAddresses, podinfo_dir: str | None = None
+    ) -> None:
         self.config = config
         self.addresses = addresses
+        # The downward API's view of this pod (None: not in Kubernetes, never draining).
+        self.podinfo = PodInfo(podinfo_dir)
         self.tokenizer = load_tokenizer(_tokenizer_path(config))
         self.metrics = EngineMetrics()
         self.link: RouterLink | None = None
@@ -78,6 +83,7 @@ class EngineRank:
                 self.config.role,
                 self.config.page_size,
                 self.core.load,
+                self.podinfo.draining,
             ).start()
         log.info("rank %s: grpc %s, http %s", a.rank_id, self.grpc_port, self.http_port)
         return self

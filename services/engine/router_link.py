@@ -54,6 +54,7 @@ class RouterLink:
         role: str,
         block_size: int,
         load: Callable[[], EngineLoad],
+        draining: Callable[[], bool] = lambda: False,
     ) -> None:
         self.rank_id = rank_id
         self._registration = router_pb2.RegisterRequest(
@@ -64,6 +65,7 @@ class RouterLink:
             block_size=block_size,
         )
         self._load = load
+        self._draining = draining  # read at each heartbeat: the operator's scale-in mark
         self._channel = grpc.insecure_channel(router_address)
         self._registry = router_pb2_grpc.RankRegistryStub(self._channel)
         self._events: queue.Queue[list[BlockEvent] | None] = queue.Queue()
@@ -108,7 +110,10 @@ class RouterLink:
                     router_pb2.HeartbeatRequest(
                         rank_id=self.rank_id,
                         load=router_pb2.RankLoad(
-                            free_slots=load.free_slots, queued=load.queued, kv_usage=load.kv_usage
+                            free_slots=load.free_slots,
+                            queued=load.queued,
+                            kv_usage=load.kv_usage,
+                            draining=self._draining(),
                         ),
                     ),
                     timeout=RPC_TIMEOUT_SECONDS,

@@ -113,6 +113,8 @@ class Scheduler:
 
     def schedule(self) -> list[ScheduledChunk]:
         """Pick this step's chunks and allocate their pages; empty when nothing can run."""
+        # Queued requests' disk blocks head for host in the background; finished reads land.
+        self.manager.prefetch([sequence.key for sequence in self.waiting])
         budget = self.token_budget
         chunks: list[ScheduledChunk] = []
         for sequence in list(self.running):
@@ -143,13 +145,15 @@ class Scheduler:
                 lambda s=sequence, c=count: self.manager.can_admit(s.key, c)
             ):
                 break  # first come, first served: later ones wait behind it
-            self.manager.admit(sequence.key, count)
+            # NOTE: admission onboards host/disk blocks and may reuse less than the match said
+            # (a disk file that failed its checks); the chunk starts where reuse really ends.
+            reused = self.manager.admit(sequence.key, count).num_reused_tokens
             self.waiting.remove(sequence)
             self.running.append(sequence)
             sequence.admitted = True
             if sequence.cached_tokens is None:
-                sequence.cached_tokens = match.num_reusable_tokens
-            chunks.append(self._chunk(sequence, match.num_reusable_tokens, count))
+                sequence.cached_tokens = reused
+            chunks.append(self._chunk(sequence, reused, count))
             budget -= count
         return budget
 

@@ -1,8 +1,8 @@
 """What the load driver drives, and the registry that opens one from a `--target` spec.
 
 A target serves `generate(conversation_id, tokens, max_tokens)`; turns of one conversation share
-the id so that a router can keep them on one rank. Factories are registered per scheme; `sim` and
-`grpc` are extension points until the router and kvstore parts land.
+the id so that a router can keep them on one rank. Factories are registered per scheme: `http`
+(OpenAI completions), `grpc` (the router's Generate stream) and `sim` (a simulated fleet).
 """
 
 from __future__ import annotations
@@ -82,30 +82,36 @@ def _open_http(spec: str, options: TargetOptions) -> Target:
     return OpenAICompletionsTarget(spec, model=options.model, timeout_s=options.request_timeout_s)
 
 
-def _not_wired(kind: str, needs: str) -> TargetFactory:
-    def factory(spec: str, _options: TargetOptions) -> Target:
-        raise TargetUnavailable(
-            f"target {spec!r}: the {kind} target is not wired yet; it needs {needs}. "
-            f"Register a factory in TARGET_FACTORIES[{kind!r}]."
-        )
+def _open_grpc(spec: str, options: TargetOptions) -> Target:
+    from .grpc_target import RouterGenerateTarget
 
-    return factory
+    return RouterGenerateTarget(spec, timeout_s=options.request_timeout_s)
+
+
+def _open_sim(spec: str, options: TargetOptions) -> Target:
+    from .sim_config import SimConfigError
+    from .sim_target import open_sim_target
+
+    try:
+        return open_sim_target(spec, options)
+    except (SimConfigError, OSError) as error:
+        raise TargetUnavailable(f"target {spec!r}: {error}") from error
 
 
 # Scheme -> factory. The scheme is what precedes "://" (or the whole spec, as in "sim").
 TARGET_FACTORIES: dict[str, TargetFactory] = {
     "http": _open_http,
     "https": _open_http,
-    "grpc": _not_wired("grpc", "the router's Generate client"),
-    "sim": _not_wired("sim", "the router admission code and the kvstore manager"),
+    "grpc": _open_grpc,
+    "sim": _open_sim,
 }
 
 
 def target_scheme(spec: str) -> str:
-    """The registry key of a spec: 'http' for 'http://h:p', 'sim' for 'sim' or 'sim:cfg'."""
+    """The registry key of a spec: 'http' for 'http://h:p'; 'sim' for 'sim', 'sim:f', 'sim?k=v'."""
     if "://" in spec:
         return spec.split("://", 1)[0]
-    return spec.split(":", 1)[0]
+    return spec.split(":", 1)[0].split("?", 1)[0]
 
 
 def open_target(spec: str, options: TargetOptions | None = None) -> Target:

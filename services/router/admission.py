@@ -11,6 +11,9 @@ One admission pass, over the requests in arrival order:
 |       | the wait bound; lenient: home has room          | (strict) or policy (lenient)       |
 | 2     | explicit rank                                   | that rank; relaxed: policy if full |
 | 3     | new conversations, pins released by the bound   | placement policy                   |
+
+Placement by policy (groups 2 relaxed and 3, lenient away) skips draining ranks: a rank whose
+pod is leaving on scale-in keeps serving its pinned turns, but gets nothing new.
 """
 
 from __future__ import annotations
@@ -28,8 +31,10 @@ from kvfleet.services.router.policies import (
 from kvfleet.services.router.prefix_index import PrefixIndex
 from kvfleet.services.router.store import AdmissionStore
 
-# Ranks a new request may start on; generation-only ranks get work by KV hand-off.
+# Ranks a new request may start on; generation-only ranks get work by KV hand-off, placed by
+# a second queue over GENERATION_ROLES (see runtime.py).
 ADMITTING_ROLES = frozenset({Role.BOTH, Role.CONTEXT})
+GENERATION_ROLES = frozenset({Role.GENERATION})
 
 
 @dataclass(frozen=True)
@@ -69,6 +74,16 @@ class PassResult:
         return sum(1 for admission in self.admitted if admission.placement is placement)
 
 
+def open_for_placement(ranks: dict[str, RankSlots]) -> dict[str, RankSlots]:
+    """The ranks a policy may place a request on: every rank that is not draining.
+
+    NOTE: when every rank of the pool is draining (a pool scaled to zero), all of them stay
+    open, so requests are served until the ranks leave instead of timing out in the queue.
+    """
+    staying = {rank_id: slots for rank_id, slots in ranks.items() if not slots.load.draining}
+    return staying or ranks
+
+
 # Placement of a pinned request that stops waiting for its home, per affinity policy.
 RELEASED_PLACEMENT = {"strict": Placement.FALLBACK, "lenient": Placement.AWAY}
 
@@ -82,8 +97,11 @@ class AdmissionQueue:
         config: AdmissionConfig,
         clock: Callable[[], float],
         prefix_index: PrefixIndex | None = None,
+        roles: frozenset[Role] = ADMITTING_ROLES,
     ) -> None:
         self.store = store
+        # The pool this queue places on: its ranks alone count (a pin elsewhere is no pin).
+        self.roles = roles
         self.config = config
         self._clock = clock
         self._bound = WaitBound(config.max_wait_passes, config.max_wait_seconds)
@@ -115,7 +133,12 @@ class AdmissionQueue:
         """Admit what fits now. `degraded`: the shared store is away, use lenient affinity."""
         affinity = AFFINITY_POLICIES["lenient" if degraded else self.config.affinity]
         now = self._clock()
-        ranks = {rank_id: slots for rank_id, (slots, _) in self.store.snapshot().items()}
+        every_rank = self.store.snapshot()
+        ranks = {
+            rank_id: slots
+            for rank_id, (slots, _) in every_rank.items()
+            if slots.info.role in self.roles
+        }
         free = {rank_id: slots.free for rank_id, slots in ranks.items()}
         conversations = {r.conversation_id for r in self._waiting if r.conversation_id}
         pins = self.store.get_pins(conversations, now) if conversations else {}
@@ -165,7 +188,7 @@ class AdmissionQueue:
                 )
                 admit(request, rank_id, placement)
 
-        result.free_slots = {rank_id: slots.free for rank_id, slots in ranks.items()}
+        result.free_slots = {rank_id: slots.free for rank_id, (slots, _) in every_rank.items()}
         for admission in result.admitted:
             result.free_slots[admission.rank.rank_id] -= admission.request.slots
         done = admitted_ids | failed_ids
@@ -222,8 +245,8 @@ class AdmissionQueue:
         """Admit on the best rank with room, by the placement policy; None when none fits."""
         candidates = [
             RankSlots(slots.info, slots.info.max_batch_size - free[rank_id], slots.load)
-            for rank_id, slots in ranks.items()
-            if free[rank_id] >= request.slots and slots.info.role in ADMITTING_ROLES
+            for rank_id, slots in open_for_placement(ranks).items()
+            if free[rank_id] >= request.slots
         ]
         for slots in self._placement.order(request, candidates):
             if self._reserve(request, slots.info.rank_id, free, now):

@@ -6,6 +6,7 @@ from dataclasses import dataclass, field
 
 from kvfleet.services.router.admission import PassResult
 from kvfleet.services.router.model import Placement
+from kvfleet.services.router.recent_quantile import RecentQuantile
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
 
@@ -14,6 +15,8 @@ class RouterMetrics:
     """The router's metrics; `registry` is what the /metrics endpoint serves."""
 
     registry: CollectorRegistry = field(default_factory=CollectorRegistry)
+    # TTFT as clients see it (arrival to first chunk); the operator's autoscaler reads its p90.
+    ttft_window: RecentQuantile = field(default_factory=lambda: RecentQuantile(0.9, 60.0))
 
     def __post_init__(self) -> None:
         r = self.registry
@@ -30,9 +33,10 @@ class RouterMetrics:
             "Admission passes that deferred a pinned request",
             registry=r,
         )
-        self.fallbacks = Counter(
-            "kvfleet_router_fallbacks",
-            "Pinned requests placed elsewhere after the wait bound",
+        # NOTE: the operator's autoscaler reads this name (docs/operator.md), keep it stable.
+        self.deferrals_past_bound = Counter(
+            "kvfleet_router_deferrals_past_bound",
+            "Pinned requests placed elsewhere after the deferral bound (strict fallbacks)",
             registry=r,
         )
         self.pinned_hits = Counter(
@@ -66,6 +70,23 @@ class RouterMetrics:
             buckets=(0.001, 0.005, 0.02, 0.1, 0.5, 1, 2, 5, 10, 30, 60, 300),
             registry=r,
         )
+        self.ttft = Histogram(
+            "kvfleet_router_ttft_seconds",
+            "Time from arrival to the first chunk streamed back",
+            buckets=(0.01, 0.05, 0.1, 0.25, 0.5, 1, 2, 5, 10, 30, 60, 300),
+            registry=r,
+        )
+        self.ttft_p90 = Gauge(
+            "kvfleet_router_ttft_p90_seconds",
+            "p90 of the time to first chunk over the last minute (0 without traffic)",
+            registry=r,
+        )
+        self.ttft_p90.set_function(self.ttft_window.value)
+
+    def observe_ttft(self, seconds: float) -> None:
+        """Record one request's time from arrival to its first streamed chunk."""
+        self.ttft.observe(seconds)
+        self.ttft_window.observe(seconds)
 
     def record_pass(self, result: PassResult, queue_depth: int) -> None:
         """Count what one admission pass did."""
@@ -74,7 +95,7 @@ class RouterMetrics:
             if count:
                 self.admissions.labels(placement.value).inc(count)
         self.pinned_hits.inc(result.count(Placement.PINNED))
-        self.fallbacks.inc(result.count(Placement.FALLBACK))
+        self.deferrals_past_bound.inc(result.count(Placement.FALLBACK))
         self.deferrals.inc(result.deferrals)
         self.queue_depth.set(queue_depth)
 

@@ -40,6 +40,7 @@ class RankLoad:
     free_slots: int = 0
     queued: int = 0
     kv_usage: float = 0.0
+    draining: bool = False  # leaving on scale-in: no new conversations are placed here
 
 
 @dataclass(frozen=True)

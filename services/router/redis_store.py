@@ -192,7 +192,13 @@ def _info_from_json(text: str) -> RankInfo:
 
 def _heartbeat_json(now: float, load: RankLoad) -> str:
     return json.dumps(
-        {"t": now, "free": load.free_slots, "queued": load.queued, "kv": load.kv_usage}
+        {
+            "t": now,
+            "free": load.free_slots,
+            "queued": load.queued,
+            "kv": load.kv_usage,
+            "drain": load.draining,
+        }
     )
 
 
@@ -200,4 +206,7 @@ def _heartbeat_from_json(text: str) -> tuple[float, RankLoad]:
     if not text:
         return 0.0, RankLoad()
     data = json.loads(text)
-    return float(data["t"]), RankLoad(int(data["free"]), int(data["queued"]), float(data["kv"]))
+    load = RankLoad(
+        int(data["free"]), int(data["queued"]), float(data["kv"]), bool(data.get("drain", False))
+    )
+    return float(data["t"]), load

@@ -48,8 +48,15 @@ class RouterRuntime:
         max_queue_seconds: float = 600.0,
         tick_seconds: float = 0.05,
         recover_every_seconds: float = 0.5,
+        generation_queue: AdmissionQueue | None = None,
     ) -> None:
         self.queue = queue
+        # Disaggregation: a turn admitted on a context rank is placed again, on a generation
+        # rank, by this second queue over the same store (so both placements are atomic).
+        self.generation_queue = generation_queue
+        self._queues = {"context": queue}
+        if generation_queue is not None:
+            self._queues["generation"] = generation_queue
         self.store = queue.store
         self.prefix_index = prefix_index
         self.metrics = metrics
@@ -82,14 +89,18 @@ class RouterRuntime:
             self._wake.notify_all()
         self._thread.join(timeout=5)
 
-    def submit(self, request: PendingRequest) -> Ticket:
-        """Queue a request; the returned ticket is decided by a later pass."""
+    def submit(self, request: PendingRequest, pool: str = "context") -> Ticket:
+        """Queue a request for a pool (`context`, or `generation` for the hand-off placement);
+        the returned ticket is decided by a later pass."""
         ticket = Ticket(request)
         with self._wake:
             if self._stopped:
                 self._decide(ticket, error=RankUnavailable("router is shutting down"))
                 return ticket
-            self.queue.enqueue(request)
+            if pool not in self._queues:
+                self._decide(ticket, error=RankUnavailable(f"this router has no {pool} pool"))
+                return ticket
+            self._queues[pool].enqueue(request)
             self._tickets[request.request_id] = ticket
             self._wake.notify_all()
         return ticket
@@ -97,8 +108,9 @@ class RouterRuntime:
     def cancel(self, ticket: Ticket) -> None:
         """Withdraw a waiting request (client went away); no-op once decided."""
         with self._wake:
-            if self.queue.cancel(ticket.request.request_id):
-                self._tickets.pop(ticket.request.request_id, None)
+            request_id = ticket.request.request_id
+            if any(queue.cancel(request_id) for queue in self._queues.values()):
+                self._tickets.pop(request_id, None)
 
     def finish(self, admission: Admission) -> None:
         """Give back the slots of a request that ended, for any reason."""
@@ -140,8 +152,9 @@ class RouterRuntime:
             while not self._stopped:
                 try:
                     self._housekeeping()
-                    if len(self.queue):
-                        self._admit()
+                    for queue in self._queues.values():
+                        if len(queue):
+                            self._admit(queue)
                 except Exception:  # keep the loop alive; the failure is logged, then retried
                     log.exception("admission pass failed")
                 self._wake.wait(self._tick)
@@ -160,8 +173,8 @@ class RouterRuntime:
             self.metrics.ranks_removed.inc()
             log.warning("rank %s removed: no heartbeat", rank_id)
 
-    def _admit(self) -> None:
-        result = self.queue.run_pass(degraded=self.degraded)
+    def _admit(self, queue: AdmissionQueue) -> None:
+        result = queue.run_pass(degraded=self.degraded)
         now = self._clock()
         for admission in result.admitted:
             ticket = self._tickets.pop(admission.request.request_id, None)
@@ -174,9 +187,9 @@ class RouterRuntime:
             ticket = self._tickets.pop(request.request_id, None)
             if ticket:
                 self._decide(ticket, error=RankUnavailable(reason))
-        for request in self.queue.waiting():
+        for request in queue.waiting():
             if now - request.enqueued_at > self._max_queue_seconds:
-                self.queue.cancel(request.request_id)
+                queue.cancel(request.request_id)
                 ticket = self._tickets.pop(request.request_id, None)
                 if ticket:
                     self._decide(
@@ -185,7 +198,7 @@ class RouterRuntime:
                             f"no slot for {request.slots} within {self._max_queue_seconds:g} s"
                         ),
                     )
-        self.metrics.record_pass(result, len(self.queue))
+        self.metrics.record_pass(result, sum(len(q) for q in self._queues.values()))
 
     @staticmethod
     def _decide(

@@ -13,7 +13,7 @@ import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 from kvfleet.proto import router_pb2, router_pb2_grpc
-from kvfleet.services.router.admission import AdmissionConfig, AdmissionQueue
+from kvfleet.services.router.admission import GENERATION_ROLES, AdmissionConfig, AdmissionQueue
 from kvfleet.services.router.failover_store import FailoverStore
 from kvfleet.services.router.metrics import RouterMetrics
 from kvfleet.services.router.prefix_index import PrefixIndex
@@ -116,8 +116,17 @@ def create_server(
     store = store if store is not None else build_store(config, metrics)
     prefix_index = PrefixIndex()
     queue = AdmissionQueue(store, config.admission, clock, prefix_index)
+    generation_queue = AdmissionQueue(
+        store, config.admission, clock, prefix_index, roles=GENERATION_ROLES
+    )
     runtime = RouterRuntime(
-        queue, prefix_index, metrics, clock, config.max_queue_seconds, config.tick_seconds
+        queue,
+        prefix_index,
+        metrics,
+        clock,
+        config.max_queue_seconds,
+        config.tick_seconds,
+        generation_queue=generation_queue,
     )
     channels = EngineChannels()
     grpc_server = grpc.server(

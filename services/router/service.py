@@ -17,6 +17,7 @@ from kvfleet.services.router.errors import (
     RouterError,
     grpc_code,
 )
+from kvfleet.services.router.handoff import HandoffForwarder, as_first_token, is_handoff
 from kvfleet.services.router.model import Admission, PendingRequest, RankInfo, RankLoad, Role
 from kvfleet.services.router.runtime import RouterRuntime
 from kvfleet.services.router.validation import RequestLimits, validate
@@ -78,6 +79,7 @@ class RouterServicer(router_pb2_grpc.RouterServicer):
         self._clock = clock
         self._in_flight: set[str] = set()
         self._in_flight_lock = threading.Lock()
+        self._handoff = HandoffForwarder(runtime, channels, clock, self._wait_for_admission)
 
     def Generate(self, request, context) -> Iterator[router_pb2.GenerateResponse]:
         request_id = request.request_id or uuid.uuid4().hex
@@ -89,8 +91,12 @@ class RouterServicer(router_pb2_grpc.RouterServicer):
                 self._in_flight.add(request_id)
         except RouterError as error:
             self._abort(context, error)
+        arrived = self._clock()
         try:
-            yield from self._serve(request, request_id, context)
+            for sent, response in enumerate(self._serve(request, request_id, context)):
+                if sent == 0:
+                    self._runtime.metrics.observe_ttft(self._clock() - arrived)
+                yield response
         except RouterError as error:
             self._abort(context, error)
         finally:
@@ -101,6 +107,7 @@ class RouterServicer(router_pb2_grpc.RouterServicer):
         relax = request.relax_rank
         explicit = request.rank_id if request.HasField("rank_id") else None
         sent = 0
+        handoff: list[common_pb2.GenerationChunk] = []
         for attempt in range(1, MAX_ATTEMPTS + 1):
             admission = self._wait_for_admission(
                 self._pending(request, request_id, explicit, relax), context
@@ -108,9 +115,13 @@ class RouterServicer(router_pb2_grpc.RouterServicer):
             if admission is None:
                 return  # client went away while queued
             try:
-                for response in self._forward(request, request_id, admission, context, sent == 0):
+                for response in self._forward(
+                    request, request_id, admission, context, sent == 0, handoff
+                ):
                     sent += 1
                     yield response
+                if handoff:
+                    break  # the context slot is given back first (finally), then generation
                 return
             except grpc.RpcError as error:
                 if error.code() not in RANK_FAILURE_CODES or not context.is_active():
@@ -141,7 +152,9 @@ class RouterServicer(router_pb2_grpc.RouterServicer):
                 attempt,
                 MAX_ATTEMPTS,
             )
-        raise RankUnavailable(f"{MAX_ATTEMPTS} ranks failed before producing output")
+        else:
+            raise RankUnavailable(f"{MAX_ATTEMPTS} ranks failed before producing output")
+        yield from self._handoff.run(request, request_id, admission, handoff[0], context)
 
     def _pending(
         self, request, request_id: str, explicit: str | None, relax: bool
@@ -157,8 +170,10 @@ class RouterServicer(router_pb2_grpc.RouterServicer):
             prompt_tokens=tokens,
         )
 
-    def _wait_for_admission(self, pending: PendingRequest, context) -> Admission | None:
-        ticket = self._runtime.submit(pending)
+    def _wait_for_admission(
+        self, pending: PendingRequest, context, pool: str = "context"
+    ) -> Admission | None:
+        ticket = self._runtime.submit(pending, pool)
         context.add_callback(lambda: self._runtime.cancel(ticket))
         while not ticket.wait(0.25):
             if not context.is_active():
@@ -170,8 +185,15 @@ class RouterServicer(router_pb2_grpc.RouterServicer):
         return ticket.admission
 
     def _forward(
-        self, request, request_id: str, admission: Admission, context, first: bool
+        self,
+        request,
+        request_id: str,
+        admission: Admission,
+        context,
+        first: bool,
+        handoff: list[common_pb2.GenerationChunk],
     ) -> Iterator[router_pb2.GenerateResponse]:
+        """Stream the rank's chunks; a context rank's hand-off chunk is kept in `handoff`."""
         engine_request = engine_pb2.EngineGenerateRequest(
             request_id=request_id,
             conversation_id=request.conversation_id,
@@ -193,6 +215,9 @@ class RouterServicer(router_pb2_grpc.RouterServicer):
             placement = admission.placement.value if first else ""
             first = False
             finished += chunk.finished
+            if is_handoff(chunk):
+                handoff.append(chunk)
+                chunk = as_first_token(chunk)
             yield router_pb2.GenerateResponse(chunk=chunk, rank_id=rank_id, placement=placement)
         if finished < admission.request.slots:
             raise TruncatedStream(
@@ -236,7 +261,8 @@ class RankRegistryServicer(router_pb2_grpc.RankRegistryServicer):
         return router_pb2.RegisterResponse(heartbeat_interval_seconds=self._interval)
 
     def Heartbeat(self, request, context) -> router_pb2.HeartbeatResponse:
-        load = RankLoad(request.load.free_slots, request.load.queued, request.load.kv_usage)
+        reported = request.load
+        load = RankLoad(reported.free_slots, reported.queued, reported.kv_usage, reported.draining)
         return router_pb2.HeartbeatResponse(
             registered=self._runtime.heartbeat(request.rank_id, load)
         )

@@ -93,11 +93,11 @@ def test_two_arms_compared_in_one_run(tmp_path: Path) -> None:
     assert arms["one"]["prefix_reuse"] == arms["two"]["prefix_reuse"]
 
 
-def test_sim_target_exits_with_clear_error(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
-    """If this fails, asking for the not-yet-wired simulator crashes with a traceback."""
-    code = main(["replay", str(CLAUDE_CODE / "trace_0002.json"), "--target", "sim"])
+def test_bad_sim_option_exits_with_clear_error(capsys: pytest.CaptureFixture) -> None:
+    """If this fails, a mistyped simulator option crashes with a traceback."""
+    code = main(["replay", str(CLAUDE_CODE / "trace_0002.json"), "--target", "sim?slotz=1"])
     assert code == 2
-    assert "not wired yet" in capsys.readouterr().err
+    assert "sim option 'slotz' unknown" in capsys.readouterr().err
 
 
 def test_failed_requests_exit_nonzero(tmp_path: Path) -> None:

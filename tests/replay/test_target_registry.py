@@ -1,4 +1,4 @@
-"""The target registry: http opens, sim and grpc are clear extension points."""
+"""The target registry: http, grpc and sim open their targets; bad specs say why."""
 
 from __future__ import annotations
 
@@ -14,9 +14,12 @@ from kvfleet.services.replay.target import (
 
 def test_scheme_of_specs() -> None:
     """If this fails, --target values reach the wrong factory."""
-    assert [target_scheme(s) for s in ("http://h:1", "grpc://h:2", "sim", "sim:fleet.yaml")] == [
+    assert [
+        target_scheme(s) for s in ("http://h:1", "grpc://h:2", "sim", "sim:f.yaml", "sim?ranks=2")
+    ] == [
         "http",
         "grpc",
+        "sim",
         "sim",
         "sim",
     ]
@@ -31,10 +34,13 @@ async def test_http_spec_opens_completions_target() -> None:
         await target.aclose()
 
 
-@pytest.mark.parametrize("spec", ["sim", "grpc://127.0.0.1:1"])
-def test_unwired_targets_say_what_they_need(spec: str) -> None:
-    """If this fails, sim or grpc fail obscurely instead of naming the missing part."""
-    with pytest.raises(TargetUnavailable, match="not wired yet"):
+@pytest.mark.parametrize(
+    ("spec", "match"),
+    [("sim?rankz=2", "sim option 'rankz' unknown"), ("sim:/no/such.yaml", "No such file")],
+)
+def test_bad_sim_specs_say_why(spec: str, match: str) -> None:
+    """If this fails, a mistyped sim option or file fails obscurely instead of naming it."""
+    with pytest.raises(TargetUnavailable, match=match):
         open_target(spec)
 
 

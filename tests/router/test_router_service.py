@@ -105,7 +105,8 @@ def test_health_and_metrics_are_served(fleet):
     for name in (
         "kvfleet_router_queue_depth",
         "kvfleet_router_deferrals_total",
-        "kvfleet_router_fallbacks_total",
+        "kvfleet_router_deferrals_past_bound_total",
+        "kvfleet_router_ttft_p90_seconds",
         "kvfleet_router_pinned_hits_total",
         "kvfleet_router_rank_free_slots",
         "kvfleet_router_redis_errors_total",

@@ -1,0 +1,134 @@
+"""Benchmark: router and kvstore policies on a saturated, memory-pressed simulated fleet.
+
+Replays ~12 Claude Code sessions (../shared/traces/claude_code_weka) through `--target sim`
+arms that differ in one policy at a time, all in one run, and prints one table with ratios to
+the lenient baseline. The fleet is saturated (fewer slots than concurrent sessions, so turns
+queue) and memory-pressed (GPU pages below the sessions' working set), where DESIGN.md says
+the difference shows. Every arm ends with the fleet's integrity checks.
+
+Run: .venv/bin/python bench/sim_bench.py [--sessions 12] [--gpu-pages 3000] [--host-pages 6000]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import time
+from pathlib import Path
+
+from kvfleet.services.replay.driver import DriverOptions
+from kvfleet.services.replay.readers import ReadOptions, filter_max_model_len, read_traces
+from kvfleet.services.replay.runner import run_arm
+from kvfleet.services.replay.sim_config import load_sim_config
+from kvfleet.services.replay.sim_target import SimTarget
+from kvfleet.services.replay.tokens import TokenSynthesizer
+from rich.console import Console
+from rich.table import Table
+
+TRACES = Path(__file__).resolve().parents[1] / ".." / "shared" / "traces" / "claude_code_weka"
+HYBRID_MODEL = Path(__file__).resolve().parent / "sim_hybrid.yaml"
+
+RETAIN_5 = {"reuse_policy": "per_conversation", "max_num_turns": "5"}
+# name -> fleet overrides on top of the common ones; the first arm is the baseline.
+ARMS: dict[str, dict[str, str]] = {
+    "lenient": {"affinity": "lenient", "reuse_policy": "per_request", "checkpoint": "off"},
+    "strict": {"affinity": "strict", "reuse_policy": "per_request", "checkpoint": "off"},
+    "strict+turns5": {
+        "reuse_policy": "per_conversation",
+        "max_num_turns": "5",
+        "checkpoint": "off",
+    },
+    "strict+turns5+ckpt": {"reuse_policy": "per_conversation", "max_num_turns": "5"},
+    "strict+turns5+ckpt+host": {"reuse_policy": "per_conversation", "max_num_turns": "5"},
+}
+HOST_ARM = "strict+turns5+ckpt+host"
+
+
+def parse_args() -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--sessions", type=int, default=12, help="Claude Code files replayed")
+    parser.add_argument("--ranks", type=int, default=4)
+    parser.add_argument("--slots", type=int, default=2)
+    parser.add_argument("--gpu-pages", type=int, default=3000, help="per rank")
+    parser.add_argument("--host-pages", type=int, default=6000, help="per rank, host arm only")
+    parser.add_argument("--max-model-len", type=int, default=131072)
+    parser.add_argument("--time-scale", type=float, default=0.05)
+    parser.add_argument("--stagger", type=float, default=5.0)
+    parser.add_argument("--seed", type=int, default=1)
+    parser.add_argument("--model", type=Path, default=HYBRID_MODEL, help="sim YAML")
+    return parser.parse_args()
+
+
+async def run_arms(args: argparse.Namespace) -> list[tuple[str, dict, float, dict]]:
+    files = sorted(TRACES.glob("trace_*.json"))[: args.sessions]
+    conversations = filter_max_model_len(read_traces(files, ReadOptions()), args.max_model_len)
+    options = DriverOptions(len(conversations), args.time_scale, args.stagger)
+    common = {"ranks": str(args.ranks), "slots": str(args.slots), "gpu_pages": str(args.gpu_pages)}
+    rows = []
+    for name, overrides in ARMS.items():
+        fleet = {**common, **overrides}
+        if name == HOST_ARM:
+            fleet["host_pages"] = str(args.host_pages)
+        target = SimTarget(load_sim_config(args.model, fleet))
+        started = time.perf_counter()
+        try:
+            result = await run_arm(
+                name, target, conversations, TokenSynthesizer(args.seed, 32000), options, {}
+            )
+        finally:
+            await target.aclose()
+        if result.errors:
+            raise SystemExit(f"{name}: {len(result.errors)} failed: {result.errors[0].error}")
+        rows.append(
+            (name, result.measures.to_json(), time.perf_counter() - started, target.stats())
+        )
+    return rows
+
+
+def ratio(value: float | None, base: float | None) -> str:
+    if value is None or not base:
+        return "-"
+    return f"{value / base:.2f}x"
+
+
+def print_table(rows: list[tuple[str, dict, float, dict]]) -> None:
+    table = Table(title="sim arms (ratios to lenient, same run)")
+    for column in (
+        "arm", "prefix reuse", "oracle", "reuse/oracle", "later no reuse", "req/s",
+        "TTFT p50 s", "TTFT p90 s", "reuse x", "req/s x", "TTFT p90 x", "deferrals",
+        "preempt", "wall s",
+    ):  # fmt: skip
+        table.add_column(column, justify="right")
+    base = rows[0][1]
+    for name, m, wall, stats in rows:
+        table.add_row(
+            name,
+            f"{m['prefix_reuse']:.3f}",
+            f"{m['oracle_reuse']:.3f}",
+            f"{m['prefix_reuse'] / m['oracle_reuse']:.3f}",
+            f"{m['later_turns_no_reuse']:.3f}",
+            f"{m['req_per_s']:.3f}",
+            f"{m['ttft_p50_s']:.2f}",
+            f"{m['ttft_p90_s']:.2f}",
+            ratio(m["prefix_reuse"], base["prefix_reuse"]),
+            ratio(m["req_per_s"], base["req_per_s"]),
+            ratio(m["ttft_p90_s"], base["ttft_p90_s"]),
+            str(stats["deferrals"]),
+            str(stats["preemptions"]),
+            f"{wall:.1f}",
+        )
+    Console(width=200).print(table)
+
+
+def main() -> None:
+    args = parse_args()
+    print(
+        f"{args.sessions} sessions, {args.ranks} ranks x {args.slots} slots, "
+        f"{args.gpu_pages} GPU pages/rank, host arm {args.host_pages} pages/rank, "
+        f"time scale {args.time_scale}, model {args.model.name}"
+    )
+    print_table(asyncio.run(run_arms(args)))
+
+
+if __name__ == "__main__":
+    main()

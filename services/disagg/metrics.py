@@ -1,0 +1,46 @@
+"""Hand-off metrics of one engine rank, registered in the rank's own registry."""
+
+from __future__ import annotations
+
+from prometheus_client import CollectorRegistry, Counter, Histogram
+
+SECONDS_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10)
+
+
+class HandoffMetrics:
+    """Bytes and blocks moved, blocks skipped because the receiver held them, time, failures."""
+
+    def __init__(self, registry: CollectorRegistry) -> None:
+        r = registry
+        self.bytes = Counter(
+            "kvfleet_engine_handoff_bytes", "KV bytes handed off", ["direction", "transport"],
+            registry=r,
+        )  # fmt: skip
+        self.blocks = Counter(
+            "kvfleet_engine_handoff_blocks", "KV blocks handed off", ["direction", "transport"],
+            registry=r,
+        )  # fmt: skip
+        self.blocks_skipped = Counter(
+            "kvfleet_engine_handoff_blocks_skipped",
+            "Blocks not moved because the receiving rank already held them", registry=r,
+        )  # fmt: skip
+        self.bytes_skipped = Counter(
+            "kvfleet_engine_handoff_bytes_skipped",
+            "KV bytes not moved because the receiving rank already held their blocks", registry=r,
+        )  # fmt: skip
+        self.seconds = Histogram(
+            "kvfleet_engine_handoff_seconds", "Time to fetch and install one request's KV",
+            ["transport"], registry=r, buckets=SECONDS_BUCKETS,
+        )  # fmt: skip
+        self.failures = Counter(
+            "kvfleet_engine_handoff_failures", "Hand-off attempts that failed, by transport",
+            ["transport"], registry=r,
+        )  # fmt: skip
+        self.expired = Counter(
+            "kvfleet_engine_handoff_expired",
+            "Parked requests released because nobody pulled them in time", registry=r,
+        )  # fmt: skip
+        self.parked = Counter(
+            "kvfleet_engine_handoff_parked", "Requests parked after prefill for a hand-off",
+            registry=r,
+        )  # fmt: skip

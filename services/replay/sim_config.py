@@ -1,0 +1,200 @@
+"""The simulator's settings: model shape, hardware figures and fleet options, from YAML + spec.
+
+A `--target` spec is `sim`, `sim:PATH.yaml`, and either may end in `?key=value&...` to
+override fleet options (`sim?ranks=2&slots=4&affinity=lenient`). Defaults come from the
+packaged `sim_costs.yaml`; a PATH file is merged over them section by section.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field, fields
+from importlib import resources
+from pathlib import Path
+from typing import Any
+from urllib.parse import parse_qsl
+
+import yaml
+from kvfleet.kvstore.life_cycles import (
+    FullLifeCycle,
+    PrivateLifeCycle,
+    StateLifeCycle,
+    WindowLifeCycle,
+)
+
+DEFAULTS_RESOURCE = "sim_costs.yaml"
+
+# kind -> life cycle class, for the YAML's `model.life_cycles` entries.
+LIFE_CYCLE_KINDS: dict[str, type] = {
+    "full": FullLifeCycle,
+    "window": WindowLifeCycle,
+    "private": PrivateLifeCycle,
+    "state": StateLifeCycle,
+}
+
+
+class SimConfigError(ValueError):
+    """A simulator setting is missing, unknown or out of range."""
+
+
+@dataclass(frozen=True)
+class ModelShape:
+    """What the cost model needs of the model: sizes and the kvstore life cycles."""
+
+    name: str
+    params_billion: float
+    layers: int
+    query_heads: int
+    kv_heads: int
+    head_dim: int
+    dtype_bytes: int
+    life_cycles: tuple[dict[str, Any], ...] = ({"kind": "full", "name": "full"},)
+
+    def build_life_cycles(self) -> tuple:
+        """The kvstore life cycle objects of `life_cycles`."""
+        built = []
+        for entry in self.life_cycles:
+            params = dict(entry)
+            kind = params.pop("kind", None)
+            if kind not in LIFE_CYCLE_KINDS:
+                raise SimConfigError(
+                    f"model.life_cycles: kind {kind!r} not in {sorted(LIFE_CYCLE_KINDS)}"
+                )
+            if "offsets_from_end" in params:
+                params["offsets_from_end"] = tuple(params["offsets_from_end"])
+            built.append(LIFE_CYCLE_KINDS[kind](**params))
+        return tuple(built)
+
+
+@dataclass(frozen=True)
+class Hardware:
+    """Throughput figures of one rank's accelerator and links."""
+
+    matmul_tflops: float
+    attention_tflops: float
+    weights_read_tb_s: float
+    decode_kv_read_tb_s: float
+    host_link_gb_s: float
+    disk_read_gb_s: float
+    step_overhead_ms: float
+
+    def __post_init__(self) -> None:
+        for item in fields(self):
+            value = getattr(self, item.name)
+            if value < 0 or (value == 0 and item.name != "step_overhead_ms"):
+                raise SimConfigError(f"hardware.{item.name}: {value} must be > 0")
+
+
+@dataclass(frozen=True)
+class FleetOptions:
+    """Ranks, slots, pages per tier, and the router and kvstore policies of the fleet."""
+
+    ranks: int = 4
+    slots: int = 8
+    block_size: int = 64
+    gpu_pages: int = 12800
+    host_pages: int = 0
+    disk_pages: int = 0
+    chunk_tokens: int = 8192
+    max_context_tokens: int = 131072
+    affinity: str = "strict"
+    max_wait_passes: int = 4
+    max_wait_seconds: float = 5.0
+    placement: str = "load"
+    reuse_policy: str = "per_conversation"
+    max_num_turns: int = 2
+    checkpoint: bool = True
+    tick_seconds: float = 0.05
+    max_decode_run_steps: int = 64
+
+    def __post_init__(self) -> None:
+        positive = (
+            "ranks",
+            "slots",
+            "block_size",
+            "chunk_tokens",
+            "max_context_tokens",
+            "max_num_turns",
+            "max_decode_run_steps",
+        )
+        for name in positive:
+            if getattr(self, name) < 1:
+                raise SimConfigError(f"fleet.{name}: {getattr(self, name)} must be >= 1")
+        if self.gpu_pages < 2:
+            raise SimConfigError(f"fleet.gpu_pages: {self.gpu_pages} must be >= 2 (1 is null)")
+        if self.host_pages < 0 or self.disk_pages < 0:
+            raise SimConfigError(
+                f"fleet.host_pages={self.host_pages}, disk_pages={self.disk_pages} must be >= 0"
+            )
+        if self.tick_seconds <= 0:
+            raise SimConfigError(f"fleet.tick_seconds: {self.tick_seconds} must be > 0")
+
+
+@dataclass(frozen=True)
+class SimConfig:
+    """Everything one simulated fleet is built from."""
+
+    model: ModelShape
+    hardware: Hardware
+    fleet: FleetOptions = field(default_factory=FleetOptions)
+
+    def to_json(self) -> dict[str, Any]:
+        """Plain data, for the replay's `config`."""
+        return dataclasses.asdict(self)
+
+
+def load_sim_config(path: Path | None = None, overrides: dict[str, str] | None = None) -> SimConfig:
+    """Defaults, merged with the YAML at `path` per section, then fleet `overrides`."""
+    raw = yaml.safe_load(resources.files(__package__).joinpath(DEFAULTS_RESOURCE).read_text())
+    if path is not None:
+        extra = yaml.safe_load(Path(path).read_text()) or {}
+        unknown = set(extra) - set(raw)
+        if unknown:
+            raise SimConfigError(f"{path}: unknown sections {sorted(unknown)}; known {sorted(raw)}")
+        for section, values in extra.items():
+            raw[section] = {**raw[section], **(values or {})}
+    fleet = {**raw["fleet"], **_coerce_fleet(overrides or {})}
+    try:
+        return SimConfig(
+            model=ModelShape(**{**raw["model"], "life_cycles": tuple(raw["model"]["life_cycles"])}),
+            hardware=Hardware(**raw["hardware"]),
+            fleet=FleetOptions(**fleet),
+        )
+    except TypeError as error:
+        raise SimConfigError(f"simulator settings: {error}") from error
+
+
+def parse_sim_spec(spec: str) -> tuple[Path | None, dict[str, str]]:
+    """`sim[:PATH][?k=v&...]` -> (PATH or None, overrides)."""
+    if spec != "sim" and not spec.startswith(("sim:", "sim?")):
+        raise SimConfigError(f"target {spec!r}: a simulator spec starts with 'sim'")
+    rest = spec[3:]
+    rest, _, query = rest.partition("?")
+    path = Path(rest[1:]) if rest.startswith(":") and rest[1:] else None
+    return path, dict(parse_qsl(query, keep_blank_values=True, strict_parsing=bool(query)))
+
+
+_BOOLEANS = {"1": True, "true": True, "on": True, "yes": True}
+_BOOLEANS |= {"0": False, "false": False, "off": False, "no": False}
+
+
+def _coerce_fleet(overrides: dict[str, str]) -> dict[str, Any]:
+    """Turn query-string values into the types of FleetOptions' fields."""
+    types = {item.name: item.type for item in fields(FleetOptions)}
+    coerced: dict[str, Any] = {}
+    for key, text in overrides.items():
+        if key not in types:
+            raise SimConfigError(f"sim option {key!r} unknown; known: {sorted(types)}")
+        kind = types[key]
+        try:
+            if kind == "bool":
+                coerced[key] = _BOOLEANS[text.lower()]
+            elif kind == "int":
+                coerced[key] = int(text)
+            elif kind == "float":
+                coerced[key] = float(text)
+            else:
+                coerced[key] = text
+        except (KeyError, ValueError):
+            raise SimConfigError(f"sim option {key}={text!r} is not a {kind}") from None
+    return coerced

@@ -1,0 +1,100 @@
+"""The engine's compute, replaced by a roofline cost model of one engine step.
+
+One step computes prefill chunks and one token of each decoding request together:
+
+    step = overhead
+         + max(weights read once, linear FLOPs of every computed token)     # shared matmuls
+         + attention FLOPs of the prefill chunks (each token over its context so far)
+         + KV bytes every decoding request reads (its whole context)
+         + host/disk pages onboarded for newly admitted requests
+
+| term              | per                        | figure                                      |
+|-------------------|----------------------------|---------------------------------------------|
+| linear            | computed token             | 2 * params / matmul_tflops                  |
+| attention         | (query, context) pair      | 4 * layers * query_heads * head_dim / attn  |
+| weights read      | step with any token        | params * dtype_bytes / weights_read_tb_s    |
+| decode KV read    | context token of a decode  | kv bytes per token / decode_kv_read_tb_s    |
+| host / disk copy  | page (block_size tokens)   | page bytes / host_link / disk_read          |
+
+KV bytes per token = 2 (K and V) * layers * kv_heads * head_dim * dtype_bytes.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass
+
+from .sim_config import Hardware, ModelShape
+
+
+@dataclass(frozen=True)
+class StepWork:
+    """What one engine step computes: prefill spans [start, end) and decode contexts."""
+
+    prefill_spans: tuple[tuple[int, int], ...] = ()
+    decode_contexts: tuple[int, ...] = ()
+    host_pages_in: int = 0
+    disk_pages_in: int = 0
+
+    @property
+    def computed_tokens(self) -> int:
+        """Tokens whose linear layers run this step."""
+        return sum(end - start for start, end in self.prefill_spans) + len(self.decode_contexts)
+
+
+@dataclass(frozen=True)
+class CostModel:
+    """Seconds per unit of work, derived once from the model shape and hardware figures."""
+
+    linear_s_per_token: float
+    attention_s_per_pair: float
+    weights_read_s: float
+    decode_kv_s_per_token: float
+    host_copy_s_per_page: float
+    disk_copy_s_per_page: float
+    step_overhead_s: float
+
+    @classmethod
+    def from_figures(cls, model: ModelShape, hardware: Hardware, block_size: int) -> CostModel:
+        """Derive the per-unit costs (table in the module docstring)."""
+        params = model.params_billion * 1e9
+        kv_bytes_per_token = 2 * model.layers * model.kv_heads * model.head_dim * model.dtype_bytes
+        page_bytes = kv_bytes_per_token * block_size
+        attention_flops = 4 * model.layers * model.query_heads * model.head_dim
+        return cls(
+            linear_s_per_token=2 * params / (hardware.matmul_tflops * 1e12),
+            attention_s_per_pair=attention_flops / (hardware.attention_tflops * 1e12),
+            weights_read_s=params * model.dtype_bytes / (hardware.weights_read_tb_s * 1e12),
+            decode_kv_s_per_token=kv_bytes_per_token / (hardware.decode_kv_read_tb_s * 1e12),
+            host_copy_s_per_page=page_bytes / (hardware.host_link_gb_s * 1e9),
+            disk_copy_s_per_page=page_bytes / (hardware.disk_read_gb_s * 1e9),
+            step_overhead_s=hardware.step_overhead_ms / 1e3,
+        )
+
+    def attention_pairs(self, start: int, end: int) -> int:
+        """(query, key) pairs of causal attention for tokens [start, end): sum of (p + 1)."""
+        return (end * (end + 1) - start * (start + 1)) // 2
+
+    def step_seconds(self, work: StepWork) -> float:
+        """Duration of one engine step doing `work` (0 for an empty step)."""
+        tokens = work.computed_tokens
+        if tokens == 0 and not (work.host_pages_in or work.disk_pages_in):
+            return 0.0
+        linear = max(self.weights_read_s, tokens * self.linear_s_per_token) if tokens else 0.0
+        pairs = sum(self.attention_pairs(start, end) for start, end in work.prefill_spans)
+        return (
+            self.step_overhead_s
+            + linear
+            + pairs * self.attention_s_per_pair
+            + sum(work.decode_contexts) * self.decode_kv_s_per_token
+            + work.host_pages_in * self.host_copy_s_per_page
+            + work.disk_pages_in * self.disk_copy_s_per_page
+        )
+
+    def prefill_seconds(self, prompt_tokens: int, cached_tokens: int = 0) -> float:
+        """One request's prefill alone, in chunks of everything at once (for docs and tests)."""
+        return self.step_seconds(StepWork(prefill_spans=((cached_tokens, prompt_tokens),)))
+
+    def decode_seconds(self, contexts: Iterable[int]) -> float:
+        """One decode step over requests with these contexts."""
+        return self.step_seconds(StepWork(decode_contexts=tuple(contexts)))

@@ -1,0 +1,43 @@
+"""One request as the simulated fleet tracks it, from arrival to its last token."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+
+@dataclass(eq=False)
+class SimRequest:
+    """A request's progress on its rank. The rank that runs it is its only writer.
+
+    `computed` counts tokens with KV (prompt, then one per decode step); `cached_tokens` is the
+    prefix the kvstore reported reusable at the first admission (a preempted request keeps it).
+    """
+
+    request_id: str
+    conversation_id: str
+    tokens: list[int]
+    max_tokens: int
+    arrival_s: float
+    rank_id: str | None = None
+    cached_tokens: int | None = None
+    computed: int = 0
+    pages_tokens: int = 0
+    committed: int = 0
+    generated: int = 0
+    context_done: bool = False
+    retain: bool = True
+    host_pages_in: int = 0
+    disk_pages_in: int = 0
+    preemptions: int = 0
+    token_times: list[float] = field(default_factory=list)
+    error: str | None = None
+
+    @property
+    def prompt_len(self) -> int:
+        """Prompt tokens."""
+        return len(self.tokens)
+
+    @property
+    def finished(self) -> bool:
+        """True once every requested token was generated (or the request failed)."""
+        return self.error is not None or self.generated >= self.max_tokens

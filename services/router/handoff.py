@@ -1,0 +1,148 @@
+"""The second placement of a disaggregated turn: from a context rank to a generation rank.
+
+A context rank answers a turn with one chunk whose `finish_reason` is `handoff`: it prefilled,
+sampled the first token and parked the KV. The router streams that token on (as unfinished),
+gives the context slot back, queues the turn for the generation pool (strict affinity there
+too, pinned under `<conversation>@generation`), and forwards it with the context rank's address
+so the generation rank pulls the KV and decodes from the next token.
+
+| what fails                               | what the client gets                              |
+|------------------------------------------|---------------------------------------------------|
+| generation rank unreachable before output | the turn is placed on another generation rank     |
+| generation rank lost mid-decode           | UNAVAILABLE naming the rank and the chunks sent   |
+| KV gone (context lost, hold expired) and  | ABORTED from the generation rank, naming each     |
+| no disk copy                              | transport's failure                               |
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Iterator
+
+import grpc
+from kvfleet.proto import common_pb2, engine_pb2, router_pb2
+from kvfleet.services.router.errors import EngineRejected, RankUnavailable
+from kvfleet.services.router.model import Admission, PendingRequest
+
+log = logging.getLogger(__name__)
+
+HANDOFF_REASON = "handoff"
+GENERATION_PIN_SUFFIX = "@generation"
+# Engine errors that mean the rank itself is gone, not that the request was bad.
+RANK_FAILURE_CODES = frozenset({grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.CANCELLED})
+MAX_GENERATION_ATTEMPTS = 3
+
+
+def is_handoff(chunk: common_pb2.GenerationChunk) -> bool:
+    """True for the context rank's last chunk of a turn it hands off."""
+    return chunk.finished and chunk.finish_reason == HANDOFF_REASON
+
+
+def as_first_token(chunk: common_pb2.GenerationChunk) -> common_pb2.GenerationChunk:
+    """The hand-off chunk as the client sees it: the first token, not finished, no usage."""
+    shown = common_pb2.GenerationChunk()
+    shown.CopyFrom(chunk)
+    shown.finished = False
+    shown.finish_reason = ""
+    shown.ClearField("usage")
+    return shown
+
+
+def generation_request(
+    request, request_id: str, conversation_id: str, clock: Callable[[], float]
+) -> PendingRequest:
+    """The turn as the generation pool's queue sees it (its own id and pin key)."""
+    tokens = tuple(request.prompt_token_ids.ids) if request.HasField("prompt_token_ids") else ()
+    return PendingRequest(
+        request_id=f"{request_id}{GENERATION_PIN_SUFFIX}",
+        conversation_id=f"{conversation_id}{GENERATION_PIN_SUFFIX}" if conversation_id else "",
+        enqueued_at=clock(),
+        prompt_tokens=tokens,
+    )
+
+
+class HandoffForwarder:
+    """Runs the generation half of a turn; the router servicer calls it after a hand-off."""
+
+    def __init__(self, runtime, channels, clock: Callable[[], float], wait_for_admission) -> None:
+        self._runtime = runtime
+        self._channels = channels
+        self._clock = clock
+        self._wait_for_admission = wait_for_admission
+
+    def run(
+        self,
+        request,
+        request_id: str,
+        context_admission: Admission,
+        handoff: common_pb2.GenerationChunk,
+        context,
+    ) -> Iterator[router_pb2.GenerateResponse]:
+        """Place the turn on a generation rank and stream its tokens after the first."""
+        sent = 0
+        for _attempt in range(MAX_GENERATION_ATTEMPTS):
+            pending = generation_request(request, request_id, request.conversation_id, self._clock)
+            admission = self._wait_for_admission(pending, context, "generation")
+            if admission is None:
+                return  # client went away while queued
+            rank_id = admission.rank.rank_id
+            try:
+                for response in self._forward(request, request_id, admission, context_admission,
+                                              handoff, context, first=sent == 0):  # fmt: skip
+                    sent += 1
+                    yield response
+                return
+            except grpc.RpcError as error:
+                if error.code() not in RANK_FAILURE_CODES or not context.is_active():
+                    raise EngineRejected(
+                        error.code(), f"generation rank {rank_id}: {error.details()}"
+                    ) from error
+                self._runtime.rank_failed(rank_id, error.details() or "")
+                reason = f"{error.code().name} {error.details()}"
+            finally:
+                self._runtime.finish(admission)
+            if sent:
+                raise RankUnavailable(
+                    f"generation rank {rank_id} failed after {sent} chunks were sent "
+                    f"({reason}); retry the request"
+                )
+            self._runtime.metrics.retries.inc()
+            log.warning("request %s: generation rank %s failed (%s)", request_id, rank_id, reason)
+        raise RankUnavailable(f"{MAX_GENERATION_ATTEMPTS} generation ranks failed")
+
+    def _forward(
+        self, request, request_id, admission, context_admission, handoff, context, first: bool
+    ) -> Iterator[router_pb2.GenerateResponse]:
+        engine_request = engine_pb2.EngineGenerateRequest(
+            request_id=request_id,
+            conversation_id=request.conversation_id,
+            sampling=request.sampling,
+            max_tokens=request.max_tokens,
+            num_samples=1,
+            kv_source_address=context_admission.rank.address,
+            handoff_token_ids=list(handoff.token_ids),
+        )
+        if request.HasField("prompt_token_ids"):
+            engine_request.prompt_token_ids.CopyFrom(request.prompt_token_ids)
+        else:
+            engine_request.prompt_text = request.prompt_text
+        stub = self._channels.stub(admission.rank.address)
+        call = stub.Generate(engine_request, timeout=context.time_remaining())
+        context.add_callback(call.cancel)
+        finished = False
+        for chunk in call:
+            if chunk.HasField("usage"):
+                # The turn's reuse and first token are the context rank's.
+                chunk.usage.cached_tokens = handoff.usage.cached_tokens
+                chunk.usage.ttft_seconds = handoff.usage.ttft_seconds
+            finished = finished or chunk.finished
+            placement = admission.placement.value if first else ""
+            first = False
+            yield router_pb2.GenerateResponse(
+                chunk=chunk, rank_id=admission.rank.rank_id, placement=placement
+            )
+        if not finished:
+            raise RankUnavailable(
+                f"generation rank {admission.rank.rank_id} ended the stream before the turn "
+                "finished; retry the request"
+            )

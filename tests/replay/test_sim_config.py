@@ -1,0 +1,128 @@
+"""Simulator settings (YAML, spec overrides) and the cost model's terms."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from kvfleet.kvstore.life_cycles import FullLifeCycle, WindowLifeCycle
+from kvfleet.services.replay.sim_config import (
+    FleetOptions,
+    SimConfigError,
+    load_sim_config,
+    parse_sim_spec,
+)
+from kvfleet.services.replay.sim_costs import CostModel, StepWork
+
+
+def test_spec_parts() -> None:
+    """If this fails, `sim:PATH?k=v` specs lose their file or their overrides."""
+    assert parse_sim_spec("sim") == (None, {})
+    assert parse_sim_spec("sim?ranks=2&affinity=lenient") == (
+        None,
+        {"ranks": "2", "affinity": "lenient"},
+    )
+    assert parse_sim_spec("sim:a/b.yaml?slots=3") == (Path("a/b.yaml"), {"slots": "3"})
+
+
+def test_overrides_are_typed() -> None:
+    """If this fails, query values reach the fleet as strings or wrong types."""
+    config = load_sim_config(None, {"ranks": "3", "checkpoint": "off", "max_wait_seconds": "0.5"})
+    assert (config.fleet.ranks, config.fleet.checkpoint, config.fleet.max_wait_seconds) == (
+        3,
+        False,
+        0.5,
+    )
+
+
+def test_packaged_defaults_match_fleet_defaults() -> None:
+    """If this fails, sim_costs.yaml and FleetOptions document different defaults."""
+    assert load_sim_config().fleet == FleetOptions()
+
+
+def test_yaml_file_merges_per_section(tmp_path: Path) -> None:
+    """If this fails, a partial YAML file wipes the defaults it does not mention."""
+    path = tmp_path / "fleet.yaml"
+    path.write_text(
+        "fleet: {ranks: 2, host_pages: 100}\n"
+        "model:\n  life_cycles:\n    - {kind: full, name: full}\n"
+        "    - {kind: window, name: swa, window_tokens: 1024, replay_tokens: 128}\n"
+    )
+    config = load_sim_config(path, {"slots": "5"})
+    assert (config.fleet.ranks, config.fleet.host_pages, config.fleet.slots) == (2, 100, 5)
+    assert config.hardware.matmul_tflops == 600.0
+    assert config.model.build_life_cycles() == (
+        FullLifeCycle("full"),
+        WindowLifeCycle("swa", 1024, 128),
+    )
+
+
+@pytest.mark.parametrize(
+    ("overrides", "match"),
+    [
+        ({"ranks": "0"}, "fleet.ranks: 0 must be >= 1"),
+        ({"slots": "two"}, "slots='two' is not a int"),
+        ({"checkpoint": "maybe"}, "checkpoint='maybe' is not a bool"),
+        ({"gpu_pages": "1"}, "gpu_pages: 1 must be >= 2"),
+    ],
+)
+def test_bad_values_name_the_field(overrides: dict[str, str], match: str) -> None:
+    """If this fails, a bad sim option is accepted or its error hides which one."""
+    with pytest.raises(SimConfigError, match=match):
+        load_sim_config(None, overrides)
+
+
+def test_unknown_yaml_section_is_refused(tmp_path: Path) -> None:
+    """If this fails, a misspelt section of a YAML file is silently ignored."""
+    path = tmp_path / "bad.yaml"
+    path.write_text("flete: {ranks: 2}\n")
+    with pytest.raises(SimConfigError, match="unknown sections"):
+        load_sim_config(path)
+
+
+def costs() -> CostModel:
+    config = load_sim_config()
+    return CostModel.from_figures(config.model, config.hardware, config.fleet.block_size)
+
+
+def test_prefill_attention_term_grows_with_context() -> None:
+    """If this fails, prefill of a chunk costs the same at any depth (no attention term)."""
+    model = costs()
+    shallow = model.step_seconds(StepWork(prefill_spans=((0, 4096),)))
+    deep = model.step_seconds(StepWork(prefill_spans=((100_000, 104_096),)))
+    linear = 4096 * model.linear_s_per_token
+    assert deep - shallow == pytest.approx(
+        (model.attention_pairs(100_000, 104_096) - model.attention_pairs(0, 4096))
+        * model.attention_s_per_pair
+    )
+    assert deep > 2 * shallow > 2 * linear
+
+
+def test_decode_step_grows_with_batch_context_not_weights() -> None:
+    """If this fails, decode steps ignore KV reads or charge the weights once per request."""
+    model = costs()
+    one = model.decode_seconds([1000])
+    eight = model.decode_seconds([1000] * 8)
+    assert eight - one == pytest.approx(7 * 1000 * model.decode_kv_s_per_token)
+    assert one == pytest.approx(
+        model.step_overhead_s + model.weights_read_s + 1000 * model.decode_kv_s_per_token
+    )
+
+
+def test_copy_costs_per_tier() -> None:
+    """If this fails, onboarding from host or disk is free or priced alike."""
+    model = costs()
+    base = model.step_seconds(StepWork(prefill_spans=((0, 64),)))
+    host = model.step_seconds(StepWork(prefill_spans=((0, 64),), host_pages_in=10))
+    disk = model.step_seconds(StepWork(prefill_spans=((0, 64),), disk_pages_in=10))
+    assert host - base == pytest.approx(10 * model.host_copy_s_per_page)
+    assert disk - base > host - base > 0
+
+
+def test_default_figures_for_an_8b_model_on_h200() -> None:
+    """If this fails, the documented default per-unit costs changed without the docs."""
+    model = costs()
+    assert model.linear_s_per_token == pytest.approx(16e9 / 600e12)
+    assert model.weights_read_s == pytest.approx(16e9 / 4e12)
+    assert model.decode_kv_s_per_token == pytest.approx(131072 / 2e12)
+    assert model.host_copy_s_per_page == pytest.approx(131072 * 64 / 50e9)
