@@ -11,6 +11,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 
 import torch
+from kvfleet.kvstore.block_pool import IntegrityError
 
 from .config import ModelConfig
 
@@ -26,7 +27,10 @@ class PagedKVCache:
         device: torch.device | str = "cpu",
         dtype: torch.dtype = torch.float32,
         null_page_id: int = 0,
+        storage: Mapping[str, torch.Tensor] | None = None,
     ) -> None:
+        """`storage`, when given, holds each group's pages `[layers, 2, pages, page_size, kv_heads,
+        head_dim]` (the tiers' device KV); else zero-filled tensors are allocated here."""
         if page_size <= 0:
             raise ValueError(f"page_size must be positive, got {page_size}")
         groups = config.groups
@@ -49,19 +53,23 @@ class PagedKVCache:
         self.num_pages = {group: int(num_pages[group]) for group in groups}
         # NOTE: zero-filled, not empty: a kernel that loads whole pages reads rows past a
         # sequence's length and masks their scores, but 0 * NaN would still poison the output.
-        self._storage = {
-            group: torch.zeros(
-                len(layers),
-                2,
-                self.num_pages[group],
-                page_size,
-                config.num_kv_heads,
-                config.head_dim,
-                device=self.device,
-                dtype=dtype,
-            )
-            for group, layers in groups.items()
-        }
+        self._storage = (
+            dict(storage)
+            if storage is not None
+            else {
+                group: torch.zeros(
+                    len(layers),
+                    2,
+                    self.num_pages[group],
+                    page_size,
+                    config.num_kv_heads,
+                    config.head_dim,
+                    device=self.device,
+                    dtype=dtype,
+                )
+                for group, layers in groups.items()
+            }
+        )
         self._slot = {
             layer: (group, i) for group, layers in groups.items() for i, layer in enumerate(layers)
         }
@@ -91,13 +99,13 @@ class PagedKVCache:
         for group, storage in self._storage.items():
             null = storage[:, :, self.null_page_id]
             if bool(null.any()):
-                raise AssertionError(
+                raise IntegrityError(
                     f"group {group!r}: null page {self.null_page_id} holds "
                     f"{int(null.count_nonzero())} non-zero values"
                 )
             bad = int((~torch.isfinite(storage)).sum())
             if bad:
-                raise AssertionError(f"group {group!r}: {bad} non-finite K/V values")
+                raise IntegrityError(f"group {group!r}: {bad} non-finite K/V values")
 
     def bytes_per_token(self) -> int:
         """KV bytes one token takes over all layers."""
