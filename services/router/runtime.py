@@ -68,6 +68,7 @@ class RouterRuntime:
         self._lock = threading.Lock()
         self._wake = threading.Condition(self._lock)
         self._tickets: dict[str, Ticket] = {}
+        self._draining: set[str] = set()  # ranks last heard draining (for the log only)
         self._stopped = False
         self._thread = threading.Thread(target=self._loop, name="router-admission", daemon=True)
 
@@ -126,7 +127,11 @@ class RouterRuntime:
 
     def heartbeat(self, rank_id: str, load: RankLoad) -> bool:
         with self._wake:
-            return self.store.heartbeat(rank_id, load, self._clock())
+            known = self.store.heartbeat(rank_id, load, self._clock())
+            if known and load.draining != (rank_id in self._draining):
+                self._draining ^= {rank_id}
+                log.info("rank %s %s", rank_id, "draining" if load.draining else "drain ended")
+            return known
 
     def rank_failed(self, rank_id: str, reason: str) -> None:
         """Remove a rank that failed a forwarded call; it registers again when it recovers."""
