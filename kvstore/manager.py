@@ -14,6 +14,10 @@ An engine (or a simulator, with the same calls and no tensors) drives one reques
 Checks come paired with actions and an action either does all of its work or raises before
 touching anything. Not thread-safe: one scheduler thread owns the manager.
 
+A conversation's retained turns end in one of two ways: `drop_conversation(cid)` when it has
+ended (pages nobody else holds are freed) or, under memory pressure,
+`release_conversation(cid)` (they become evictable: matchable until evicted, offloaded then).
+
 With tiers (`kvfleet.kvstore.tiers`), a match also finds blocks on host or disk, admission
 onboards them before it returns, evicted device pages are offloaded to host, and
 `prefetch(waiting_request_ids)` reads queued requests' disk blocks to host in the background.
@@ -39,6 +43,7 @@ from kvfleet.kvstore.results import (
     PrefixMatch,
     RequestProgress,
     TurnRecord,
+    TurnRelease,
 )
 from kvfleet.kvstore.tiers.metrics import DISK
 from kvfleet.kvstore.tiers.onboarding import onboard_staged
@@ -241,6 +246,7 @@ class KVCacheManager:
                 f"has {state.num_computed_tokens} (done already: {state.context_done})"
             )
         state.context_done = True
+        self._release_kept(state)
         self._release_slid_out(state)
         keep = self.config.reuse_policy.retained_turns
         if not keep or state.conversation_id is None:
@@ -287,6 +293,21 @@ class KVCacheManager:
         """Release every retained turn of a conversation that has ended."""
         turns = self._conversations.pop(conversation_id, deque())
         return tuple(plan for turn in turns for plan in self._apply_drop(turn))
+
+    def can_release_conversation(self, conversation_id: str) -> bool:
+        """True if `release_conversation(conversation_id)` would succeed: it retains turns."""
+        return bool(self._conversations.get(conversation_id))
+
+    def release_conversation(self, conversation_id: str) -> tuple[TurnRelease, ...]:
+        """Hand a conversation's retained-turn refs to the LRU (memory pressure; it goes on).
+
+        Unlike `drop_conversation` nothing is freed: pages nobody else holds become evictable,
+        stay matchable until evicted, and are offloaded by the tiers when they are.
+        """
+        if not self.can_release_conversation(conversation_id):
+            raise ValueError(f"conversation {conversation_id!r} retains no turns to release")
+        turns = self._conversations.pop(conversation_id)
+        return tuple(self._release_turn(turn) for turn in turns)
 
     # -- invariants ----------------------------------------------------------------------------
 
@@ -367,19 +388,32 @@ class KVCacheManager:
             )
 
     def _release_slid_out(self, state: RequestState) -> None:
-        """Release pages the running request no longer needs (kept ones wait for context end)."""
+        """Release pages the running request no longer needs (kept ones wait for context end).
+
+        Incremental: blocks below `next_release` were handled by an earlier call, so a decode
+        commit costs the blocks that slid out since, not the whole context.
+        """
         for name, life_cycle in self.life_cycles.items():
             first_live = life_cycle.first_live_block(
                 state.num_computed_tokens, self.config.block_size
             )
-            keep = frozenset() if state.context_done else state.keep[name]
-            start = 0 if state.context_done else state.next_release[name]
-            table, pool = state.page_tables[name], self.pools[name]
-            for index in range(start, min(first_live, len(table))):
+            keep, table, pool = state.keep[name], state.page_tables[name], self.pools[name]
+            for index in range(state.next_release[name], min(first_live, len(table))):
                 if table[index] != NULL_PAGE and index not in keep:
                     pool.release(table[index])
                     table[index] = NULL_PAGE
             state.next_release[name] = max(state.next_release[name], first_live)
+
+    def _release_kept(self, state: RequestState) -> None:
+        """At context end: release kept blocks that slid out meanwhile, and keep nothing more."""
+        for name, kept in state.keep.items():
+            table, pool = state.page_tables[name], self.pools[name]
+            # NOTE: ascending, so the LRU order is that of one sweep over the page table.
+            for index in sorted(kept):
+                if index < state.next_release[name] and table[index] != NULL_PAGE:
+                    pool.release(table[index])
+                    table[index] = NULL_PAGE
+            state.keep[name] = frozenset()
 
     def _retain_turn(self, state: RequestState) -> TurnRecord:
         """Take a ref on every committed page needed to resume at the endpoint and checkpoint."""
@@ -402,13 +436,22 @@ class KVCacheManager:
     def _apply_drop(self, turn: TurnRecord) -> list[DropPlan]:
         """Release a turn's pages; free those nobody else holds (no plan: leave them to LRU)."""
         plan = build_drop_plan(turn, self.life_cycles, lambda n, p: self.pools[n].ref_count(p))
-        for name, pages in turn.pages.items():
-            for page in pages:
-                if page is not None:
-                    self.pools[name].release(page)
+        self._release_turn(turn)
         if plan is None:
             return []
         for name, pages in plan.dropped.items():
             for page in pages:
                 self.pools[name].drop(page)
         return [plan]
+
+    def _release_turn(self, turn: TurnRecord) -> TurnRelease:
+        """Give back a turn's refs; pages nobody else holds become evictable (the LRU's)."""
+        released: dict[str, tuple[int, ...]] = {}
+        evictable: dict[str, tuple[int, ...]] = {}
+        for name, pages in turn.pages.items():
+            pool = self.pools[name]
+            released[name] = tuple(page for page in pages if page is not None)
+            for page in released[name]:
+                pool.release(page)
+            evictable[name] = tuple(page for page in released[name] if pool.is_evictable(page))
+        return TurnRelease(turn.conversation_id, turn.request_id, released, evictable)

@@ -12,7 +12,8 @@ class RequestState:
     """Page tables and progress of one request, per life cycle where it differs.
 
     `next_commit[lc]`: blocks below it were considered for commit. `next_release[lc]`: blocks
-    below it slid out (released) unless in `keep[lc]` and the context is still running.
+    below it slid out (released) unless in `keep[lc]`; at context end the kept ones below it
+    are released and `keep[lc]` is emptied, so each block is looked at once.
     """
 
     request_id: str

@@ -64,6 +64,20 @@ class DropPlan:
 
 
 @dataclass(frozen=True)
+class TurnRelease:
+    """Refs a retained turn handed to the LRU under memory pressure (nothing is freed).
+
+    `released` is every page the turn held; `evictable` the subset nobody else holds, now
+    cached: matchable until the pool evicts it (the tiers offload it then).
+    """
+
+    conversation_id: str
+    request_id: str
+    released: Mapping[str, tuple[int, ...]]
+    evictable: Mapping[str, tuple[int, ...]]
+
+
+@dataclass(frozen=True)
 class RequestProgress:
     """A request's reused and computed tokens, its planned checkpoint (None: none)."""
 

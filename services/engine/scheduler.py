@@ -6,8 +6,9 @@ the reused prefix (the kvstore match), so cached tokens are never recomputed. Th
 runs on the engine core's thread and is the only caller of the kvstore manager there.
 
 When pages run short it first releases the retained turns of the conversation that ended a
-context longest ago, then preempts the newest running sequence (recompute: it is re-added
-with its output so far and resumes from whatever prefix is still cached).
+context longest ago (to the LRU: evictable, offloaded to host/disk by the tiers when evicted,
+still matchable until then), then preempts the newest running sequence (recompute: it is
+re-added with its output so far and resumes from whatever prefix is still cached).
 """
 
 from __future__ import annotations
@@ -79,7 +80,7 @@ class Scheduler:
         self.running.append(sequence)
 
     def release_retained_until(self, fits) -> bool:
-        """Drop retained conversations, oldest first, until `fits()`; False if it never does."""
+        """Release retained conversations, oldest first, until `fits()`; False if it never does."""
         return self._release_retained(fits)
 
     def context_ended(self, sequence: Sequence) -> None:
@@ -166,7 +167,7 @@ class Scheduler:
     # -- memory pressure ---------------------------------------------------------------------------
 
     def _make_room(self, sequence: Sequence, count: int, scheduled: set[Sequence]) -> bool:
-        """Make `allocate(sequence, count)` possible: drop retained turns, then preempt.
+        """Make `allocate(sequence, count)` possible: release retained turns, then preempt.
 
         Sequences already planned this step are never preempted (their pages are in use).
         """
@@ -184,10 +185,15 @@ class Scheduler:
         return True
 
     def _release_retained(self, fits) -> bool:
-        """Drop whole conversations' retained turns, oldest first, until `fits()`."""
+        """Release whole conversations' retained turns to the LRU, oldest first, until `fits()`.
+
+        NOTE: release, not drop: the conversation may come back, and its pages stay matchable
+        (and go to host/disk on eviction) instead of being freed.
+        """
         while self._retained:
             conversation, _ = self._retained.popitem(last=False)
-            self.manager.drop_conversation(conversation)
+            if self.manager.can_release_conversation(conversation):
+                self.manager.release_conversation(conversation)
             if fits():
                 return True
         return False

@@ -28,6 +28,7 @@ operation = st.one_of(
     st.tuples(st.just("step"), st.integers(0, 50)),
     st.tuples(st.just("finish"), st.integers(0, 50)),
     st.tuples(st.just("drop"), st.integers(0, 2)),
+    st.tuples(st.just("release"), st.integers(0, 2)),
 )
 
 
@@ -101,6 +102,9 @@ def test_random_operations_keep_every_invariant(policy, pages, operations):
             del prompts[request_id]
         elif op[0] == "drop":
             manager.drop_conversation(f"c{op[1]}")
+        elif op[0] == "release" and manager.can_release_conversation(f"c{op[1]}"):
+            manager.release_conversation(f"c{op[1]}")
+            assert manager.retained_turns(f"c{op[1]}") == ()
         manager.check_integrity()
         check_pages_hold_their_blocks(manager, prompts)
     for request_id in list(prompts):
