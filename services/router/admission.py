@@ -7,8 +7,11 @@ One admission pass, over the requests in arrival order:
 
 | group | who                                             | where                              |
 |-------|-------------------------------------------------|------------------------------------|
-| 1     | still pinned: home alive and, strict: within    | home rank; when full: a deferral   |
+| 1     | still pinned: home alive and, strict: within    | home rank; when full: waits        |
 |       | the wait bound; lenient: home has room          | (strict) or policy (lenient)       |
+
+A deferral is a placement given up: a pass that makes a pinned request wait counts one only when
+another rank had room for it, so passes on a fully busy fleet do not use up the bound.
 | 2     | explicit rank                                   | that rank; relaxed: policy if full |
 | 3     | new conversations, pins released by the bound   | placement policy                   |
 
@@ -156,8 +159,13 @@ class AdmissionQueue:
             if free[home] >= request.slots and self._reserve(request, home, free, now):
                 admit(request, home, Placement.PINNED)
             elif affinity.waits_for_home(request, now - request.enqueued_at, self._bound):
-                request.deferrals += 1
-                result.deferrals += 1
+                # NOTE: a deferral is a placement given up: it counts only when another rank
+                # had room. A pass where every rank is full (or a periodic tick with nothing
+                # new) costs the request nothing, so it must not use up the bound; counting
+                # those sent returning turns away after a few 50 ms ticks on a saturated fleet.
+                if self._room_elsewhere(request, home, ranks, free):
+                    request.deferrals += 1
+                    result.deferrals += 1
                 # NOTE: hold what is left of the home rank for this request during the pass, so
                 # later requests cannot take the slots it waits for (a parent needing several).
                 free[home] -= min(free[home], request.slots)
@@ -234,6 +242,16 @@ class AdmissionQueue:
             else:
                 others.append((request, home))
         return pinned, explicit, others
+
+    @staticmethod
+    def _room_elsewhere(
+        request: PendingRequest, home: str, ranks: dict[str, RankSlots], free: dict[str, int]
+    ) -> bool:
+        """Whether a rank other than `home` could take the request in this pass."""
+        return any(
+            rank_id != home and free[rank_id] >= request.slots
+            for rank_id in open_for_placement(ranks)
+        )
 
     def _place(
         self,

@@ -128,7 +128,8 @@ def test_pinned_parent_with_children_waits_and_never_overfills(store, clock):
     queue.enqueue(parent)
     queue.enqueue(request(clock, "other", "x"))
     result = queue.run_pass()
-    assert (result.deferrals, placements(result)) == (1, [("other", "b", Placement.NEW)])
+    # No rank could take all 3 slots, so waiting cost the parent nothing: no deferral.
+    assert (result.deferrals, placements(result)) == (0, [("other", "b", Placement.NEW)])
     store.check_integrity()
     store.release("a", "filler-a")
     assert placements(queue.run_pass()) == [("c1-t1", "a", Placement.PINNED)]
@@ -210,3 +211,18 @@ def test_cancel_removes_waiting_request(store, clock):
     assert queue.cancel("x") is True
     assert queue.cancel("x") is False
     assert len(queue) == 0
+
+
+def test_passes_with_no_room_anywhere_do_not_use_up_the_bound(store, clock):
+    """Counting passes where no rank had room would send returning turns away on a full fleet."""
+    queue = make_queue(store, clock, passes=2, ranks=(("a", 1), ("b", 1)))
+    pin(queue, clock, "c1", "a")
+    fill(queue, clock, "a")
+    fill(queue, clock, "b")
+    queue.enqueue(request(clock, "c1-t1", "c1"))
+    for _ in range(5):  # e.g. periodic ticks while the whole fleet is busy
+        assert queue.run_pass().deferrals == 0
+    store.release("b", "filler-b")
+    assert (queue.run_pass().deferrals, queue.run_pass().deferrals) == (1, 1)
+    assert placements(queue.run_pass()) == [("c1-t1", "b", Placement.FALLBACK)]
+    store.check_integrity()
