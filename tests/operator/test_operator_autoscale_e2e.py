@@ -184,6 +184,16 @@ def events(k8s, reason: str) -> list[str]:
     ]
 
 
+async def first_events(k8s, reason: str, count: int) -> list[str]:
+    """The first `count` Event messages with this reason, once kopf has posted them.
+
+    kopf posts Events from a background queue, so they may land after the patch they describe.
+    """
+    return (await eventually(lambda: events(k8s, reason)[count - 1 :] and events(k8s, reason)))[
+        :count
+    ]
+
+
 async def test_sustained_deferrals_scale_the_pool_out(k8s, operator, pages):
     """Deferrals past the bound read from the router's page would not add a rank if any link
     of scrape -> decide -> patch -> record were broken."""
@@ -209,7 +219,7 @@ async def test_idle_pool_drains_its_last_rank_before_scaling_in(k8s, operator, p
     drain = autoscaling_status(k8s, "as2", "generation")["drain"]
     assert drain["targetReplicas"] == 2
     await eventually(lambda: sts_replicas(k8s, fleet, "generation") == 2, timeout=15)
-    messages = events(k8s, "AutoscaleGeneration")
+    messages = await first_events(k8s, "AutoscaleGeneration", 2)
     assert messages[0].startswith("begin_drain: draining 3->2: pressure ")
     assert messages[1] == "finish_drain: drained 3->2"
     check_children_owned(k8s, "as2", fleet.uid)
@@ -222,8 +232,8 @@ async def test_returning_load_cancels_a_drain_and_clears_the_mark(k8s, operator,
     pages.router.rate = DEFERRALS_PER_SECOND
     await eventually(lambda: not pod_annotations(k8s, "as3-generation-1"), timeout=15)
     assert last_action(k8s, "as3", "generation") in ("cancel_drain", "scale_out", "hold")
-    messages = events(k8s, "AutoscaleGeneration")
-    assert [m.split(":")[0] for m in messages[:2]] == ["begin_drain", "cancel_drain"]
+    messages = await first_events(k8s, "AutoscaleGeneration", 2)
+    assert [m.split(":")[0] for m in messages] == ["begin_drain", "cancel_drain"]
     assert sts_replicas(k8s, fleet, "generation") >= 2
     check_children_owned(k8s, "as3", fleet.uid)
 
