@@ -7,16 +7,19 @@ queue) and memory-pressed (GPU pages below the sessions' working set), where DES
 the difference shows. Every arm ends with the fleet's integrity checks.
 
 Run: .venv/bin/python bench/sim_bench.py [--sessions 12] [--gpu-pages 3000] [--host-pages 6000]
+     [--plot docs/img/sim_bench] [--json OUT]
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import json
 import time
 from pathlib import Path
 
 from kvfleet.services.replay.driver import DriverOptions
+from kvfleet.services.replay.plots import write_plots
 from kvfleet.services.replay.readers import ReadOptions, filter_max_model_len, read_traces
 from kvfleet.services.replay.runner import run_arm
 from kvfleet.services.replay.sim_config import load_sim_config
@@ -28,20 +31,27 @@ from rich.table import Table
 TRACES = Path(__file__).resolve().parents[1] / ".." / "shared" / "traces" / "claude_code_weka"
 HYBRID_MODEL = Path(__file__).resolve().parent / "sim_hybrid.yaml"
 
-RETAIN_5 = {"reuse_policy": "per_conversation", "max_num_turns": "5"}
+# Strict affinity's wait bound in time only: the router runs a pass every 50 ms tick while
+# requests wait, so a bound of 4 passes ends the wait after ~0.2 s, far below a turn's service
+# time (a 100k-token prefill is ~6 s); the "strict, 4-pass bound" row shows that.
+STRICT = {"affinity": "strict", "max_wait_passes": "1000000", "max_wait_seconds": "30"}
+TURNS_5 = {**STRICT, "reuse_policy": "per_conversation", "max_num_turns": "5"}
 # name -> fleet overrides on top of the common ones; the first arm is the baseline.
 ARMS: dict[str, dict[str, str]] = {
     "lenient": {"affinity": "lenient", "reuse_policy": "per_request", "checkpoint": "off"},
-    "strict": {"affinity": "strict", "reuse_policy": "per_request", "checkpoint": "off"},
-    "strict+turns5": {
-        "reuse_policy": "per_conversation",
-        "max_num_turns": "5",
+    "strict, 4-pass bound": {
+        "affinity": "strict",
+        "max_wait_passes": "4",
+        "max_wait_seconds": "5",
+        "reuse_policy": "per_request",
         "checkpoint": "off",
     },
-    "strict+turns5+ckpt": {"reuse_policy": "per_conversation", "max_num_turns": "5"},
-    "strict+turns5+ckpt+host": {"reuse_policy": "per_conversation", "max_num_turns": "5"},
+    "strict": {**STRICT, "reuse_policy": "per_request", "checkpoint": "off"},
+    "strict+turns5 (sized)": {**TURNS_5, "checkpoint": "off"},
+    "+ckpt": {**TURNS_5, "checkpoint": "on"},
+    "+ckpt+host": {**TURNS_5, "checkpoint": "on"},
 }
-HOST_ARM = "strict+turns5+ckpt+host"
+HOST_ARM = "+ckpt+host"
 
 
 def parse_args() -> argparse.Namespace:
@@ -55,15 +65,28 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--time-scale", type=float, default=0.05)
     parser.add_argument("--stagger", type=float, default=5.0)
     parser.add_argument("--seed", type=int, default=1)
+    parser.add_argument(
+        "--retained-conversations",
+        type=int,
+        default=3,
+        help="per rank, what plan_pools sizes retained turns for (sessions / ranks)",
+    )
     parser.add_argument("--model", type=Path, default=HYBRID_MODEL, help="sim YAML")
+    parser.add_argument("--plot", type=Path, default=None, help="write the PNGs into DIR")
+    parser.add_argument("--json", type=Path, default=None, help="write the arms' measures")
     return parser.parse_args()
 
 
-async def run_arms(args: argparse.Namespace) -> list[tuple[str, dict, float, dict]]:
+async def run_arms(args: argparse.Namespace) -> list[tuple]:
     files = sorted(TRACES.glob("trace_*.json"))[: args.sessions]
     conversations = filter_max_model_len(read_traces(files, ReadOptions()), args.max_model_len)
     options = DriverOptions(len(conversations), args.time_scale, args.stagger)
-    common = {"ranks": str(args.ranks), "slots": str(args.slots), "gpu_pages": str(args.gpu_pages)}
+    common = {
+        "ranks": str(args.ranks),
+        "slots": str(args.slots),
+        "gpu_pages": str(args.gpu_pages),
+        "retained_conversations": str(args.retained_conversations),
+    }
     rows = []
     for name, overrides in ARMS.items():
         fleet = {**common, **overrides}
@@ -79,9 +102,8 @@ async def run_arms(args: argparse.Namespace) -> list[tuple[str, dict, float, dic
             await target.aclose()
         if result.errors:
             raise SystemExit(f"{name}: {len(result.errors)} failed: {result.errors[0].error}")
-        rows.append(
-            (name, result.measures.to_json(), time.perf_counter() - started, target.stats())
-        )
+        measures = {**result.measures.to_json(), "config": target.config.to_json()}
+        rows.append((name, measures, time.perf_counter() - started, target.stats(), result))
     return rows
 
 
@@ -91,16 +113,16 @@ def ratio(value: float | None, base: float | None) -> str:
     return f"{value / base:.2f}x"
 
 
-def print_table(rows: list[tuple[str, dict, float, dict]]) -> None:
+def print_table(rows: list[tuple]) -> None:
     table = Table(title="sim arms (ratios to lenient, same run)")
     for column in (
         "arm", "prefix reuse", "oracle", "reuse/oracle", "later no reuse", "req/s",
         "TTFT p50 s", "TTFT p90 s", "reuse x", "req/s x", "TTFT p90 x", "deferrals",
-        "preempt", "wall s",
+        "preempt", "released", "wall s",
     ):  # fmt: skip
         table.add_column(column, justify="right")
     base = rows[0][1]
-    for name, m, wall, stats in rows:
+    for name, m, wall, stats, _ in rows:
         table.add_row(
             name,
             f"{m['prefix_reuse']:.3f}",
@@ -115,6 +137,7 @@ def print_table(rows: list[tuple[str, dict, float, dict]]) -> None:
             ratio(m["ttft_p90_s"], base["ttft_p90_s"]),
             str(stats["deferrals"]),
             str(stats["preemptions"]),
+            str(stats["released_conversations"]),
             f"{wall:.1f}",
         )
     Console(width=200).print(table)
@@ -127,7 +150,13 @@ def main() -> None:
         f"{args.gpu_pages} GPU pages/rank, host arm {args.host_pages} pages/rank, "
         f"time scale {args.time_scale}, model {args.model.name}"
     )
-    print_table(asyncio.run(run_arms(args)))
+    rows = asyncio.run(run_arms(args))
+    print_table(rows)
+    if args.plot is not None:
+        paths = write_plots({name: result.records for name, *_, result in rows}, args.plot)
+        print("plots:", ", ".join(str(path) for path in paths))
+    if args.json is not None:
+        args.json.write_text(json.dumps({name: m for name, m, *_ in rows}, indent=1))
 
 
 if __name__ == "__main__":

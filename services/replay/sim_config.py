@@ -103,6 +103,7 @@ class FleetOptions:
     placement: str = "load"
     reuse_policy: str = "per_conversation"
     max_num_turns: int = 2
+    retained_conversations: int = 8
     checkpoint: bool = True
     tick_seconds: float = 0.05
     max_decode_run_steps: int = 64
@@ -122,6 +123,10 @@ class FleetOptions:
                 raise SimConfigError(f"fleet.{name}: {getattr(self, name)} must be >= 1")
         if self.gpu_pages < 2:
             raise SimConfigError(f"fleet.gpu_pages: {self.gpu_pages} must be >= 2 (1 is null)")
+        if self.retained_conversations < 0:
+            raise SimConfigError(
+                f"fleet.retained_conversations: {self.retained_conversations} must be >= 0"
+            )
         if self.host_pages < 0 or self.disk_pages < 0:
             raise SimConfigError(
                 f"fleet.host_pages={self.host_pages}, disk_pages={self.disk_pages} must be >= 0"

@@ -26,7 +26,7 @@ from kvfleet.services.router.prefix_index import PrefixIndex
 from kvfleet.services.router.store import LocalStore, StoreIntegrityError
 
 from .sim_clock import ScheduledEvent, VirtualClock
-from .sim_config import SimConfig
+from .sim_config import FleetOptions, SimConfig
 from .sim_costs import CostModel
 from .sim_rank import SimRank
 from .sim_request import SimRequest
@@ -81,9 +81,7 @@ class SimFleet:
         if fleet.reuse_policy != "per_conversation":
             policy_params = {}
         policy = make_reuse_policy(fleet.reuse_policy, **policy_params)
-        step = TypicalStep(
-            fleet.slots, fleet.max_context_tokens, fleet.chunk_tokens, 0, fleet.checkpoint
-        )
+        step = typical_step(fleet, policy.retained_turns)
         pool_pages = plan_pools(step, life_cycles, fleet.block_size, fleet.gpu_pages).pool_pages
         kv_config = KVStoreConfig(
             fleet.block_size, life_cycles, pool_pages, policy, checkpoint=fleet.checkpoint
@@ -184,6 +182,25 @@ class SimFleet:
                 raise StoreIntegrityError(
                     f"{rank.rank_id}: reserved {sorted(reserved)} != held {sorted(held)}"
                 )
+
+
+def typical_step(fleet: FleetOptions, turns_per_conversation: int) -> TypicalStep:
+    """The step a rank's pools are split for: its slots resident, plus the retained turns of
+    `retained_conversations` conversations between turns (none when the policy retains none).
+
+    NOTE: a conversation's retained turns share its full-attention prefix, so each turn counts
+    1/turns of the longest context on whole-prefix pools, and its own endpoint (and checkpoint)
+    windows on window pools.
+    """
+    retained = fleet.retained_conversations * turns_per_conversation
+    return TypicalStep(
+        fleet.slots,
+        fleet.max_context_tokens,
+        fleet.chunk_tokens,
+        retained,
+        fleet.checkpoint,
+        fleet.max_context_tokens // max(1, turns_per_conversation),
+    )
 
 
 def _split(total: int, pool_pages: dict[str, int]) -> dict[str, int]:

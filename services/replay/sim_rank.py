@@ -3,8 +3,9 @@
 Scheduling follows the engine's (`services/engine/scheduler.py`): each step takes the running
 requests first (a decode token each, or the next prefill chunk), then admits waiting requests
 first come first served while the token budget lasts. When pages run short it releases the
-retained turns of the conversation whose context ended longest ago, then preempts the newest
-running request (recompute). A request that cannot fit even alone fails.
+retained turns of the conversation whose context ended longest ago to the LRU (still matchable,
+offloaded to host when evicted), then preempts the newest running request (recompute). A
+request that cannot fit even alone fails.
 
 Only the kvstore's bookkeeping runs here; the step's duration comes from `CostModel`, and the
 step's results apply at its end on the virtual clock.
@@ -74,6 +75,7 @@ class SimRank:
         self.steps = 0
         self.busy_s = 0.0
         self.preemptions = 0
+        self.released_conversations = 0
         self.current: SimRequest | None = None  # whose kvstore call is running (KV events)
         self._busy = False
         self._run: DecodeRun | None = None
@@ -343,10 +345,16 @@ class SimRank:
         return True
 
     def _release_retained(self, fits: Callable[[], bool]) -> bool:
-        """Drop whole conversations' retained turns, oldest context end first, until `fits()`."""
+        """Release whole conversations' retained turns, oldest context end first, until `fits()`.
+
+        NOTE: released, not dropped: the pages go to the LRU, so they stay matchable until
+        evicted and the tiers offload them then (a drop would free them, losing the prefix).
+        """
         while self._retained:
             conversation, _ = self._retained.popitem(last=False)
-            self.manager.drop_conversation(conversation)
+            if self.manager.can_release_conversation(conversation):
+                self.released_conversations += 1
+                self.manager.release_conversation(conversation)
             if fits():
                 return True
         return False

@@ -43,13 +43,15 @@ class SimTarget:
         )
 
     def stats(self) -> dict[str, Any]:
-        """Counters of the run: passes, deferrals, placements, preemptions, steps, events."""
+        """Counters of the run: passes, deferrals, placements, preemptions, retained
+        conversations released under pressure, steps, events."""
         ranks = self.fleet.ranks.values()
         return {
             "passes": self.fleet.passes,
             "deferrals": self.fleet.deferrals,
             "placements": dict(sorted(self.fleet.placements.items())),
             "preemptions": sum(rank.preemptions for rank in ranks),
+            "released_conversations": sum(rank.released_conversations for rank in ranks),
             "steps": sum(rank.steps for rank in ranks),
             "events": self.clock.events_fired,
         }
