@@ -1,9 +1,11 @@
-"""Engine serving benchmark (CPU, tiny model): multi-turn agent-like conversations through
-the engine core, with the prefix cache (per_conversation) against the same engine with an
-empty cache for every turn (the baseline, measured in the same run).
+"""Engine serving benchmark: multi-turn agent-like conversations through the engine core, with
+the prefix cache (per_conversation) against the same engine with an empty cache for every turn
+(the baseline, measured in the same run).
 
 Prints prefix reuse, mean TTFT, prefill tokens computed and output tokens/s, and ratios.
     .venv/bin/python bench/engine_serving_bench.py [--conversations 4 --turns 4 --prompt 600]
+On the H200 (see bench/gpu/run.sh; runs without `pip install -e`):
+    python3 bench/engine_serving_bench.py --device cuda --model 1b --prompt 16000 --grow 500
 """
 
 from __future__ import annotations
@@ -11,24 +13,32 @@ from __future__ import annotations
 import argparse
 import random
 import statistics
+import sys
 import time
+from pathlib import Path
 
 import torch
-from kvfleet.services.engine.compute import TorchCompute
-from kvfleet.services.engine.engine_config import EngineConfig
-from kvfleet.services.engine.engine_core import EngineCore
-from kvfleet.services.engine.engine_request import GenerateCall
-from kvfleet.services.engine.sampling import SamplingParams
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from gpu_common import import_engine
+
+import_engine()  # the device machine runs this from the checkout, not installed
+
+from kvfleet.services.engine.compute import TorchCompute  # noqa: E402
+from kvfleet.services.engine.engine_config import EngineConfig  # noqa: E402
+from kvfleet.services.engine.engine_core import EngineCore  # noqa: E402
+from kvfleet.services.engine.engine_request import GenerateCall  # noqa: E402
+from kvfleet.services.engine.sampling import SamplingParams  # noqa: E402
 
 
-def conversations(count: int, turns: int, prompt: int, grow: int, seed: int = 0):
+def conversations(count: int, turns: int, prompt: int, grow: int, vocab: int, seed: int = 0):
     """Per conversation, its turns' prompts: each resends the last one plus new tokens."""
     rng = random.Random(seed)
     out = []
     for _ in range(count):
-        prompts = [[rng.randrange(256) for _ in range(prompt)]]
+        prompts = [[rng.randrange(vocab) for _ in range(prompt)]]
         while len(prompts) < turns:
-            prompts.append(prompts[-1] + [rng.randrange(256) for _ in range(grow)])
+            prompts.append(prompts[-1] + [rng.randrange(vocab) for _ in range(grow)])
         out.append(prompts)
     return out
 
@@ -74,11 +84,28 @@ def main() -> None:
     parser.add_argument("--prompt", type=int, default=600)
     parser.add_argument("--grow", type=int, default=100)
     parser.add_argument("--max-tokens", type=int, default=16)
+    parser.add_argument("--model", default="tiny", help="preset: tiny, 1b, 8b")
+    parser.add_argument("--device", default="cpu")
+    parser.add_argument("--batch", type=int, default=4, help="max_batch_size")
+    parser.add_argument("--batched-tokens", type=int, default=256, help="per-step token budget")
+    parser.add_argument("--page-size", type=int, default=16)
+    parser.add_argument("--kv-pages", type=int, default=600)
     args = parser.parse_args()
     torch.set_num_threads(1)
-    config = EngineConfig(max_batch_size=4, max_num_batched_tokens=256, kv_pages=600)
+    config = EngineConfig(
+        model=args.model,
+        device=args.device,
+        max_batch_size=args.batch,
+        max_num_batched_tokens=args.batched_tokens,
+        page_size=args.page_size,
+        kv_pages=args.kv_pages,
+    )
     compute = TorchCompute(config)
-    convs = conversations(args.conversations, args.turns, args.prompt, args.grow)
+    vocab = min(compute.model_config.vocab_size, 256 if args.model == "tiny" else 32000)
+    print(f"model {args.model} on {args.device}, attention {compute.attention.name}, "
+          f"{args.conversations} conversations x {args.turns} turns, prompt {args.prompt} "
+          f"+{args.grow}/turn, {args.max_tokens} out")  # fmt: skip
+    convs = conversations(args.conversations, args.turns, args.prompt, args.grow, vocab)
     rows = {
         "empty cache (baseline)": run(config, compute, convs, args.max_tokens, fresh=True),
         "prefix cache": run(config, compute, convs, args.max_tokens, fresh=False),

@@ -1,7 +1,8 @@
 """Shared pieces of the GPU benchmarks: importing kvfleet without installing it, timing, ceilings.
 
 The device machine has its own torch and no `pip install -e`, so `import_engine()` maps the
-repo's `services/` folder to `kvfleet.services` through a temporary package folder.
+repo's `services/`, `kvstore/` and `proto/` folders to `kvfleet.*` through a temporary
+package folder.
 """
 
 from __future__ import annotations
@@ -25,8 +26,8 @@ def import_engine():
     except ImportError:
         shim = Path(tempfile.mkdtemp(prefix="kvfleet-shim-")) / "kvfleet"
         shim.mkdir()
-        (shim / "services").symlink_to(REPO / "services")
-        (shim / "kvstore").symlink_to(REPO / "kvstore")
+        for folder in ("services", "kvstore", "proto"):
+            (shim / folder).symlink_to(REPO / folder)
         sys.path.insert(0, str(shim.parent))
         import kvfleet.services.engine as engine
     return engine
