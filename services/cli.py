@@ -20,6 +20,7 @@ SUBCOMMAND_MODULES: tuple[str, ...] = (
     "kvfleet.operator.cli",
     "kvfleet.services.engine.cli",
     "kvfleet.services.engine.up",
+    "kvfleet.services.engine.model_dir",
 )
 
 

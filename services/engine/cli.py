@@ -43,6 +43,13 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("--max-num-batched-tokens", type=int, default=None)
     parser.add_argument("--kv-pages", type=int, default=None, help="pages per KV pool")
     parser.add_argument("--device", default=None)
+    parser.add_argument(
+        "--compute-backend", default=None, help="torch (the model) or sim (cost model, no tensors)"
+    )
+    parser.add_argument(
+        "--sim-time-scale", type=float, default=None, help="sim: factor on each step's sleep"
+    )
+    parser.add_argument("--sim-costs", default=None, help="sim: a sim_costs.yaml (hardware)")
     parser.set_defaults(func=run)  # fmt: skip
 
 
@@ -59,6 +66,10 @@ def engine_config_from_args(args: argparse.Namespace):
         max_num_batched_tokens=args.max_num_batched_tokens,
         kv_pages=args.kv_pages,
         device=args.device,
+        # getattr: namespaces built without the sim flags (older callers) keep the file's values
+        compute_backend=getattr(args, "compute_backend", None),
+        sim_time_scale=getattr(args, "sim_time_scale", None),
+        sim_costs_path=getattr(args, "sim_costs", None),
         disk_tier_dir=args.disk_tier_dir,
         host_kv_gib=args.host_kv_gib,
         disk_kv_gib=args.disk_kv_gib,

@@ -1,7 +1,7 @@
 """Compute backends: what runs a step's chunks and picks their next tokens, from a registry.
 
-`torch` runs the model over the paged KV tensors. A `sim` backend (cost-model timing, no
-tensors) registers here with the same interface: it gets the same chunks and page ids from
+`torch` runs the model over the paged KV tensors. The `sim` backend (cost-model timing, no
+tensors, compute_sim.py) has the same interface: it gets the same chunks and page ids from
 the scheduler and returns tokens, so the scheduler and the kvstore calls are identical.
 """
 
@@ -16,6 +16,7 @@ from kvfleet.kvstore.tiers.stack import KVTiers
 
 from .attention import make_backend
 from .batch import ForwardBatch, SequenceChunk
+from .compute_sim import SimCompute
 from .config import ModelConfig, preset
 from .device_kv_cache import DeviceKVCache
 from .engine_config import EngineConfig
@@ -99,7 +100,10 @@ class TorchCompute:
         return tokens
 
 
-COMPUTE_BACKENDS: dict[str, Callable[[EngineConfig], ComputeBackend]] = {"torch": TorchCompute}
+COMPUTE_BACKENDS: dict[str, Callable[[EngineConfig], ComputeBackend]] = {
+    "torch": TorchCompute,
+    "sim": SimCompute,  # cost-model step time, no tensors (compute_sim.py)
+}
 
 
 def make_compute(config: EngineConfig) -> ComputeBackend:

@@ -32,11 +32,18 @@ class EngineConfig:
     device: str = "cpu"
     attention_backend: str = "auto"
     compute_backend: str = "torch"
+    # The `sim` compute backend (compute_sim.py): hardware figures of this sim_costs.yaml
+    # ("": the packaged one), and a factor on every step's sleep (0: no sleeping).
+    sim_costs_path: str = ""
+    sim_time_scale: float = 1.0
     role: str = "both"
     max_batch_size: int = 8
     max_num_batched_tokens: int = 256
     page_size: int = 16
     kv_pages: int | None = None  # per life cycle pool; None: sized by kvstore's plan_pools
+    # Pages of named pools ((life cycle, pages) pairs, or a mapping in engine.yaml); they
+    # override kv_pages / plan_pools for those pools (a simulator arm's exact split).
+    kv_pool_pages: tuple[tuple[str, int], ...] = ()
     reuse_policy: str = "per_conversation"
     max_num_turns: int = 2
     checkpoint: bool = True
@@ -69,6 +76,11 @@ class EngineConfig:
             raise ValueError(
                 f"kv_pages must be >= 2 (page 0 is the null page), got {self.kv_pages}"
             )
+        pools = tuple(sorted(dict(self.kv_pool_pages).items()))
+        object.__setattr__(self, "kv_pool_pages", pools)
+        small = {name: pages for name, pages in pools if pages < 2}
+        if small:
+            raise ValueError(f"kv_pool_pages must be >= 2 per pool (null page), got {small}")
         for name in ("host_kv_gib", "host_kv_pages", "disk_kv_gib", "disk_kv_pages"):
             if (getattr(self, name) or 0) < 0:
                 raise ValueError(f"{name} must be >= 0, got {getattr(self, name)}")
@@ -76,6 +88,8 @@ class EngineConfig:
             raise ValueError(
                 f"disk_prefetch_num_reqs must be >= 0, got {self.disk_prefetch_num_reqs}"
             )
+        if self.sim_time_scale < 0:
+            raise ValueError(f"sim_time_scale must be >= 0, got {self.sim_time_scale}")
         if self.max_num_turns < 1:
             raise ValueError(f"max_num_turns must be >= 1, got {self.max_num_turns}")
 

@@ -20,6 +20,7 @@ from .openai_http import build_app
 from .podinfo import PodInfo
 from .router_link import RouterLink
 from .tokenizer import load_tokenizer
+from .worker_http import WorkerInfo, add_worker_routes
 
 log = logging.getLogger(__name__)
 
@@ -67,7 +68,8 @@ class EngineRank:
         )
         if a.http_port is not None:
             backend = EngineBackend(self.core, self.tokenizer, self.model_names)
-            self.http = HttpServer(build_app(backend), a.host, a.http_port).start()
+            app = add_worker_routes(build_app(backend), backend, self._worker_info())
+            self.http = HttpServer(app, a.host, a.http_port).start()
         if a.metrics_port is not None:
             self._metrics_http, _ = start_http_server(
                 a.metrics_port, a.host, registry=self.metrics.registry
@@ -105,6 +107,19 @@ class EngineRank:
             self._metrics_http.shutdown()
             self._metrics_http.server_close()
         self.core.stop()
+
+    def _worker_info(self) -> WorkerInfo:
+        """What the peer-router endpoints (worker_http.py) report about this rank."""
+        return WorkerInfo(
+            model_name=self.config.model,
+            model_path=self.config.model_path,
+            page_size=self.config.page_size,
+            max_model_len=self.core.model_config.max_position,
+            max_batch_size=self.config.max_batch_size,
+            max_num_batched_tokens=self.config.max_num_batched_tokens,
+            kv_capacity_pages=sum(p.num_usable for p in self.core.manager.pools.values()),
+            load=self.core.load,
+        )
 
     def _publish(self, events) -> None:
         if self.link is not None:

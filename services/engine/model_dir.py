@@ -1,0 +1,84 @@
+"""A local model directory without weights: `config.json` + a byte-level `tokenizer.json`.
+
+Peer routers load a tokenizer from the `model_path` a worker reports; pointing them at this
+directory means none of them downloads one. The `sim` compute backend needs no weights, so
+`kvfleet engine --compute-backend sim --model-path DIR` serves from it as it is.
+
+The tokenizer gives the same ids as the engine's `ByteTokenizer`: UTF-8 byte `b` is id `b`,
+and the special tokens follow at 256, 257, ...
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from .config import ModelConfig
+from .tokenizer import BYTE_SPECIAL_TOKENS
+
+
+def byte_to_unicode() -> dict[int, str]:
+    """The byte-level pre-tokenizer's printable stand-in for each byte (GPT-2's table)."""
+    printable = [*range(ord("!"), ord("~") + 1), *range(0xA1, 0xAC + 1), *range(0xAE, 0xFF + 1)]
+    table = {b: chr(b) for b in printable}
+    extra = 0
+    for b in range(256):
+        if b not in table:
+            table[b] = chr(256 + extra)
+            extra += 1
+    return table
+
+
+def byte_tokenizer_json(special_tokens: tuple[str, ...] = BYTE_SPECIAL_TOKENS) -> str:
+    """A `tokenizers` JSON whose ids are the UTF-8 bytes, then `special_tokens`."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers
+
+    vocab = {char: byte for byte, char in byte_to_unicode().items()}
+    tokenizer = Tokenizer(models.BPE(vocab=vocab, merges=[]))
+    tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)
+    tokenizer.decoder = decoders.ByteLevel()
+    tokenizer.add_special_tokens(list(special_tokens))
+    return tokenizer.to_str()
+
+
+def write_model_dir(path: str | Path, model: ModelConfig) -> Path:
+    """Write `config.json` (the engine's layout) and the byte `tokenizer.json` into `path`."""
+    if model.vocab_size < 256 + len(BYTE_SPECIAL_TOKENS):
+        raise ValueError(
+            f"vocab_size {model.vocab_size} < {256 + len(BYTE_SPECIAL_TOKENS)}: the byte "
+            "tokenizer's ids would not fit"
+        )
+    path = Path(path)
+    path.mkdir(parents=True, exist_ok=True)
+    (path / "config.json").write_text(json.dumps(model.to_dict(), indent=1))
+    (path / "tokenizer.json").write_text(byte_tokenizer_json())
+    (path / "tokenizer_config.json").write_text(
+        json.dumps(
+            {"tokenizer_class": "PreTrainedTokenizerFast", "model_max_length": model.max_position}
+        )
+    )
+    return path
+
+
+def register(subparsers) -> None:
+    """`kvfleet model-dir DIR --model PRESET`: write a weightless model directory."""
+    parser = subparsers.add_parser(
+        "model-dir",
+        help="write config.json + a byte tokenizer.json (for --model-path of sim ranks, peers)",
+    )
+    parser.add_argument("path", help="directory to write (created if missing)")
+    parser.add_argument("--model", default="tiny", help="preset shape (tiny, 1b, 8b)")
+    parser.add_argument(
+        "--max-model-len", type=int, default=None, help="context length (default: the preset's)"
+    )
+    parser.set_defaults(func=_run)
+
+
+def _run(args) -> int:
+    from .config import preset
+
+    model = preset(args.model)
+    if args.max_model_len is not None:
+        model = model.with_changes(max_position=args.max_model_len)
+    print(f"model directory: {write_model_dir(args.path, model)}")
+    return 0
