@@ -12,7 +12,8 @@ An engine (or a simulator, with the same calls and no tensors) drives one reques
     manager.finish_request("r1")                                   # end or cancel
 
 Checks come paired with actions and an action either does all of its work or raises before
-touching anything. Not thread-safe: one scheduler thread owns the manager.
+touching anything. Not thread-safe: one scheduler thread owns the manager. Its helpers
+(`admission`, `slide_out`, `retention`) change only the state and pools it hands them.
 
 A conversation's retained turns end in one of two ways: `drop_conversation(cid)` when it has
 ended (pages nobody else holds are freed) or, under memory pressure,
@@ -25,14 +26,14 @@ onboards them before it returns, evicted device pages are offloaded to host, and
 
 from __future__ import annotations
 
-from collections import Counter, deque
+from collections import Counter
 from collections.abc import Mapping, Sequence
 from functools import partial
 
 import numpy as np
+from kvfleet.kvstore.admission import blocks_for, match_fits, staged_match, take_match
 from kvfleet.kvstore.block_pool import NULL_PAGE, BlockPool
 from kvfleet.kvstore.config import KVStoreConfig
-from kvfleet.kvstore.drop_plan import build_drop_plan
 from kvfleet.kvstore.events import KVEventListener, ignore_event
 from kvfleet.kvstore.hashing import SequenceHashes
 from kvfleet.kvstore.matching import find_prefix
@@ -45,9 +46,15 @@ from kvfleet.kvstore.results import (
     TurnRecord,
     TurnRelease,
 )
+from kvfleet.kvstore.retention import RetainedTurns, drop_turn, release_turn, retain_turn
+from kvfleet.kvstore.slide_out import (
+    commit_computed,
+    plan_commits,
+    release_kept,
+    release_slid_out,
+)
 from kvfleet.kvstore.tiers.metrics import DISK
-from kvfleet.kvstore.tiers.onboarding import onboard_staged
-from kvfleet.kvstore.tiers.stack import KVTiers, StagedBlock, StaleMatchError
+from kvfleet.kvstore.tiers.stack import KVTiers
 
 
 class UnknownRequestError(KeyError):
@@ -78,7 +85,7 @@ class KVCacheManager:
         }
         self._locate = self.tiers.locate if self.tiers.has_lower_tiers else None
         self._requests: dict[str, RequestState] = {}
-        self._conversations: dict[str, deque[TurnRecord]] = {}
+        self._conversations: dict[str, RetainedTurns] = {}
 
     # -- reads ---------------------------------------------------------------------------------
 
@@ -113,8 +120,9 @@ class KVCacheManager:
         )
 
     def retained_turns(self, conversation_id: str) -> tuple[TurnRecord, ...]:
-        """Turns whose endpoints the conversation holds, oldest first."""
-        return tuple(self._conversations.get(conversation_id, ()))
+        """Turns whose endpoints the conversation holds, oldest first (a kept root leads)."""
+        turns = self._conversations.get(conversation_id)
+        return turns.in_order() if turns is not None else ()
 
     def request_ids(self) -> tuple[str, ...]:
         """Requests being tracked."""
@@ -153,24 +161,18 @@ class KVCacheManager:
             raise ValueError(f"request {request_id!r} cannot be admitted for {num_new_tokens}")
         state = self._state(request_id)
         self.tiers.land_prefetched()
-        match, staged = self._staged_match(request_id)
+        match, staged = staged_match(
+            partial(self.match, request_id), self.tiers, state.sequence.hashes
+        )
         try:
             if not self._fits(match, num_new_tokens):
                 raise ValueError(f"request {request_id!r}: its match shrank and no longer fits")
-            for name, pages in match.pages.items():
-                for page in pages:
-                    if page != NULL_PAGE:
-                        self.pools[name].ref(page)
-                self.tiers.count_device_hits(sum(page != NULL_PAGE for page in pages))
-                state.page_tables[name] = list(pages)
-                state.next_commit[name] = match.num_reusable_blocks
-                state.next_release[name] = 0
-            onboard_staged(self.tiers, self.pools, self.life_cycles, state.page_tables, staged)
+            take_match(state, match, staged, self.pools, self.life_cycles, self.tiers)
         finally:
             self.tiers.release_pins()
         state.admitted = True
         state.num_reused_tokens = state.num_computed_tokens = match.num_reusable_tokens
-        self._plan_commits(state)
+        plan_commits(state, self.life_cycles, self.config)
         return self.allocate(request_id, num_new_tokens)
 
     def can_allocate(self, request_id: str, num_new_tokens: int) -> bool:
@@ -222,19 +224,8 @@ class KVCacheManager:
             )
         state.num_computed_tokens = num_computed_tokens
         num_hashed = min(num_computed_tokens, state.sequence.num_tokens) // self.config.block_size
-        hashes = state.sequence.hashes
         every_block = self.config.reuse_policy.commits_every_block
-        for name, life_cycle in self.life_cycles.items():
-            if not life_cycle.reusable:
-                continue
-            pool, table = self.pools[name], state.page_tables[name]
-            wanted = state.commit_blocks[name]
-            for index in range(state.next_commit[name], num_hashed):
-                if table[index] != NULL_PAGE and (
-                    every_block or life_cycle.needs_whole_prefix or index in wanted
-                ):
-                    pool.commit(table[index], hashes[index])
-            state.next_commit[name] = max(state.next_commit[name], num_hashed)
+        commit_computed(state, self.pools, self.life_cycles, num_hashed, every_block)
         self._release_slid_out(state)
 
     def finish_context(self, request_id: str) -> tuple[DropPlan, ...]:
@@ -246,17 +237,17 @@ class KVCacheManager:
                 f"has {state.num_computed_tokens} (done already: {state.context_done})"
             )
         state.context_done = True
-        self._release_kept(state)
+        release_kept(state, self.pools)
         self._release_slid_out(state)
-        keep = self.config.reuse_policy.retained_turns
-        if not keep or state.conversation_id is None:
+        policy = self.config.reuse_policy
+        if not policy.retained_turns or state.conversation_id is None:
             return ()
-        turns = self._conversations.setdefault(state.conversation_id, deque())
-        turns.append(self._retain_turn(state))
-        plans = []
-        while len(turns) > keep:
-            plans.extend(self._apply_drop(turns.popleft()))
-        return tuple(plans)
+        turns = self._conversations.setdefault(state.conversation_id, RetainedTurns())
+        turn = retain_turn(state, self.pools, self.life_cycles, self.config.block_size)
+        fallen = turns.add(turn, policy.recent_turns, policy.keep_root)
+        return tuple(
+            plan for old in fallen for plan in drop_turn(old, self.pools, self.life_cycles)
+        )
 
     def finish_request(self, request_id: str) -> None:
         """Release every page the request holds (at its end or on cancel) and forget it."""
@@ -291,12 +282,17 @@ class KVCacheManager:
 
     def drop_conversation(self, conversation_id: str) -> tuple[DropPlan, ...]:
         """Release every retained turn of a conversation that has ended."""
-        turns = self._conversations.pop(conversation_id, deque())
-        return tuple(plan for turn in turns for plan in self._apply_drop(turn))
+        turns = self._conversations.pop(conversation_id, RetainedTurns())
+        return tuple(
+            plan
+            for turn in turns.in_order()
+            for plan in drop_turn(turn, self.pools, self.life_cycles)
+        )
 
     def can_release_conversation(self, conversation_id: str) -> bool:
         """True if `release_conversation(conversation_id)` would succeed: it retains turns."""
-        return bool(self._conversations.get(conversation_id))
+        turns = self._conversations.get(conversation_id)
+        return turns is not None and bool(turns.in_order())
 
     def release_conversation(self, conversation_id: str) -> tuple[TurnRelease, ...]:
         """Hand a conversation's retained-turn refs to the LRU (memory pressure; it goes on).
@@ -307,7 +303,7 @@ class KVCacheManager:
         if not self.can_release_conversation(conversation_id):
             raise ValueError(f"conversation {conversation_id!r} retains no turns to release")
         turns = self._conversations.pop(conversation_id)
-        return tuple(self._release_turn(turn) for turn in turns)
+        return tuple(release_turn(turn, self.pools) for turn in turns.in_order())
 
     # -- invariants ----------------------------------------------------------------------------
 
@@ -318,7 +314,7 @@ class KVCacheManager:
             for name, table in state.page_tables.items():
                 holders[name].update(page for page in table if page != NULL_PAGE)
         for turns in self._conversations.values():
-            for turn in turns:
+            for turn in turns.in_order():
                 for name, pages in turn.pages.items():
                     holders[name].update(page for page in pages if page is not None)
         for name, pool in self.pools.items():
@@ -337,121 +333,19 @@ class KVCacheManager:
         return self.pools[life_cycle].lookup(block_hash) is not None
 
     def _fits(self, match: PrefixMatch, num_new_tokens: int) -> bool:
-        """True if every required pool has room for the new blocks and the onboarded ones."""
-        blocks_after = self._blocks_for(match.num_reusable_tokens + num_new_tokens)
-        for name, pool in self._required_pools():
-            revived = sum(1 for page in match.pages[name] if pool.is_evictable(page))
-            needed = blocks_after - match.num_reusable_blocks + match.num_lower(name)
-            if needed > pool.num_available() - revived:
-                return False
-        return True
-
-    def _staged_match(self, request_id: str) -> tuple[PrefixMatch, dict[str, list[StagedBlock]]]:
-        """Match and stage its host/disk blocks; a bad disk file drops out and we match again."""
-        while True:  # each retry has forgotten at least one disk block, so this ends
-            match = self.match(request_id)
-            try:
-                return match, self.tiers.stage(match, self._state(request_id).sequence.hashes)
-            except StaleMatchError:
-                continue
+        return match_fits(match, num_new_tokens, self._required_pools(), self.config.block_size)
 
     def _blocks_for(self, num_tokens: int) -> int:
-        return -(-num_tokens // self.config.block_size)
+        return blocks_for(num_tokens, self.config.block_size)
 
     @staticmethod
     def _check_tokens(num_new_tokens: int) -> None:
         if num_new_tokens < 0:
             raise ValueError(f"num_new_tokens must be >= 0, got {num_new_tokens}")
 
-    def _required_pools(self):
+    def _required_pools(self) -> list[tuple[str, BlockPool]]:
         return [(n, p) for n, p in self.pools.items() if self.life_cycles[n].required]
 
-    def _plan_commits(self, state: RequestState) -> None:
-        """Which window/state blocks to commit and keep: endpoint, snapshots, checkpoint."""
-        bs, policy = self.config.block_size, self.config.reuse_policy
-        checkpoint = self.config.checkpoint_position(state.prompt_len)
-        enabled = policy.allows_checkpoint and self.config.checkpoint
-        if enabled and checkpoint > state.num_reused_tokens:
-            state.checkpoint_tokens = checkpoint
-        end_blocks = state.prompt_len // bs
-        for name, life_cycle in self.life_cycles.items():
-            # NOTE: whole-prefix life cycles commit every full block anyway and never slide.
-            if life_cycle.needs_whole_prefix:
-                state.keep[name] = state.commit_blocks[name] = frozenset()
-                continue
-            wanted = set(life_cycle.resume_blocks(end_blocks, bs))
-            if state.checkpoint_tokens is not None:
-                wanted.update(life_cycle.resume_blocks(state.checkpoint_tokens // bs, bs))
-            state.keep[name] = frozenset(wanted)
-            state.commit_blocks[name] = frozenset(
-                wanted | life_cycle.snapshot_blocks(state.prompt_len, bs)
-            )
-
     def _release_slid_out(self, state: RequestState) -> None:
-        """Release pages the running request no longer needs (kept ones wait for context end).
-
-        Incremental: blocks below `next_release` were handled by an earlier call, so a decode
-        commit costs the blocks that slid out since, not the whole context.
-        """
-        for name, life_cycle in self.life_cycles.items():
-            first_live = life_cycle.first_live_block(
-                state.num_computed_tokens, self.config.block_size
-            )
-            keep, table, pool = state.keep[name], state.page_tables[name], self.pools[name]
-            for index in range(state.next_release[name], min(first_live, len(table))):
-                if table[index] != NULL_PAGE and index not in keep:
-                    pool.release(table[index])
-                    table[index] = NULL_PAGE
-            state.next_release[name] = max(state.next_release[name], first_live)
-
-    def _release_kept(self, state: RequestState) -> None:
-        """At context end: release kept blocks that slid out meanwhile, and keep nothing more."""
-        for name, kept in state.keep.items():
-            table, pool = state.page_tables[name], self.pools[name]
-            # NOTE: ascending, so the LRU order is that of one sweep over the page table.
-            for index in sorted(kept):
-                if index < state.next_release[name] and table[index] != NULL_PAGE:
-                    pool.release(table[index])
-                    table[index] = NULL_PAGE
-            state.keep[name] = frozenset()
-
-    def _retain_turn(self, state: RequestState) -> TurnRecord:
-        """Take a ref on every committed page needed to resume at the endpoint and checkpoint."""
-        bs, hashes = self.config.block_size, state.sequence.hashes
-        positions = [state.prompt_len // bs]
-        if state.checkpoint_tokens is not None:
-            positions.append(state.checkpoint_tokens // bs)
-        pages: dict[str, tuple[int | None, ...]] = {}
-        for name, life_cycle in self.life_cycles.items():
-            if not life_cycle.reusable:
-                continue
-            indices = sorted({i for k in positions for i in life_cycle.resume_blocks(k, bs)})
-            found = tuple(self.pools[name].lookup(hashes[index]) for index in indices)
-            for page in found:
-                if page is not None:
-                    self.pools[name].ref(page)
-            pages[name] = found
-        return TurnRecord(state.conversation_id or "", state.request_id, pages)
-
-    def _apply_drop(self, turn: TurnRecord) -> list[DropPlan]:
-        """Release a turn's pages; free those nobody else holds (no plan: leave them to LRU)."""
-        plan = build_drop_plan(turn, self.life_cycles, lambda n, p: self.pools[n].ref_count(p))
-        self._release_turn(turn)
-        if plan is None:
-            return []
-        for name, pages in plan.dropped.items():
-            for page in pages:
-                self.pools[name].drop(page)
-        return [plan]
-
-    def _release_turn(self, turn: TurnRecord) -> TurnRelease:
-        """Give back a turn's refs; pages nobody else holds become evictable (the LRU's)."""
-        released: dict[str, tuple[int, ...]] = {}
-        evictable: dict[str, tuple[int, ...]] = {}
-        for name, pages in turn.pages.items():
-            pool = self.pools[name]
-            released[name] = tuple(page for page in pages if page is not None)
-            for page in released[name]:
-                pool.release(page)
-            evictable[name] = tuple(page for page in released[name] if pool.is_evictable(page))
-        return TurnRelease(turn.conversation_id, turn.request_id, released, evictable)
+        """Release the pages that slid out of the request's windows since the last commit."""
+        release_slid_out(state, self.pools, self.life_cycles, self.config.block_size)

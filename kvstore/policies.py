@@ -17,6 +17,8 @@ class AllReusable:
     commits_every_block = True
     allows_checkpoint = False
     retained_turns = 0
+    recent_turns = 0
+    keep_root = False
 
 
 @dataclass(frozen=True)
@@ -27,13 +29,21 @@ class PerRequest:
     commits_every_block = False
     allows_checkpoint = True
     retained_turns = 0
+    recent_turns = 0
+    keep_root = False
 
 
 @dataclass(frozen=True)
 class PerConversation:
-    """Like per_request; a conversation also holds the endpoints of its last `max_num_turns`."""
+    """Like per_request; a conversation also holds the endpoints of its last `max_num_turns`.
+
+    With `keep_root`, it also holds those of its first turn for as long as it lives, so a turn
+    that goes back to the conversation's start (a context reset keeping the system prompt and
+    tools) can resume at that turn's endpoint or checkpoint.
+    """
 
     max_num_turns: int = 2
+    keep_root: bool = False
     name = "per_conversation"
     commits_every_block = False
     allows_checkpoint = True
@@ -43,9 +53,14 @@ class PerConversation:
             raise ValueError(f"max_num_turns must be >= 1, got {self.max_num_turns}")
 
     @property
-    def retained_turns(self) -> int:
-        """Turns whose endpoints a conversation keeps."""
+    def recent_turns(self) -> int:
+        """The most recent turns whose endpoints a conversation keeps."""
         return self.max_num_turns
+
+    @property
+    def retained_turns(self) -> int:
+        """Turns a conversation holds at most (the root included): what pool sizing counts."""
+        return self.max_num_turns + int(self.keep_root)
 
 
 ReusePolicy = AllReusable | PerRequest | PerConversation
@@ -57,7 +72,7 @@ REUSE_POLICIES: dict[str, Callable[..., ReusePolicy]] = {
 }
 
 
-def make_reuse_policy(name: str, **params: int) -> ReusePolicy:
+def make_reuse_policy(name: str, **params: int | bool) -> ReusePolicy:
     """The policy registered under `name`, built with `params` (e.g. max_num_turns=2)."""
     try:
         factory = REUSE_POLICIES[name]

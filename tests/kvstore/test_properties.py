@@ -11,7 +11,7 @@ from kvfleet.kvstore.life_cycles import (
     StateLifeCycle,
     WindowLifeCycle,
 )
-from kvfleet.kvstore.policies import REUSE_POLICIES
+from kvfleet.kvstore.policies import REUSE_POLICIES, PerConversation
 
 BLOCK, CHUNK = 4, 8
 LIFE_CYCLES = [
@@ -22,6 +22,10 @@ LIFE_CYCLES = [
     WindowLifeCycle("draft", 4, required=False),
 ]
 BASES = [tokens(seed, 40) for seed in range(3)]
+POLICIES = {
+    **{name: factory() for name, factory in REUSE_POLICIES.items()},
+    "per_conversation_root": PerConversation(max_num_turns=1, keep_root=True),
+}
 
 operation = st.one_of(
     st.tuples(st.just("add"), st.integers(0, 2), st.integers(0, 2), st.integers(1, 40)),
@@ -74,15 +78,13 @@ def step(manager, request_id, prompt_len):
 
 @settings(max_examples=60, deadline=None)
 @given(
-    policy=st.sampled_from(sorted(REUSE_POLICIES)),
+    policy=st.sampled_from(sorted(POLICIES)),
     pages=st.integers(10, 24),
     operations=st.lists(operation, max_size=40),
 )
 def test_random_operations_keep_every_invariant(policy, pages, operations):
     """Any call order the engine may use must leave pools consistent and pages truthful."""
-    manager = make_manager(
-        LIFE_CYCLES, pages=pages, block_size=BLOCK, policy=REUSE_POLICIES[policy]()
-    )
+    manager = make_manager(LIFE_CYCLES, pages=pages, block_size=BLOCK, policy=POLICIES[policy])
     prompts: dict[str, list[int]] = {}
     for number, op in enumerate(operations):
         live = sorted(prompts)

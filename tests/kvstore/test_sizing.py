@@ -108,3 +108,22 @@ def test_one_slot_still_counts_retained_endpoints():
     demand = plan_pools(one, LIFE_CYCLES, 64).demand
     # resident: ceil((32 + 512) / 64) + 1 sliding + 1 checkpoint; retained: 8 x (endpoint + ckpt)
     assert demand["swa"] == 11 + 8 * 2
+
+
+def test_live_pages_at_peak_fit_a_plan_that_counts_the_root():
+    """Sizing must count each conversation's root as one more retained turn, and hold it."""
+    num_conversations, policy = 3, PerConversation(1, keep_root=True)
+    max_context = 64 + 40 * (TURNS - 1) + DECODE
+
+    def plan_for(retained_per_conversation):
+        step = TypicalStep(1, max_context, CHUNK, num_conversations * retained_per_conversation)
+        return plan_pools(step, LIFE_CYCLES, BLOCK)
+
+    plan = plan_for(policy.retained_turns)
+    manager = make_manager(LIFE_CYCLES, dict(plan.pool_pages), BLOCK, policy)
+    peak = drive_to_peak(manager, 1, num_conversations)
+    for name, need in plan.demand.items():
+        assert 0 < peak[name] <= need, (name, peak[name], need)
+    # resident: ceil((32 + 32) / 8) + 1 sliding + 4 checkpoint; retained: 3 x (1 + root) x 2 x 4
+    assert plan.demand["swa"] == 13 + 6 * 8 == plan_for(policy.recent_turns).demand["swa"] + 24
+    manager.check_integrity()

@@ -1,0 +1,99 @@
+"""Conversation retention: the turns a conversation keeps, taking and giving back their refs.
+
+The manager owns every `RetainedTurns` and pool; these helpers change only those it hands them.
+
+A conversation retains its last `recent_turns` turns and, when the policy keeps a root, the
+first turn retained since the conversation began (or was last released) besides them:
+
+| turn k finished (N = recent_turns) | retained without root | retained with root       |
+|------------------------------------|-----------------------|--------------------------|
+| k <= N                             | 1..k                  | 1..k                     |
+| k = N + 1                          | 2..N+1                | 1 (root), 2..N+1         |
+| k > N + 1                          | k-N+1..k              | 1 (root), k-N+1..k       |
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+
+from kvfleet.kvstore.block_pool import BlockPool
+from kvfleet.kvstore.drop_plan import build_drop_plan
+from kvfleet.kvstore.life_cycles import LifeCycle
+from kvfleet.kvstore.request_state import RequestState
+from kvfleet.kvstore.results import DropPlan, TurnRecord, TurnRelease
+
+
+@dataclass
+class RetainedTurns:
+    """One conversation's retained turns: its root (None: none kept) and its recent turns."""
+
+    root: TurnRecord | None = None
+    recent: deque[TurnRecord] = field(default_factory=deque)
+
+    def in_order(self) -> tuple[TurnRecord, ...]:
+        """Every retained turn, oldest first (the root leads)."""
+        return ((self.root,) if self.root is not None else ()) + tuple(self.recent)
+
+    def add(self, turn: TurnRecord, recent_turns: int, keep_root: bool) -> list[TurnRecord]:
+        """Retain `turn`; return the turns that fell out (oldest first), for the caller to drop."""
+        if keep_root and self.root is None and not self.recent:
+            self.root = turn
+            return []
+        self.recent.append(turn)
+        fallen = []
+        while len(self.recent) > recent_turns:
+            fallen.append(self.recent.popleft())
+        return fallen
+
+
+def retain_turn(
+    state: RequestState,
+    pools: Mapping[str, BlockPool],
+    life_cycles: Mapping[str, LifeCycle],
+    block_size: int,
+) -> TurnRecord:
+    """Take a ref on every committed page needed to resume at the endpoint and checkpoint."""
+    hashes = state.sequence.hashes
+    positions = [state.prompt_len // block_size]
+    if state.checkpoint_tokens is not None:
+        positions.append(state.checkpoint_tokens // block_size)
+    pages: dict[str, tuple[int | None, ...]] = {}
+    for name, life_cycle in life_cycles.items():
+        if not life_cycle.reusable:
+            continue
+        indices = sorted({i for k in positions for i in life_cycle.resume_blocks(k, block_size)})
+        found = tuple(pools[name].lookup(hashes[index]) for index in indices)
+        for page in found:
+            if page is not None:
+                pools[name].ref(page)
+        pages[name] = found
+    return TurnRecord(state.conversation_id or "", state.request_id, pages)
+
+
+def drop_turn(
+    turn: TurnRecord, pools: Mapping[str, BlockPool], life_cycles: Mapping[str, LifeCycle]
+) -> list[DropPlan]:
+    """Release a turn's pages; free those nobody else holds (no plan: leave them to LRU)."""
+    plan = build_drop_plan(turn, life_cycles, lambda n, p: pools[n].ref_count(p))
+    release_turn(turn, pools)
+    if plan is None:
+        return []
+    for name, pages in plan.dropped.items():
+        for page in pages:
+            pools[name].drop(page)
+    return [plan]
+
+
+def release_turn(turn: TurnRecord, pools: Mapping[str, BlockPool]) -> TurnRelease:
+    """Give back a turn's refs; pages nobody else holds become evictable (the LRU's)."""
+    released: dict[str, tuple[int, ...]] = {}
+    evictable: dict[str, tuple[int, ...]] = {}
+    for name, pages in turn.pages.items():
+        pool = pools[name]
+        released[name] = tuple(page for page in pages if page is not None)
+        for page in released[name]:
+            pool.release(page)
+        evictable[name] = tuple(page for page in released[name] if pool.is_evictable(page))
+    return TurnRelease(turn.conversation_id, turn.request_id, released, evictable)

@@ -1,0 +1,102 @@
+"""Commit planning and slide-out release of one request's window and state pages.
+
+The manager owns every `RequestState` and pool; these helpers change only the state and pools
+it hands them, on its behalf (the manager stays the single writer).
+
+Which window/state blocks a request commits and keeps until its context ends:
+
+| blocks                                   | committed | kept until context end |
+|------------------------------------------|-----------|------------------------|
+| endpoint window (prompt end)             | yes       | yes                    |
+| checkpoint window (C, when planned)      | yes       | yes                    |
+| state snapshots                          | yes       | no                     |
+| whole-prefix (full) life cycles          | all       | never slide            |
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+from kvfleet.kvstore.block_pool import NULL_PAGE, BlockPool
+from kvfleet.kvstore.config import KVStoreConfig
+from kvfleet.kvstore.life_cycles import LifeCycle
+from kvfleet.kvstore.request_state import RequestState
+
+
+def plan_commits(
+    state: RequestState, life_cycles: Mapping[str, LifeCycle], config: KVStoreConfig
+) -> None:
+    """At admission: set the request's checkpoint and its window/state commit and keep sets."""
+    bs, policy = config.block_size, config.reuse_policy
+    checkpoint = config.checkpoint_position(state.prompt_len)
+    enabled = policy.allows_checkpoint and config.checkpoint
+    if enabled and checkpoint > state.num_reused_tokens:
+        state.checkpoint_tokens = checkpoint
+    end_blocks = state.prompt_len // bs
+    for name, life_cycle in life_cycles.items():
+        # NOTE: whole-prefix life cycles commit every full block anyway and never slide.
+        if life_cycle.needs_whole_prefix:
+            state.keep[name] = state.commit_blocks[name] = frozenset()
+            continue
+        wanted = set(life_cycle.resume_blocks(end_blocks, bs))
+        if state.checkpoint_tokens is not None:
+            wanted.update(life_cycle.resume_blocks(state.checkpoint_tokens // bs, bs))
+        state.keep[name] = frozenset(wanted)
+        state.commit_blocks[name] = frozenset(
+            wanted | life_cycle.snapshot_blocks(state.prompt_len, bs)
+        )
+
+
+def commit_computed(
+    state: RequestState,
+    pools: Mapping[str, BlockPool],
+    life_cycles: Mapping[str, LifeCycle],
+    num_hashed: int,
+    every_block: bool,
+) -> None:
+    """Commit the request's blocks below `num_hashed` not yet considered, per its commit sets."""
+    hashes = state.sequence.hashes
+    for name, life_cycle in life_cycles.items():
+        if not life_cycle.reusable:
+            continue
+        pool, table = pools[name], state.page_tables[name]
+        wanted = state.commit_blocks[name]
+        for index in range(state.next_commit[name], num_hashed):
+            if table[index] != NULL_PAGE and (
+                every_block or life_cycle.needs_whole_prefix or index in wanted
+            ):
+                pool.commit(table[index], hashes[index])
+        state.next_commit[name] = max(state.next_commit[name], num_hashed)
+
+
+def release_slid_out(
+    state: RequestState,
+    pools: Mapping[str, BlockPool],
+    life_cycles: Mapping[str, LifeCycle],
+    block_size: int,
+) -> None:
+    """Release pages the running request no longer needs (kept ones wait for context end).
+
+    Incremental: blocks below `next_release` were handled by an earlier call, so a decode
+    commit costs the blocks that slid out since, not the whole context.
+    """
+    for name, life_cycle in life_cycles.items():
+        first_live = life_cycle.first_live_block(state.num_computed_tokens, block_size)
+        keep, table, pool = state.keep[name], state.page_tables[name], pools[name]
+        for index in range(state.next_release[name], min(first_live, len(table))):
+            if table[index] != NULL_PAGE and index not in keep:
+                pool.release(table[index])
+                table[index] = NULL_PAGE
+        state.next_release[name] = max(state.next_release[name], first_live)
+
+
+def release_kept(state: RequestState, pools: Mapping[str, BlockPool]) -> None:
+    """At context end: release kept blocks that slid out meanwhile, and keep nothing more."""
+    for name, kept in state.keep.items():
+        table, pool = state.page_tables[name], pools[name]
+        # NOTE: ascending, so the LRU order is that of one sweep over the page table.
+        for index in sorted(kept):
+            if index < state.next_release[name] and table[index] != NULL_PAGE:
+                pool.release(table[index])
+                table[index] = NULL_PAGE
+        state.keep[name] = frozenset()
