@@ -18,6 +18,7 @@ from typing import Any
 
 from kvfleet.kvstore.events import KVEvent
 from kvfleet.kvstore.manager import KVCacheManager
+from kvfleet.kvstore.sizing import TypicalStep, peak_demand
 from kvfleet.services.disagg.roles import ROLE_HOOKS
 
 from .compute import ComputeBackend, make_compute
@@ -172,12 +173,18 @@ class EngineCore:
                 "num_samples",
                 f"{call.num_samples} not in 1..max_batch_size {self.config.max_batch_size}",
             )
-        pages = -(-total // self.config.page_size)
+        # NOTE: what one request holds per pool at its peak, by the same rule pool sizing uses: a
+        # window pool holds the window plus a chunk (and checkpoints), not the whole sequence.
+        alone = TypicalStep(
+            1, total, self.config.max_num_batched_tokens, checkpoint=self.config.checkpoint
+        )
+        store = self.manager.config
+        need = peak_demand(alone, store.life_cycles, store.block_size)
         for name, pool in self.manager.pools.items():
-            if pages > pool.num_usable:
+            if need[name] > pool.num_usable:
                 raise InvalidRequestError(
                     "prompt",
-                    f"{total} tokens need {pages} pages > pool {name!r} of {pool.num_usable}",
+                    f"{total} tokens need {need[name]} pages > pool {name!r} of {pool.num_usable}",
                 )
         if call.request_id in self._handles:
             raise InvalidRequestError("request_id", f"{call.request_id!r} is already running")

@@ -135,7 +135,7 @@ async def _respond(
     if body.get("stream"):
         include_usage = bool((body.get("stream_options") or {}).get("include_usage"))
         return StreamingResponse(
-            _sse(shape, first, stream, include_usage, call.num_samples),
+            _sse(shape, first, stream, include_usage, call.num_samples, request),
             media_type="text/event-stream",
         )
     outputs = [first] if first is not None else []
@@ -149,6 +149,7 @@ async def _sse(
     rest: AsyncIterator[SampleOutput],
     include_usage: bool,
     num_samples: int,
+    request: Request,
 ) -> AsyncIterator[str]:
     usages: dict[int, Usage] = {}
     detokenizer = StreamDetokenizer(shape.backend.tokenizer)
@@ -167,6 +168,10 @@ async def _sse(
         if first is not None:
             yield event(first)
         async for output in rest:
+            # NOTE: ask the server between tokens: whether a write to a closed socket raises
+            # depends on the server, and a stream nobody reads must not hold its pages.
+            if await request.is_disconnected():
+                return
             yield event(output)
         if include_usage:
             yield _event({**shape.head("chunk"), "choices": [], "usage": _usage(usages)})
