@@ -9,7 +9,9 @@ prompt end. Counts the later turns whose reuse is under 2 % of the prompt, for:
 - last N turns (today's per_conversation(max_num_turns=N)),
 - + root (keep_root=True: the first turn's endpoint and checkpoint),
 - + branch points (a turn whose full-attention match runs past its window match also keeps the
-  window ending there, for the conversation's life): not implemented, an estimate.
+  window ending there, for the conversation's life): built as `kvfleet.kvstore.branch_points`
+  (`keep_branch_points=n` keeps n per conversation); this counts the ideal (every branch kept,
+  no checkpoint-distance rule), docs/kvstore.md has the simulator's figures.
 
 Run: .venv/bin/python bench/keep_root_analysis.py [--sessions 12] [--turns 5] [--details]
 """

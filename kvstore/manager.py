@@ -46,7 +46,13 @@ from kvfleet.kvstore.results import (
     TurnRecord,
     TurnRelease,
 )
-from kvfleet.kvstore.retention import RetainedTurns, drop_turn, release_turn, retain_turn
+from kvfleet.kvstore.retention import (
+    RetainedTurns,
+    drop_turn,
+    release_turn,
+    retain_branch,
+    retain_turn,
+)
 from kvfleet.kvstore.slide_out import (
     commit_computed,
     plan_commits,
@@ -117,10 +123,11 @@ class KVCacheManager:
             state.num_computed_tokens,
             state.checkpoint_tokens,
             state.context_done,
+            state.branch_tokens,
         )
 
     def retained_turns(self, conversation_id: str) -> tuple[TurnRecord, ...]:
-        """Turns whose endpoints the conversation holds, oldest first (a kept root leads)."""
+        """Records the conversation holds: a kept root, branch records, then turns oldest first."""
         turns = self._conversations.get(conversation_id)
         return turns.in_order() if turns is not None else ()
 
@@ -172,7 +179,8 @@ class KVCacheManager:
             self.tiers.release_pins()
         state.admitted = True
         state.num_reused_tokens = state.num_computed_tokens = match.num_reusable_tokens
-        plan_commits(state, self.life_cycles, self.config)
+        whole_prefix_tokens = match.num_whole_prefix_blocks * self.config.block_size
+        plan_commits(state, self.life_cycles, self.config, whole_prefix_tokens)
         return self.allocate(request_id, num_new_tokens)
 
     def can_allocate(self, request_id: str, num_new_tokens: int) -> bool:
@@ -245,6 +253,7 @@ class KVCacheManager:
         turns = self._conversations.setdefault(state.conversation_id, RetainedTurns())
         turn = retain_turn(state, self.pools, self.life_cycles, self.config.block_size)
         fallen = turns.add(turn, policy.recent_turns, policy.keep_root)
+        fallen.extend(self._retain_branch(state, turns))
         return tuple(
             plan for old in fallen for plan in drop_turn(old, self.pools, self.life_cycles)
         )
@@ -345,6 +354,17 @@ class KVCacheManager:
 
     def _required_pools(self) -> list[tuple[str, BlockPool]]:
         return [(n, p) for n, p in self.pools.items() if self.life_cycles[n].required]
+
+    def _retain_branch(self, state: RequestState, turns: RetainedTurns) -> list[TurnRecord]:
+        """Hold the request's branch point, or mark the branch it resumed at as recently used;
+        the branch records that fell out (for the caller to drop)."""
+        bs, keep = self.config.block_size, self.config.reuse_policy.keep_branch_points
+        if state.branch_tokens is not None:
+            key, branch = retain_branch(state, self.pools, self.life_cycles, bs)
+            return turns.add_branch(key, branch, keep)
+        if state.num_reused_tokens:
+            turns.touch_branch(state.sequence.hashes[state.num_reused_tokens // bs - 1])
+        return []
 
     def _release_slid_out(self, state: RequestState) -> None:
         """Release the pages that slid out of the request's windows since the last commit."""

@@ -47,18 +47,19 @@ def find_prefix(
     for life_cycle in required:
         if life_cycle.needs_whole_prefix:
             limit = _run(found[life_cycle.name], hashes, limit)
+    whole = limit if any(lc.needs_whole_prefix for lc in required) else 0
     others = [lc for lc in required if not lc.needs_whole_prefix]
     k = limit
     while k > 0 and not all(_resumable(found[lc.name], lc, hashes, k, block_size) for lc in others):
         k -= 1
     pages = {lc.name: _pages_at(pools[lc.name], lc, hashes, k, block_size) for lc in life_cycles}
     if locate is None:
-        return PrefixMatch(k * block_size, k, pages)
+        return PrefixMatch(k * block_size, k, pages, {}, whole)
     locations = {
         lc.name: _locations(pages[lc.name], lc, hashes, k, block_size, _bind(locate, lc.name))
         for lc in life_cycles
     }
-    return PrefixMatch(k * block_size, k, pages, locations)
+    return PrefixMatch(k * block_size, k, pages, locations, whole)
 
 
 def _bind(locate: Locate, name: str) -> Callable[[int], str | None]:

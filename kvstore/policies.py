@@ -19,6 +19,7 @@ class AllReusable:
     retained_turns = 0
     recent_turns = 0
     keep_root = False
+    keep_branch_points = 0
 
 
 @dataclass(frozen=True)
@@ -31,6 +32,7 @@ class PerRequest:
     retained_turns = 0
     recent_turns = 0
     keep_root = False
+    keep_branch_points = 0
 
 
 @dataclass(frozen=True)
@@ -40,10 +42,16 @@ class PerConversation:
     With `keep_root`, it also holds those of its first turn for as long as it lives, so a turn
     that goes back to the conversation's start (a context reset keeping the system prompt and
     tools) can resume at that turn's endpoint or checkpoint.
+
+    With `keep_branch_points` (how many; True is one), a turn whose whole-prefix match runs past
+    where its windows can resume commits the window ending at that branch point, and the
+    conversation holds it for as long as it lives (`kvfleet.kvstore.branch_points`), so a
+    later turn that branches there again resumes at it.
     """
 
     max_num_turns: int = 2
     keep_root: bool = False
+    keep_branch_points: int = 0
     name = "per_conversation"
     commits_every_block = False
     allows_checkpoint = True
@@ -51,6 +59,8 @@ class PerConversation:
     def __post_init__(self) -> None:
         if self.max_num_turns < 1:
             raise ValueError(f"max_num_turns must be >= 1, got {self.max_num_turns}")
+        if self.keep_branch_points < 0:
+            raise ValueError(f"keep_branch_points must be >= 0, got {self.keep_branch_points}")
 
     @property
     def recent_turns(self) -> int:
@@ -59,8 +69,9 @@ class PerConversation:
 
     @property
     def retained_turns(self) -> int:
-        """Turns a conversation holds at most (the root included): what pool sizing counts."""
-        return self.max_num_turns + int(self.keep_root)
+        """Turns a conversation holds at most (root and branch endpoints included): what pool
+        sizing counts (a branch endpoint holds less than a turn, so this is an upper bound)."""
+        return self.max_num_turns + int(self.keep_root) + int(self.keep_branch_points)
 
 
 ReusePolicy = AllReusable | PerRequest | PerConversation

@@ -19,12 +19,15 @@ class PrefixMatch:
     With tiers, `locations[life_cycle]` says per block "device", "host", "disk" or "" (not
     needed); blocks on host or disk have NULL_PAGE in `pages` until admission onboards them.
     Without tiers `locations` is empty and every needed block is on the device.
+    `num_whole_prefix_blocks`: how far (up to the same cap) every required whole-prefix life
+    cycle has the prompt cached, 0 with none; past `num_reusable_blocks` it marks a branch point.
     """
 
     num_reusable_tokens: int
     num_reusable_blocks: int
     pages: Mapping[str, tuple[int, ...]]
     locations: Mapping[str, tuple[str, ...]] = field(default_factory=dict)
+    num_whole_prefix_blocks: int = 0
 
     def num_lower(self, life_cycle: str) -> int:
         """Blocks of `life_cycle` that admission must onboard from host or disk."""
@@ -43,11 +46,16 @@ class Allocation:
 
 @dataclass(frozen=True)
 class TurnRecord:
-    """The pages a finished turn's context keeps for its conversation (None: missing page)."""
+    """The pages a finished turn's context keeps for its conversation (None: missing page).
+
+    `branch_tokens` is None for a turn's endpoints; for a branch record (`branch_points.py`),
+    the branch point its pages resume at.
+    """
 
     conversation_id: str
     request_id: str
     pages: Mapping[str, tuple[int | None, ...]]
+    branch_tokens: int | None = None
 
 
 @dataclass(frozen=True)
@@ -79,10 +87,12 @@ class TurnRelease:
 
 @dataclass(frozen=True)
 class RequestProgress:
-    """A request's reused and computed tokens, its planned checkpoint (None: none)."""
+    """A request's reused and computed tokens, its planned checkpoint and branch point (None:
+    none)."""
 
     admitted: bool
     num_reused_tokens: int
     num_computed_tokens: int
     checkpoint_tokens: int | None
     context_done: bool
+    branch_tokens: int | None = None

@@ -10,11 +10,14 @@ first turn retained since the conversation began (or was last released) besides 
 | k <= N                             | 1..k                  | 1..k                     |
 | k = N + 1                          | 2..N+1                | 1 (root), 2..N+1         |
 | k > N + 1                          | k-N+1..k              | 1 (root), k-N+1..k       |
+
+Besides them it holds up to `keep_branch_points` branch records (`branch_points.py`), keyed by
+the block id at the branch point and kept in least-recently-used order.
 """
 
 from __future__ import annotations
 
-from collections import deque
+from collections import OrderedDict, deque
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
@@ -27,14 +30,17 @@ from kvfleet.kvstore.results import DropPlan, TurnRecord, TurnRelease
 
 @dataclass
 class RetainedTurns:
-    """One conversation's retained turns: its root (None: none kept) and its recent turns."""
+    """One conversation's retained turns: its root (None: none kept), its branch records (by
+    the block id at the branch point, least recently used first) and its recent turns."""
 
     root: TurnRecord | None = None
     recent: deque[TurnRecord] = field(default_factory=deque)
+    branches: OrderedDict[int, TurnRecord] = field(default_factory=OrderedDict)
 
     def in_order(self) -> tuple[TurnRecord, ...]:
-        """Every retained turn, oldest first (the root leads)."""
-        return ((self.root,) if self.root is not None else ()) + tuple(self.recent)
+        """Every retained record: the root, the branch records, then the turns oldest first."""
+        root = (self.root,) if self.root is not None else ()
+        return root + tuple(self.branches.values()) + tuple(self.recent)
 
     def add(self, turn: TurnRecord, recent_turns: int, keep_root: bool) -> list[TurnRecord]:
         """Retain `turn`; return the turns that fell out (oldest first), for the caller to drop."""
@@ -47,6 +53,20 @@ class RetainedTurns:
             fallen.append(self.recent.popleft())
         return fallen
 
+    def add_branch(self, key: int, branch: TurnRecord, keep: int) -> list[TurnRecord]:
+        """Hold `branch` under `key` as the most recent; return the records beyond `keep`."""
+        self.branches[key] = branch
+        self.branches.move_to_end(key)
+        fallen = []
+        while len(self.branches) > keep:
+            fallen.append(self.branches.popitem(last=False)[1])
+        return fallen
+
+    def touch_branch(self, key: int) -> None:
+        """A turn resumed at the branch under `key` (if held): make it the most recent."""
+        if key in self.branches:
+            self.branches.move_to_end(key)
+
 
 def retain_turn(
     state: RequestState,
@@ -55,10 +75,38 @@ def retain_turn(
     block_size: int,
 ) -> TurnRecord:
     """Take a ref on every committed page needed to resume at the endpoint and checkpoint."""
-    hashes = state.sequence.hashes
     positions = [state.prompt_len // block_size]
     if state.checkpoint_tokens is not None:
         positions.append(state.checkpoint_tokens // block_size)
+    pages = _hold(state, pools, life_cycles, block_size, positions)
+    return TurnRecord(state.conversation_id or "", state.request_id, pages)
+
+
+def retain_branch(
+    state: RequestState,
+    pools: Mapping[str, BlockPool],
+    life_cycles: Mapping[str, LifeCycle],
+    block_size: int,
+) -> tuple[int, TurnRecord]:
+    """Take a ref on every committed page needed to resume at the request's branch point;
+    the block id there (the record's key) and the record."""
+    if state.branch_tokens is None:
+        raise ValueError(f"request {state.request_id!r} has no branch point")
+    blocks = state.branch_tokens // block_size
+    pages = _hold(state, pools, life_cycles, block_size, [blocks])
+    record = TurnRecord(state.conversation_id or "", state.request_id, pages, state.branch_tokens)
+    return state.sequence.hashes[blocks - 1], record
+
+
+def _hold(
+    state: RequestState,
+    pools: Mapping[str, BlockPool],
+    life_cycles: Mapping[str, LifeCycle],
+    block_size: int,
+    positions: list[int],
+) -> dict[str, tuple[int | None, ...]]:
+    """Ref the committed pages every reusable life cycle needs to resume at `positions`."""
+    hashes = state.sequence.hashes
     pages: dict[str, tuple[int | None, ...]] = {}
     for name, life_cycle in life_cycles.items():
         if not life_cycle.reusable:
@@ -69,7 +117,7 @@ def retain_turn(
             if page is not None:
                 pools[name].ref(page)
         pages[name] = found
-    return TurnRecord(state.conversation_id or "", state.request_id, pages)
+    return pages
 
 
 def drop_turn(

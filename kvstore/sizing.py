@@ -3,27 +3,37 @@
 A typical step holds the resident requests' pages plus what retained turns keep (endpoints,
 checkpoints, state snapshots). Each count below is a peak (an upper bound on pages with a ref
 count above zero), so a tier sized at the sum never runs out at that step. B is the block size,
-L the longest context, c the chunk, w the window; "ckpt" counts only when checkpoints are on.
+L the longest context, c the chunk, w the window; "ckpt" counts only when checkpoints are on,
+"br" only when the policy keeps branch points (a resident request keeps its branch-point window
+until its context ends). Branch records count among the retained turns
+(`policy.retained_turns`), but each holds one window and one snapshot, not a turn's two.
 
-| kind    | per resident request                              | per retained turn          |
-|---------|---------------------------------------------------|----------------------------|
-| full    | ceil(L/B)                                         | ceil(L/B) (no sharing)     |
-| window  | min(ceil(L/B), ceil((w+c)/B) + 1 + ckpt*ceil(w/B)) | (1 + ckpt) * ceil(w/B)     |
-| private | ceil(L/B)                                         | 0                          |
-| state   | ceil(c/B) + 2 + 1 + ckpt                          | 1 + ckpt                   |
+| kind    | per resident request                          | per retained turn | per branch record |
+|---------|-----------------------------------------------|-------------------|-------------------|
+| full    | ceil(L/B)                                     | ceil(L/B) (*)     | as a turn         |
+| window  | min(ceil(L/B), ceil((w+c)/B)+1 + (ckpt+br)*W) | (1 + ckpt) * W    | W                 |
+| private | ceil(L/B)                                     | 0                 | 0                 |
+| state   | ceil(c/B) + 2 + 1 + ckpt + br                 | 1 + ckpt          | 1                 |
+
+W = ceil(w/B). (*) no sharing, unless `full_tokens_per_retained_turn` says what each holds.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
+from typing import NamedTuple
 
 from kvfleet.kvstore.life_cycles import LifeCycle
 
 
 @dataclass(frozen=True)
 class TypicalStep:
-    """What a rank holds at its peak: resident requests and retained turn endpoints."""
+    """What a rank holds at its peak: resident requests and retained turn endpoints.
+
+    `branch_points`: resident requests may keep a branch-point window (the policy's
+    `keep_branch_points`). `branch_records`: how many of `retained_turns` are branch records.
+    """
 
     num_slots: int
     max_context_tokens: int
@@ -31,6 +41,8 @@ class TypicalStep:
     retained_turns: int = 0
     checkpoint: bool = True
     full_tokens_per_retained_turn: int | None = None
+    branch_points: bool = False
+    branch_records: int = 0
 
     def __post_init__(self) -> None:
         if self.num_slots < 1 or self.max_context_tokens < 1 or self.chunk_tokens < 1:
@@ -40,33 +52,48 @@ class TypicalStep:
             )
         if self.retained_turns < 0:
             raise ValueError(f"retained_turns must be >= 0, got {self.retained_turns}")
+        if not 0 <= self.branch_records <= self.retained_turns:
+            raise ValueError(
+                f"need 0 <= branch_records <= retained_turns, got {self.branch_records} and "
+                f"{self.retained_turns}"
+            )
 
 
 def _blocks(tokens: int, block_size: int) -> int:
     return -(-tokens // block_size)
 
 
-def _full(lc: LifeCycle, step: TypicalStep, bs: int) -> tuple[int, int]:
-    retained = step.full_tokens_per_retained_turn or step.max_context_tokens
-    return _blocks(step.max_context_tokens, bs), _blocks(retained, bs)
+class Peak(NamedTuple):
+    """Peak pages of one life cycle per resident request, retained turn and branch record."""
+
+    resident: int
+    retained_turn: int
+    branch_record: int
 
 
-def _window(lc: LifeCycle, step: TypicalStep, bs: int) -> tuple[int, int]:
+def _full(lc: LifeCycle, step: TypicalStep, bs: int) -> Peak:
+    retained = _blocks(step.full_tokens_per_retained_turn or step.max_context_tokens, bs)
+    return Peak(_blocks(step.max_context_tokens, bs), retained, retained)
+
+
+def _window(lc: LifeCycle, step: TypicalStep, bs: int) -> Peak:
     window_blocks = _blocks(lc.window_tokens, bs)
     sliding = _blocks(lc.window_tokens + step.chunk_tokens, bs) + 1
-    resident = min(_blocks(step.max_context_tokens, bs), sliding + step.checkpoint * window_blocks)
-    return resident, (1 + step.checkpoint) * window_blocks
+    kept = (step.checkpoint + step.branch_points) * window_blocks
+    resident = min(_blocks(step.max_context_tokens, bs), sliding + kept)
+    return Peak(resident, (1 + step.checkpoint) * window_blocks, window_blocks)
 
 
-def _private(lc: LifeCycle, step: TypicalStep, bs: int) -> tuple[int, int]:
-    return _blocks(step.max_context_tokens, bs), 0
+def _private(lc: LifeCycle, step: TypicalStep, bs: int) -> Peak:
+    return Peak(_blocks(step.max_context_tokens, bs), 0, 0)
 
 
-def _state(lc: LifeCycle, step: TypicalStep, bs: int) -> tuple[int, int]:
-    return _blocks(step.chunk_tokens, bs) + 3 + step.checkpoint, 1 + step.checkpoint
+def _state(lc: LifeCycle, step: TypicalStep, bs: int) -> Peak:
+    resident = _blocks(step.chunk_tokens, bs) + 3 + step.checkpoint + step.branch_points
+    return Peak(resident, 1 + step.checkpoint, 1)
 
 
-PEAK_PAGES: dict[str, Callable[[LifeCycle, TypicalStep, int], tuple[int, int]]] = {
+PEAK_PAGES: dict[str, Callable[[LifeCycle, TypicalStep, int], Peak]] = {
     "full": _full,
     "window": _window,
     "private": _private,
@@ -93,8 +120,13 @@ def peak_demand(
     """Peak live pages per life cycle for `step`."""
     demand = {}
     for life_cycle in life_cycles:
-        resident, retained = PEAK_PAGES[life_cycle.kind](life_cycle, step, block_size)
-        demand[life_cycle.name] = step.num_slots * resident + step.retained_turns * retained
+        peak = PEAK_PAGES[life_cycle.kind](life_cycle, step, block_size)
+        turns = step.retained_turns - step.branch_records
+        demand[life_cycle.name] = (
+            step.num_slots * peak.resident
+            + turns * peak.retained_turn
+            + step.branch_records * peak.branch_record
+        )
     return demand
 
 

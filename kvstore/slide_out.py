@@ -9,6 +9,7 @@ Which window/state blocks a request commits and keeps until its context ends:
 |------------------------------------------|-----------|------------------------|
 | endpoint window (prompt end)             | yes       | yes                    |
 | checkpoint window (C, when planned)      | yes       | yes                    |
+| branch-point window and snapshot (b)     | yes       | yes                    |
 | state snapshots                          | yes       | no                     |
 | whole-prefix (full) life cycles          | all       | never slide            |
 """
@@ -18,20 +19,29 @@ from __future__ import annotations
 from collections.abc import Mapping
 
 from kvfleet.kvstore.block_pool import NULL_PAGE, BlockPool
+from kvfleet.kvstore.branch_points import branch_position
 from kvfleet.kvstore.config import KVStoreConfig
 from kvfleet.kvstore.life_cycles import LifeCycle
 from kvfleet.kvstore.request_state import RequestState
 
 
 def plan_commits(
-    state: RequestState, life_cycles: Mapping[str, LifeCycle], config: KVStoreConfig
+    state: RequestState,
+    life_cycles: Mapping[str, LifeCycle],
+    config: KVStoreConfig,
+    whole_prefix_tokens: int = 0,
 ) -> None:
-    """At admission: set the request's checkpoint and its window/state commit and keep sets."""
+    """At admission: set the request's checkpoint, branch point and window/state commit and keep
+    sets (`whole_prefix_tokens`: how far its whole-prefix life cycles found it cached)."""
     bs, policy = config.block_size, config.reuse_policy
     checkpoint = config.checkpoint_position(state.prompt_len)
     enabled = policy.allows_checkpoint and config.checkpoint
     if enabled and checkpoint > state.num_reused_tokens:
         state.checkpoint_tokens = checkpoint
+    state.branch_tokens = branch_position(
+        config, state.prompt_len, state.num_reused_tokens, whole_prefix_tokens
+    )
+    positions = [state.checkpoint_tokens, state.branch_tokens]
     end_blocks = state.prompt_len // bs
     for name, life_cycle in life_cycles.items():
         # NOTE: whole-prefix life cycles commit every full block anyway and never slide.
@@ -39,8 +49,9 @@ def plan_commits(
             state.keep[name] = state.commit_blocks[name] = frozenset()
             continue
         wanted = set(life_cycle.resume_blocks(end_blocks, bs))
-        if state.checkpoint_tokens is not None:
-            wanted.update(life_cycle.resume_blocks(state.checkpoint_tokens // bs, bs))
+        for position in positions:
+            if position is not None:
+                wanted.update(life_cycle.resume_blocks(position // bs, bs))
         state.keep[name] = frozenset(wanted)
         state.commit_blocks[name] = frozenset(
             wanted | life_cycle.snapshot_blocks(state.prompt_len, bs)

@@ -4,7 +4,8 @@
 
     model: {name: tiny, path: "", config: {}}
     max_batch_size: 8
-    reuse: {policy: per_conversation, max_num_turns: 2, checkpoint: true}
+    reuse: {policy: per_conversation, max_num_turns: 2, checkpoint: true,
+            keep_root: false, keep_branch_points: 0}
     kv_tiers: {gpu_memory_fraction: 0.9, host_gib: 0, host_pages: null,
                disk: {enabled: false, dir: ..., gib: 32, pages: null, prefetch_num_reqs: 4}}
     engine: {page_size: 16, max_num_batched_tokens: 256, kv_pages: null, seed: 0, ...}
@@ -46,6 +47,8 @@ class EngineConfig:
     kv_pool_pages: tuple[tuple[str, int], ...] = ()
     reuse_policy: str = "per_conversation"
     max_num_turns: int = 2
+    keep_root: bool = False  # per_conversation: also keep the first turn's endpoints
+    keep_branch_points: int = 0  # per_conversation: branch endpoints a conversation keeps
     checkpoint: bool = True
     checkpoint_margin_tokens: int = 512
     window_replay_tokens: int = 0
@@ -92,6 +95,8 @@ class EngineConfig:
             raise ValueError(f"sim_time_scale must be >= 0, got {self.sim_time_scale}")
         if self.max_num_turns < 1:
             raise ValueError(f"max_num_turns must be >= 1, got {self.max_num_turns}")
+        if self.keep_branch_points < 0:
+            raise ValueError(f"keep_branch_points must be >= 0, got {self.keep_branch_points}")
 
     def with_changes(self, **changes: Any) -> EngineConfig:
         """A copy with some fields replaced; None values are ignored (unset CLI flags)."""
@@ -119,6 +124,10 @@ def engine_config_from_dict(data: dict[str, Any]) -> EngineConfig:
         values["max_num_turns"] = int(reuse["max_num_turns"])
     if "checkpoint" in reuse:
         values["checkpoint"] = bool(reuse["checkpoint"])
+    if "keep_root" in reuse:
+        values["keep_root"] = bool(reuse["keep_root"])
+    if "keep_branch_points" in reuse:
+        values["keep_branch_points"] = int(reuse["keep_branch_points"])
     values.update(_tier_values(tiers))
     known = {f.name for f in dataclasses.fields(EngineConfig)} - {"extra"}
     unknown = {k: v for k, v in values.items() if k not in known}

@@ -11,6 +11,8 @@ import time
 import uuid
 from dataclasses import dataclass, field
 
+from kvfleet.services.router.admission import AdmissionConfig
+
 from .engine_config import EngineConfig
 from .http_backends import RouterBackend
 from .http_server import HttpServer
@@ -33,6 +35,7 @@ class FleetConfig:
     router_port: int = 0
     http_port: int = 0
     redis_url: str | None = DEFAULT_REDIS_URL  # None: never try Redis
+    admission: AdmissionConfig = field(default_factory=AdmissionConfig)  # affinity, wait bound
 
 
 def redis_answers(url: str, timeout: float = 0.5) -> bool:
@@ -76,7 +79,9 @@ class EmbeddedFleet:
         from kvfleet.services.router.server import RouterConfig, create_server
 
         c = self.config
-        router_config = RouterConfig(redis_url=self.redis_url, redis_prefix=self.redis_prefix)
+        router_config = RouterConfig(
+            admission=c.admission, redis_url=self.redis_url, redis_prefix=self.redis_prefix
+        )
         self.router, self.router_port = create_server(f"{c.host}:{c.router_port}", router_config)
         for index in range(c.num_ranks):
             addresses = RankAddresses(

@@ -46,15 +46,17 @@ def life_cycles_for(model: ModelConfig, config: EngineConfig) -> tuple[LifeCycle
 
 
 def typical_step(model: ModelConfig, config: EngineConfig) -> TypicalStep:
-    """A rank's peak: every slot at the model's context, plus retained turns per slot."""
-    retained = config.max_batch_size * config.max_num_turns
-    retains = make_reuse_policy(config.reuse_policy, **_policy_params(config)).retained_turns
+    """A rank's peak: every slot at the model's context, plus one conversation's retained
+    turns (root and branch records included: `policy.retained_turns`) per slot."""
+    policy = make_reuse_policy(config.reuse_policy, **_policy_params(config))
     return TypicalStep(
         num_slots=config.max_batch_size,
         max_context_tokens=model.max_position,
         chunk_tokens=config.max_num_batched_tokens,
-        retained_turns=retained if retains else 0,
+        retained_turns=config.max_batch_size * policy.retained_turns,
         checkpoint=config.checkpoint,
+        branch_points=bool(policy.keep_branch_points),
+        branch_records=config.max_batch_size * int(policy.keep_branch_points),
     )
 
 
@@ -66,6 +68,10 @@ def kvstore_config(model: ModelConfig, config: EngineConfig) -> KVStoreConfig:
     else:
         step = typical_step(model, config)
         pool_pages = dict(plan_pools(step, life_cycles, config.page_size).pool_pages)
+    unknown = set(dict(config.kv_pool_pages)) - set(pool_pages)
+    if unknown:
+        raise ValueError(f"kv_pool_pages: pools {sorted(unknown)} not in {sorted(pool_pages)}")
+    pool_pages.update(config.kv_pool_pages)
     return KVStoreConfig(
         block_size=config.page_size,
         life_cycles=life_cycles,
@@ -164,8 +170,14 @@ def _tier_pages(
     return tier_pages(gib * GIB, device_pages, layout)
 
 
-def _policy_params(config: EngineConfig) -> dict[str, int]:
-    """Pass max_num_turns only to the policies that take it (no branching on names)."""
+def _policy_params(config: EngineConfig) -> dict[str, int | bool]:
+    """Pass max_num_turns, keep_root and keep_branch_points only to the policies that take
+    them (no branching on names)."""
     factory = REUSE_POLICIES.get(config.reuse_policy)
-    takes_turns = factory is not None and "max_num_turns" in inspect.signature(factory).parameters
-    return {"max_num_turns": config.max_num_turns} if takes_turns else {}
+    taken = inspect.signature(factory).parameters if factory is not None else {}
+    values = {
+        "max_num_turns": config.max_num_turns,
+        "keep_root": config.keep_root,
+        "keep_branch_points": config.keep_branch_points,
+    }
+    return {name: value for name, value in values.items() if name in taken}

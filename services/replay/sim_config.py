@@ -55,6 +55,7 @@ class ModelShape:
         built = []
         for entry in self.life_cycles:
             params = dict(entry)
+            params.pop("layers", None)  # the hand-off's page bytes only (`page_bytes`)
             kind = params.pop("kind", None)
             if kind not in LIFE_CYCLE_KINDS:
                 raise SimConfigError(
@@ -64,6 +65,22 @@ class ModelShape:
                 params["offsets_from_end"] = tuple(params["offsets_from_end"])
             built.append(LIFE_CYCLE_KINDS[kind](**params))
         return tuple(built)
+
+    def page_bytes(self, block_size: int) -> dict[str, int]:
+        """KV bytes of one page per life cycle: its layers (an entry's `layers`, else the
+        model's layers split evenly between the entries) x K and V x kv heads x head dim."""
+        named = [entry.get("layers") for entry in self.life_cycles]
+        given = sum(layers for layers in named if layers is not None)
+        unnamed = sum(1 for layers in named if layers is None)
+        if given > self.layers or (unnamed and given == self.layers):
+            raise SimConfigError(
+                f"model.life_cycles: layers {named} do not fit in the model's {self.layers}"
+            )
+        share = (self.layers - given) // unnamed if unnamed else 0
+        per_layer = 2 * self.kv_heads * self.head_dim * self.dtype_bytes * block_size
+        return {
+            entry["name"]: (entry.get("layers") or share) * per_layer for entry in self.life_cycles
+        }
 
 
 @dataclass(frozen=True)
@@ -77,6 +94,7 @@ class Hardware:
     host_link_gb_s: float
     disk_read_gb_s: float
     step_overhead_ms: float
+    handoff_link_gb_s: float = 50.0  # context -> generation rank KV transfer
 
     def __post_init__(self) -> None:
         for item in fields(self):
@@ -90,6 +108,8 @@ class FleetOptions:
     """Ranks, slots, pages per tier, and the router and kvstore policies of the fleet."""
 
     ranks: int = 4
+    context_ranks: int = 0  # both pools > 0: disaggregated (`ranks` is then unused)
+    generation_ranks: int = 0
     slots: int = 8
     block_size: int = 64
     gpu_pages: int = 12800
@@ -103,6 +123,8 @@ class FleetOptions:
     placement: str = "load"
     reuse_policy: str = "per_conversation"
     max_num_turns: int = 2
+    keep_root: bool = False  # per_conversation: also keep the first turn's endpoints
+    keep_branch_points: int = 0  # per_conversation: branch endpoints kept (kvstore/branch_points)
     retained_conversations: int = 8
     checkpoint: bool = True
     tick_seconds: float = 0.05
@@ -133,6 +155,17 @@ class FleetOptions:
             )
         if self.tick_seconds <= 0:
             raise SimConfigError(f"fleet.tick_seconds: {self.tick_seconds} must be > 0")
+        pools = (self.context_ranks, self.generation_ranks)
+        if min(pools) < 0 or (0 in pools and pools != (0, 0)):
+            raise SimConfigError(
+                f"fleet.context_ranks={self.context_ranks}, generation_ranks="
+                f"{self.generation_ranks}: both 0 (aggregated) or both >= 1 (disaggregated)"
+            )
+
+    @property
+    def disaggregated(self) -> bool:
+        """True when the fleet has a context pool and a generation pool."""
+        return self.context_ranks > 0
 
 
 @dataclass(frozen=True)

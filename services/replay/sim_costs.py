@@ -15,6 +15,7 @@ One step computes prefill chunks and one token of each decoding request together
 | weights read      | step with any token        | params * dtype_bytes / weights_read_tb_s    |
 | decode KV read    | context token of a decode  | kv bytes per token / decode_kv_read_tb_s    |
 | host / disk copy  | page (block_size tokens)   | page bytes / host_link / disk_read          |
+| hand-off (disagg) | byte moved to a generation rank | 1 / handoff_link (off the step loop)   |
 
 KV bytes per token = 2 (K and V) * layers * kv_heads * head_dim * dtype_bytes.
 """
@@ -53,6 +54,7 @@ class CostModel:
     host_copy_s_per_page: float
     disk_copy_s_per_page: float
     step_overhead_s: float
+    handoff_s_per_byte: float = 0.0
 
     @classmethod
     def from_figures(cls, model: ModelShape, hardware: Hardware, block_size: int) -> CostModel:
@@ -69,6 +71,7 @@ class CostModel:
             host_copy_s_per_page=page_bytes / (hardware.host_link_gb_s * 1e9),
             disk_copy_s_per_page=page_bytes / (hardware.disk_read_gb_s * 1e9),
             step_overhead_s=hardware.step_overhead_ms / 1e3,
+            handoff_s_per_byte=1 / (hardware.handoff_link_gb_s * 1e9),
         )
 
     def attention_pairs(self, start: int, end: int) -> int:
@@ -94,6 +97,15 @@ class CostModel:
     def prefill_seconds(self, prompt_tokens: int, cached_tokens: int = 0) -> float:
         """One request's prefill alone, in chunks of everything at once (for docs and tests)."""
         return self.step_seconds(StepWork(prefill_spans=((cached_tokens, prompt_tokens),)))
+
+    def handoff_seconds(self, moved_bytes: int, host_pages: int = 0, disk_pages: int = 0) -> float:
+        """A hand-off's transfer: the moved bytes over the link, plus the receiver's onboarding
+        of the pages it held on its host / disk tier."""
+        return (
+            moved_bytes * self.handoff_s_per_byte
+            + host_pages * self.host_copy_s_per_page
+            + disk_pages * self.disk_copy_s_per_page
+        )
 
     def decode_seconds(self, contexts: Iterable[int]) -> float:
         """One decode step over requests with these contexts."""

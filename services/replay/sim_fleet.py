@@ -6,6 +6,14 @@ a pass runs on every arrival and every release, and every `tick_seconds` while r
 `KVCacheManager` decides what is reused; the rank's slot reservation is released when the
 request finishes. With `placement: prefix` the ranks' KV events feed the router's
 `PrefixIndex` the way engines publish them (block tokens, chained from the parent).
+
+Disaggregated (`context_ranks`, `generation_ranks` > 0): a turn is placed twice, as the live
+router does (`services/router/handoff.py`). The context queue (strict affinity over context
+ranks) sends it to a context rank, which prefills and parks it after the first token; its slot
+is given back then. A second queue (`roles=GENERATION_ROLES`, pinned under
+`<conversation>@generation`) places it on a generation rank, which reserves pages for what it
+does not hold; the rest moves over the link (`sim_handoff.py`), the context rank releases its
+hold, and the generation rank decodes.
 """
 
 from __future__ import annotations
@@ -20,14 +28,16 @@ from kvfleet.kvstore.manager import KVCacheManager
 from kvfleet.kvstore.policies import make_reuse_policy
 from kvfleet.kvstore.sizing import TypicalStep, plan_pools
 from kvfleet.kvstore.tiers.stack import KVTiers
-from kvfleet.services.router.admission import AdmissionConfig, AdmissionQueue
-from kvfleet.services.router.model import PendingRequest, RankInfo, RankLoad
+from kvfleet.services.router.admission import GENERATION_ROLES, AdmissionConfig, AdmissionQueue
+from kvfleet.services.router.handoff import GENERATION_PIN_SUFFIX
+from kvfleet.services.router.model import Admission, PendingRequest, RankInfo, RankLoad, Role
 from kvfleet.services.router.prefix_index import PrefixIndex
 from kvfleet.services.router.store import LocalStore, StoreIntegrityError
 
 from .sim_clock import ScheduledEvent, VirtualClock
 from .sim_config import FleetOptions, SimConfig
 from .sim_costs import CostModel
+from .sim_handoff import HandoffStats, Reservation, page_bytes_of
 from .sim_rank import SimRank
 from .sim_request import SimRequest
 
@@ -43,25 +53,24 @@ class SimFleet:
         self.clock = clock or VirtualClock()
         fleet = config.fleet
         self.costs = CostModel.from_figures(config.model, config.hardware, fleet.block_size)
+        self.page_bytes = config.model.page_bytes(fleet.block_size)
         self.store = LocalStore()
         self.prefix_index = PrefixIndex()
-        self.queue = AdmissionQueue(
-            self.store,
-            AdmissionConfig(
-                affinity=fleet.affinity,
-                placement=fleet.placement,
-                max_wait_passes=fleet.max_wait_passes,
-                max_wait_seconds=fleet.max_wait_seconds,
-                heartbeat_timeout_seconds=_NEVER_SILENT_S,
-            ),
-            self.clock.now,
-            self.prefix_index,
+        admission = AdmissionConfig(
+            affinity=fleet.affinity,
+            placement=fleet.placement,
+            max_wait_passes=fleet.max_wait_passes,
+            max_wait_seconds=fleet.max_wait_seconds,
+            heartbeat_timeout_seconds=_NEVER_SILENT_S,
+        )
+        self.queue = AdmissionQueue(self.store, admission, self.clock.now, self.prefix_index)
+        self.generation_queue = AdmissionQueue(
+            self.store, admission, self.clock.now, self.prefix_index, roles=GENERATION_ROLES
         )
         self.ranks: dict[str, SimRank] = {}
-        for index in range(fleet.ranks):
-            rank_id = f"rank-{index}"
-            self.ranks[rank_id] = self._build_rank(rank_id)
-            info = RankInfo(rank_id, "sim", fleet.slots, block_size=fleet.block_size)
+        for rank_id, role in rank_roles(fleet):
+            self.ranks[rank_id] = self._build_rank(rank_id, role)
+            info = RankInfo(rank_id, "sim", fleet.slots, role=role, block_size=fleet.block_size)
             self.store.register_rank(info, self.clock.now())
         self._futures: dict[str, asyncio.Future[SimRequest]] = {}
         self._requests: dict[str, SimRequest] = {}
@@ -71,17 +80,22 @@ class SimFleet:
         self.passes = 0
         self.deferrals = 0
         self.placements: dict[str, int] = {}
+        self.handoffs: list[HandoffStats] = []
 
     # -- building --------------------------------------------------------------------------------
 
-    def _build_rank(self, rank_id: str) -> SimRank:
+    def _build_rank(self, rank_id: str, role: Role) -> SimRank:
         fleet = self.config.fleet
         life_cycles = self.config.model.build_life_cycles()
-        policy_params = {"max_num_turns": fleet.max_num_turns}
+        policy_params = {
+            "max_num_turns": fleet.max_num_turns,
+            "keep_root": fleet.keep_root,
+            "keep_branch_points": fleet.keep_branch_points,
+        }
         if fleet.reuse_policy != "per_conversation":
             policy_params = {}
         policy = make_reuse_policy(fleet.reuse_policy, **policy_params)
-        step = typical_step(fleet, policy.retained_turns)
+        step = typical_step(fleet, policy.retained_turns, int(policy.keep_branch_points))
         pool_pages = plan_pools(step, life_cycles, fleet.block_size, fleet.gpu_pages).pool_pages
         kv_config = KVStoreConfig(
             fleet.block_size, life_cycles, pool_pages, policy, checkpoint=fleet.checkpoint
@@ -110,6 +124,9 @@ class SimFleet:
             fleet.chunk_tokens,
             self._on_finished,
             fleet.max_decode_run_steps,
+            role,
+            self._on_parked,
+            self._on_reserved,
         )
         return rank
 
@@ -135,22 +152,33 @@ class SimFleet:
         return await future
 
     def _admission_pass(self) -> None:
-        """One router pass; admitted requests go to their ranks; waiters get a tick."""
+        """One router pass per queue; admitted requests go to their ranks; waiters get a tick."""
         for rank_id, rank in self.ranks.items():
             load = RankLoad(0, len(rank.waiting), rank.kv_usage())
             self.store.heartbeat(rank_id, load, self.clock.now())
-        result = self.queue.run_pass()
-        self.passes += 1
-        self.deferrals += result.deferrals
-        for admission in result.admitted:
-            placement = str(admission.placement)
-            self.placements[placement] = self.placements.get(placement, 0) + 1
+        for admission in self._run_pass(self.queue, ""):
             request = self._requests[admission.request.request_id]
             self.ranks[admission.rank.rank_id].submit(request)
-        if len(self.queue) and (self._tick is None or self._tick.cancelled):
+        if len(self.generation_queue):
+            for admission in self._run_pass(self.generation_queue, "generation "):
+                request_id = admission.request.request_id.removesuffix(GENERATION_PIN_SUFFIX)
+                request = self._requests[request_id]
+                request.reservation_id = admission.request.request_id
+                self.ranks[admission.rank.rank_id].receive(request)
+        waiting = len(self.queue) + len(self.generation_queue)
+        if waiting and (self._tick is None or self._tick.cancelled):
             self._tick = self.clock.call_at(
                 self.clock.now() + self.config.fleet.tick_seconds, self._on_tick
             )
+
+    def _run_pass(self, queue: AdmissionQueue, label: str) -> list[Admission]:
+        result = queue.run_pass()
+        self.passes += 1
+        self.deferrals += result.deferrals
+        for admission in result.admitted:
+            placement = f"{label}{admission.placement}"
+            self.placements[placement] = self.placements.get(placement, 0) + 1
+        return result.admitted
 
     def _on_tick(self) -> None:
         self._tick = None
@@ -158,12 +186,64 @@ class SimFleet:
 
     def _on_finished(self, request: SimRequest) -> None:
         """A rank is done with a request: free its slot, run a pass, wake its caller."""
-        self.store.release(request.rank_id or "", request.request_id)
+        self.store.release(request.rank_id or "", request.reservation_id)
+        context = self.ranks.get(request.context_rank_id or "")
+        if context is not None and request.request_id in context.parked:
+            context.release_hold(request)  # it failed on the generation rank before the move
         self._requests.pop(request.request_id, None)
         future = self._futures.pop(request.request_id)
         if not future.done():
             future.set_result(request)
         self._admission_pass()
+
+    # -- hand-offs -------------------------------------------------------------------------------
+
+    def _on_parked(self, request: SimRequest) -> None:
+        """The context rank parked a turn: give its slot back, queue it for a generation rank."""
+        self.store.release(request.rank_id or "", request.reservation_id)
+        request.parked_s = self.clock.now()
+        conversation = request.conversation_id
+        self.generation_queue.enqueue(
+            PendingRequest(
+                f"{request.request_id}{GENERATION_PIN_SUFFIX}",
+                f"{conversation}{GENERATION_PIN_SUFFIX}" if conversation else "",
+                self.clock.now(),
+                prompt_tokens=tuple(request.tokens)
+                if self.config.fleet.placement == "prefix"
+                else (),
+            )
+        )
+        self._admission_pass()
+
+    def _on_reserved(self, request: SimRequest, reservation: Reservation) -> None:
+        """The generation rank has pages: move the blocks it lacks, then switch ranks."""
+        context = self.ranks[request.context_rank_id or ""]
+        moved = page_bytes_of(
+            context.export_pages(request, reservation.held_blocks), self.page_bytes
+        )
+        unskipped = page_bytes_of(context.export_pages(request, 0), self.page_bytes)
+        now = self.clock.now()
+        seconds = self.costs.handoff_seconds(
+            moved, reservation.host_pages_in, reservation.disk_pages_in
+        )
+        stats = HandoffStats(
+            context.rank_id,
+            request.rank_id or "",
+            reservation.held_blocks,
+            moved,
+            unskipped,
+            request.parked_s,
+            now,
+            now + seconds,
+        )
+
+        def transferred() -> None:
+            request.handoff = stats
+            self.handoffs.append(stats)
+            context.release_hold(request)
+            self.ranks[stats.generation_rank].adopt(request)
+
+        self.clock.call_at(stats.done_s, transferred)
 
     def _on_kv_event(self, rank: SimRank, event: KVEvent) -> None:
         if self.config.fleet.placement == "prefix":
@@ -174,19 +254,44 @@ class SimFleet:
     def check_integrity(self) -> None:
         """Every rank's kvstore and the admission store must add up; raise otherwise."""
         self.store.check_integrity()
+        moving = {
+            request.request_id.removesuffix(GENERATION_PIN_SUFFIX)
+            for request in self.generation_queue.waiting()
+        }
+        for rank in self.ranks.values():
+            moving.update(r.request_id for r in (*rank.receiving, *rank.in_transfer.values()))
         for rank in self.ranks.values():
             rank.manager.check_integrity()
             reserved = self.store.reservations().get(rank.rank_id, {})
-            held = {r.request_id for r in (*rank.running, *rank.waiting)}
+            requests = (*rank.running, *rank.waiting, *rank.receiving, *rank.in_transfer.values())
+            held = {r.reservation_id for r in requests}
             if set(reserved) != held:
                 raise StoreIntegrityError(
                     f"{rank.rank_id}: reserved {sorted(reserved)} != held {sorted(held)}"
                 )
+            leaked = sorted(set(rank.parked) - moving)
+            if leaked:
+                raise StoreIntegrityError(
+                    f"{rank.rank_id}: holds {leaked} parked with no hand-off queued or moving"
+                )
 
 
-def typical_step(fleet: FleetOptions, turns_per_conversation: int) -> TypicalStep:
+def rank_roles(fleet: FleetOptions) -> list[tuple[str, Role]]:
+    """Rank ids and roles: `rank-i` (both) aggregated, else `context-i` and `generation-i`."""
+    if not fleet.disaggregated:
+        return [(f"rank-{index}", Role.BOTH) for index in range(fleet.ranks)]
+    return [(f"context-{i}", Role.CONTEXT) for i in range(fleet.context_ranks)] + [
+        (f"generation-{i}", Role.GENERATION) for i in range(fleet.generation_ranks)
+    ]
+
+
+def typical_step(
+    fleet: FleetOptions, turns_per_conversation: int, branches_per_conversation: int = 0
+) -> TypicalStep:
     """The step a rank's pools are split for: its slots resident, plus the retained turns of
-    `retained_conversations` conversations between turns (none when the policy retains none).
+    `retained_conversations` conversations between turns (none when the policy retains none;
+    root and branch records count among the turns, `branches_per_conversation` of them are
+    branch records, and residents then keep a branch window too).
 
     NOTE: a conversation's retained turns share its full-attention prefix, so each turn counts
     1/turns of the longest context on whole-prefix pools, and its own endpoint (and checkpoint)
@@ -200,6 +305,8 @@ def typical_step(fleet: FleetOptions, turns_per_conversation: int) -> TypicalSte
         retained,
         fleet.checkpoint,
         fleet.max_context_tokens // max(1, turns_per_conversation),
+        branches_per_conversation > 0,
+        fleet.retained_conversations * branches_per_conversation,
     )
 
 

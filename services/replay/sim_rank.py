@@ -5,7 +5,8 @@ requests first (a decode token each, or the next prefill chunk), then admits wai
 first come first served while the token budget lasts. When pages run short it releases the
 retained turns of the conversation whose context ended longest ago to the LRU (still matchable,
 offloaded to host when evicted), then preempts the newest running request (recompute). A
-request that cannot fit even alone fails.
+request that cannot fit even alone fails. A context rank parks a request after its first
+token and a generation rank receives hand-offs (`sim_handoff.HandoffSide`).
 
 Only the kvstore's bookkeeping runs here; the step's duration comes from `CostModel`, and the
 step's results apply at its end on the virtual clock.
@@ -19,9 +20,11 @@ from dataclasses import dataclass
 
 from kvfleet.kvstore.manager import KVCacheManager
 from kvfleet.kvstore.tiers.metrics import DISK, HOST
+from kvfleet.services.router.model import Role
 
 from .sim_clock import ScheduledEvent, VirtualClock
 from .sim_costs import CostModel, StepWork
+from .sim_handoff import HandoffSide, ReservedCallback
 from .sim_request import SimRequest
 
 FinishedCallback = Callable[[SimRequest], None]
@@ -48,7 +51,7 @@ class DecodeRun:
     event: ScheduledEvent | None = None
 
 
-class SimRank:
+class SimRank(HandoffSide):
     """The engine side of one rank; the only caller of its kvstore manager."""
 
     def __init__(
@@ -61,8 +64,12 @@ class SimRank:
         token_budget: int,
         on_finished: FinishedCallback,
         max_decode_run: int = 64,
+        role: Role = Role.BOTH,
+        on_parked: FinishedCallback | None = None,
+        on_reserved: ReservedCallback | None = None,
     ) -> None:
         self.rank_id = rank_id
+        self.role = role
         self.manager = manager
         self.costs = costs
         self.clock = clock
@@ -81,6 +88,7 @@ class SimRank:
         self._run: DecodeRun | None = None
         # Conversations by their last context end, oldest first: who gives pages back first.
         self._retained: OrderedDict[str, None] = OrderedDict()
+        self._init_handoff(on_parked, on_reserved)
 
     # -- membership ------------------------------------------------------------------------------
 
@@ -89,6 +97,10 @@ class SimRank:
         request.rank_id = self.rank_id
         self.manager.add_request(request.request_id, request.tokens, request.conversation_id)
         self.waiting.append(request)
+        self._wake()
+
+    def _wake(self) -> None:
+        """Something changed: end a decode run after its step in flight, or start a step."""
         if self._run is not None:
             self._cut_run()
         if not self._busy:
@@ -109,10 +121,12 @@ class SimRank:
     # -- steps -----------------------------------------------------------------------------------
 
     def _start_step(self) -> None:
+        self._reserve_received()
         if self._start_decode_run():
             return
         chunks = self._schedule()
-        while not chunks and not self.idle:
+        # NOTE: pages held by hand-offs come back without a step here, and wake the rank then.
+        while not chunks and not self.idle and not self.pages_coming_back:
             self._fail(self.running[0] if self.running else self.waiting[0])
             chunks = self._schedule()
         if not chunks:
@@ -147,6 +161,8 @@ class SimRank:
             request.token_times.append(now)
             if request.finished:
                 self._finish(request)
+            elif self.parks:
+                self._park(request)
         self._start_step()
 
     # -- decode runs: many identical-shape decode steps as one event --------------------------
@@ -295,6 +311,7 @@ class SimRank:
         finally:
             self.current = None
         request.committed = request.computed
+        self.retry_reserve = True  # window pages may have slid out
 
     def _end_context(self, request: SimRequest) -> None:
         """The prompt is computed: retain this turn, drop older ones (not twice after recompute)."""
@@ -308,6 +325,7 @@ class SimRank:
             self._retained.move_to_end(conversation)
 
     def _finish(self, request: SimRequest) -> None:
+        self.retry_reserve = True
         self.running.remove(request)
         self.manager.finish_request(request.request_id)
         self.on_finished(request)
@@ -320,11 +338,12 @@ class SimRank:
             f"generated) does not fit in the KV pools {pools} "
             f"(block {self.manager.config.block_size})"
         )
-        if request in self.running:
-            self.running.remove(request)
-        else:
-            self.waiting.remove(request)
+        for queue in (self.running, self.waiting, self.receiving):
+            if request in queue:
+                queue.remove(request)
+                break
         self.manager.finish_request(request.request_id)
+        self.retry_reserve = True
         self.on_finished(request)
 
     # -- memory pressure ---------------------------------------------------------------------------
@@ -366,6 +385,7 @@ class SimRank:
         """
         self.running.remove(victim)
         self.manager.finish_request(victim.request_id)
+        self.retry_reserve = True
         self.manager.add_request(victim.request_id, victim.tokens, victim.conversation_id)
         victim.retain = victim.retain and not victim.context_done
         victim.context_done = False

@@ -3,6 +3,10 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from .sim_handoff import HandoffStats
 
 
 @dataclass(eq=False)
@@ -11,6 +15,8 @@ class SimRequest:
 
     `computed` counts tokens with KV (prompt, then one per decode step); `cached_tokens` is the
     prefix the kvstore reported reusable at the first admission (a preempted request keeps it).
+    A disaggregated turn changes writer at its hand-off: the context rank parks it, the
+    generation rank runs it from its reservation on (`rank_id` then names the generation rank).
     """
 
     request_id: str
@@ -31,6 +37,13 @@ class SimRequest:
     preemptions: int = 0
     token_times: list[float] = field(default_factory=list)
     error: str | None = None
+    reservation_id: str = ""  # the router's slot reservation it holds now
+    context_rank_id: str | None = None  # where its KV was parked for a hand-off
+    parked_s: float | None = None  # when the context rank parked it
+    handoff: HandoffStats | None = None
+
+    def __post_init__(self) -> None:
+        self.reservation_id = self.reservation_id or self.request_id
 
     @property
     def prompt_len(self) -> int:

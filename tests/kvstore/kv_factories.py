@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 import numpy as np
-from kvfleet.kvstore.config import KVStoreConfig
+from kvfleet.kvstore.config import CHECKPOINT_MARGIN_TOKENS, KVStoreConfig
 from kvfleet.kvstore.events import KVEvent
 from kvfleet.kvstore.life_cycles import FullLifeCycle, LifeCycle
 from kvfleet.kvstore.manager import KVCacheManager
@@ -20,6 +20,7 @@ def make_manager(
     policy: ReusePolicy | None = None,
     checkpoint: bool = True,
     events: list[KVEvent] | None = None,
+    checkpoint_margin_tokens: int = CHECKPOINT_MARGIN_TOKENS,
 ) -> KVCacheManager:
     """A manager with `pages` per pool (null page included) that appends events to `events`."""
     pool_pages = pages if isinstance(pages, dict) else {lc.name: pages for lc in life_cycles}
@@ -29,6 +30,7 @@ def make_manager(
         pool_pages=pool_pages,
         reuse_policy=policy or PerRequest(),
         checkpoint=checkpoint,
+        checkpoint_margin_tokens=checkpoint_margin_tokens,
     )
     listener = events.append if events is not None else (lambda event: None)
     return KVCacheManager(config, listener)

@@ -25,10 +25,13 @@ BASES = [tokens(seed, 40) for seed in range(3)]
 POLICIES = {
     **{name: factory() for name, factory in REUSE_POLICIES.items()},
     "per_conversation_root": PerConversation(max_num_turns=1, keep_root=True),
+    "per_conversation_branch": PerConversation(max_num_turns=1, keep_branch_points=2),
 }
 
 operation = st.one_of(
-    st.tuples(st.just("add"), st.integers(0, 2), st.integers(0, 2), st.integers(1, 40)),
+    st.tuples(
+        st.just("add"), st.integers(0, 2), st.integers(0, 2), st.integers(1, 40), st.integers(0, 16)
+    ),
     st.tuples(st.just("step"), st.integers(0, 50)),
     st.tuples(st.just("finish"), st.integers(0, 50)),
     st.tuples(st.just("drop"), st.integers(0, 2)),
@@ -80,17 +83,21 @@ def step(manager, request_id, prompt_len):
 @given(
     policy=st.sampled_from(sorted(POLICIES)),
     pages=st.integers(10, 24),
+    margin=st.sampled_from([4, 512]),
     operations=st.lists(operation, max_size=40),
 )
-def test_random_operations_keep_every_invariant(policy, pages, operations):
+def test_random_operations_keep_every_invariant(policy, pages, margin, operations):
     """Any call order the engine may use must leave pools consistent and pages truthful."""
-    manager = make_manager(LIFE_CYCLES, pages=pages, block_size=BLOCK, policy=POLICIES[policy])
+    # NOTE: a 4-token margin puts checkpoints and branch points inside these short prompts.
+    manager = make_manager(
+        LIFE_CYCLES, pages, BLOCK, POLICIES[policy], checkpoint_margin_tokens=margin
+    )
     prompts: dict[str, list[int]] = {}
     for number, op in enumerate(operations):
         live = sorted(prompts)
         if op[0] == "add":
-            _, conversation, base, length = op
-            prompt = BASES[base][:length] + tokens(1000 + number, number % 5)
+            _, conversation, base, length, tail = op
+            prompt = BASES[base][:length] + tokens(1000 + number, tail)
             request_id = f"r{number}"
             manager.add_request(request_id, prompt, f"c{conversation}")
             prompts[request_id] = prompt

@@ -20,9 +20,10 @@ LIFE_CYCLES = [
 ]
 
 
-def drive_to_peak(manager, num_slots, num_conversations):
+def drive_to_peak(manager, num_slots, num_conversations, reset_turns=(), kept_tokens=32):
     """Run every conversation's turns (chunked prefill, decode) with `num_slots` resident;
-    return the most live pages seen per pool."""
+    return the most live pages seen per pool. A turn in `reset_turns` (0-based) keeps only the
+    first `kept_tokens` of the conversation's prompt before its own tokens."""
     queues = {
         f"c{c}": [tokens(c * 10 + t, 64 if t == 0 else 40) for t in range(TURNS)]
         for c in range(num_conversations)
@@ -39,7 +40,8 @@ def drive_to_peak(manager, num_slots, num_conversations):
         for conversation, turns in queues.items():
             busy = any(r["conversation"] == conversation for r in active.values())
             if turns and not busy and len(active) < num_slots:
-                prompts[conversation] = prompts[conversation] + turns.pop(0)
+                kept = kept_tokens if TURNS - len(turns) in reset_turns else None
+                prompts[conversation] = prompts[conversation][:kept] + turns.pop(0)
                 request_id = f"{conversation}t{TURNS - len(turns)}"
                 manager.add_request(request_id, prompts[conversation], conversation)
                 prompt_len = len(prompts[conversation])
@@ -127,3 +129,44 @@ def test_live_pages_at_peak_fit_a_plan_that_counts_the_root():
     # resident: ceil((32 + 32) / 8) + 1 sliding + 4 checkpoint; retained: 3 x (1 + root) x 2 x 4
     assert plan.demand["swa"] == 13 + 6 * 8 == plan_for(policy.recent_turns).demand["swa"] + 24
     manager.check_integrity()
+
+
+def test_live_pages_at_peak_fit_a_plan_that_counts_branch_points():
+    """Resets keep a branch window while they run and a branch record after: sizing must hold
+    both (one more retained turn per conversation, one more kept window per resident request)."""
+    num_conversations, policy = 3, PerConversation(1, keep_branch_points=1)
+    max_context = 64 + 40 * (TURNS - 1) + DECODE
+    step = TypicalStep(
+        3,
+        max_context,
+        CHUNK,
+        num_conversations * policy.retained_turns,
+        branch_points=True,
+        branch_records=num_conversations,
+    )
+    plan = plan_pools(step, LIFE_CYCLES, BLOCK)
+    manager = make_manager(
+        LIFE_CYCLES, dict(plan.pool_pages), BLOCK, policy, checkpoint_margin_tokens=8
+    )
+    peak = drive_to_peak(manager, 3, num_conversations, reset_turns=(2,))
+    for name, need in plan.demand.items():
+        assert 0 < peak[name] <= need, (name, peak[name], need)
+    held = [t.branch_tokens for c in range(3) for t in manager.retained_turns(f"c{c}")]
+    assert held.count(32) == num_conversations  # every reset kept its branch at 32
+    # resident: min(19, ceil((32 + 32) / 8) + 1 + (ckpt + branch) x 4) = 17;
+    # retained: 3 turns x (endpoint + checkpoint) x 4 + 3 branch records x 4
+    assert plan.demand["swa"] == 3 * 17 + 3 * 8 + 3 * 4
+    assert plan.demand["ssm"] == 3 * (4 + 3 + 1 + 1) + 3 * 2 + 3 * 1
+    manager.check_integrity()
+
+
+def test_branch_records_count_one_window_not_a_turns_two():
+    """Counting a branch record as a whole turn would take full-pool pages it never uses."""
+    as_turns = TypicalStep(1, 4096, 512, retained_turns=6, branch_points=True)
+    as_records = TypicalStep(1, 4096, 512, retained_turns=6, branch_points=True, branch_records=2)
+    turns, records = (plan_pools(step, LIFE_CYCLES, 64).demand for step in (as_turns, as_records))
+    # swa: 2 records x (endpoint + checkpoint) -> 2 x one window of ceil(32 / 64) = 1 block
+    assert (turns["swa"] - records["swa"], turns["ssm"] - records["ssm"]) == (2, 2)
+    assert turns["full"] == records["full"]
+    with pytest.raises(ValueError, match="branch_records <= retained_turns, got 7 and 6"):
+        TypicalStep(1, 4096, 512, retained_turns=6, branch_records=7)
