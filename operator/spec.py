@@ -80,6 +80,10 @@ class Reuse(_Model):
     policy: Literal["per_conversation", "per_request", "all_reusable"] = "per_conversation"
     max_num_turns: int = Field(default=2, ge=1)
     checkpoint: bool = True
+    # per_conversation only (docs/kvstore.md): also keep the first turn's endpoints, and up to
+    # this many branch-point windows per conversation.
+    keep_root: bool = False
+    keep_branch_points: int = Field(default=0, ge=0)
 
 
 class SecretKeyRef(_Model):
@@ -143,7 +147,11 @@ class FleetSpec(_Model):
 
     @model_validator(mode="after")
     def _check_cross_fields(self) -> FleetSpec:
-        problems = [*_redis_problems(self.redis), *_pool_problems(self)]
+        problems = [
+            *_redis_problems(self.redis),
+            *_reuse_problems(self.reuse),
+            *_pool_problems(self),
+        ]
         if problems:
             raise ValueError("; ".join(problems))
         return self
@@ -171,6 +179,24 @@ def _redis_problems(redis: Redis) -> list[str]:
         return [f"redis.mode=external needs exactly one of url, urlSecretRef (got {len(given)})"]
     if redis.mode == "managed" and given:
         return [f"redis.mode=managed takes no {', '.join(given)}"]
+    return []
+
+
+def _reuse_problems(reuse: Reuse) -> list[str]:
+    # Only per_conversation retains turns; elsewhere the engine would ignore these silently.
+    if reuse.policy == "per_conversation":
+        return []
+    given = [
+        f"{name}={str(value).lower()}"
+        for name, value in (
+            ("keepRoot", reuse.keep_root),
+            ("keepBranchPoints", reuse.keep_branch_points),
+        )
+        if value
+    ]
+    if given:
+        joined = ", ".join(given)
+        return [f"reuse.{joined}: only policy per_conversation keeps turns (got {reuse.policy})"]
     return []
 
 

@@ -5,7 +5,9 @@ from __future__ import annotations
 import copy
 
 import httpx
+import yaml
 from kvfleet.operator.children import CHILD_RESOURCES
+from kvfleet.operator.names import CONFIG_HASH_ANNOTATION
 from operator_testkit import FLEETS, NAMESPACE, eventually
 
 CHILD_PLURALS = {resource.plural for resource in CHILD_RESOURCES.values()}
@@ -110,6 +112,29 @@ async def test_routing_change_updates_router_args(k8s, operator):
     await eventually(lambda: "lenient" in router_args())
     args = router_args()
     assert args[args.index("--max-wait-passes") + 1] == "3"
+
+
+async def test_reuse_change_updates_engine_yaml_and_rolls_the_pool(k8s, operator):
+    """keepRoot/keepBranchPoints must reach the ConfigMap and change the pods' config hash."""
+    await send(k8s, "POST", FLEET_PATH, fleet_body("f6", BASE_SPEC, uid="uid-6"))
+    await eventually(lambda: live(k8s, FLEETS, "f6")["status"].get("observedGeneration") == 1)
+
+    def reuse() -> dict:
+        data = live(k8s, "v1/configmaps", "f6-engine")["data"]
+        return yaml.safe_load(data["generation.yaml"])["reuse"]
+
+    def pod_hash() -> str:
+        template = live(k8s, STS, "f6-generation")["spec"]["template"]
+        return template["metadata"]["annotations"][CONFIG_HASH_ANNOTATION]
+
+    assert (reuse()["keep_root"], reuse()["keep_branch_points"]) == (False, 0)
+    hash_before = pod_hash()
+    spec = {**copy.deepcopy(BASE_SPEC), "reuse": {"keepRoot": True, "keepBranchPoints": 1}}
+    await send(k8s, "PATCH", f"{FLEET_PATH}/f6", {"metadata": {"generation": 2}, "spec": spec})
+    await eventually(lambda: reuse()["keep_branch_points"] == 1)
+    assert reuse()["keep_root"] is True
+    await eventually(lambda: pod_hash() != hash_before)
+    check_children_owned(k8s, "f6", "uid-6")
 
 
 async def test_delete_removes_children_and_finalizer(k8s, operator):
