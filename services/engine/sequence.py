@@ -42,6 +42,11 @@ class Sequence:
         return self.call.prompt_token_ids
 
     @property
+    def conversation_id(self) -> str | None:
+        """The conversation the request belongs to (its retained turns are kept per one)."""
+        return self.call.conversation_id
+
+    @property
     def num_tokens(self) -> int:
         """Prompt plus output tokens so far."""
         return len(self.call.prompt_token_ids) + len(self.output)

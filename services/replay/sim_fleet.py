@@ -21,13 +21,8 @@ from __future__ import annotations
 import asyncio
 import itertools
 
-from kvfleet.kvstore.config import KVStoreConfig
-from kvfleet.kvstore.events import KVEvent, KVEventKind
-from kvfleet.kvstore.hashing import block_hashes
+from kvfleet.kvstore.events import KVEvent
 from kvfleet.kvstore.manager import KVCacheManager
-from kvfleet.kvstore.policies import make_reuse_policy
-from kvfleet.kvstore.sizing import TypicalStep, plan_pools
-from kvfleet.kvstore.tiers.stack import KVTiers
 from kvfleet.services.router.admission import GENERATION_ROLES, AdmissionConfig, AdmissionQueue
 from kvfleet.services.router.handoff import GENERATION_PIN_SUFFIX
 from kvfleet.services.router.model import Admission, PendingRequest, RankInfo, RankLoad, Role
@@ -38,8 +33,10 @@ from .sim_clock import ScheduledEvent, VirtualClock
 from .sim_config import FleetOptions, SimConfig
 from .sim_costs import CostModel
 from .sim_handoff import HandoffStats, Reservation, page_bytes_of
+from .sim_prefix_feed import PrefixFeed
 from .sim_rank import SimRank
 from .sim_request import SimRequest
+from .sim_sizing import rank_kvstore
 
 # Heartbeat timeout of the simulated router: ranks never go silent here.
 _NEVER_SILENT_S = 1e12
@@ -86,28 +83,7 @@ class SimFleet:
 
     def _build_rank(self, rank_id: str, role: Role) -> SimRank:
         fleet = self.config.fleet
-        life_cycles = self.config.model.build_life_cycles()
-        policy_params = {
-            "max_num_turns": fleet.max_num_turns,
-            "keep_root": fleet.keep_root,
-            "keep_branch_points": fleet.keep_branch_points,
-        }
-        if fleet.reuse_policy != "per_conversation":
-            policy_params = {}
-        policy = make_reuse_policy(fleet.reuse_policy, **policy_params)
-        step = typical_step(fleet, policy.retained_turns, int(policy.keep_branch_points))
-        pool_pages = plan_pools(step, life_cycles, fleet.block_size, fleet.gpu_pages).pool_pages
-        kv_config = KVStoreConfig(
-            fleet.block_size, life_cycles, pool_pages, policy, checkpoint=fleet.checkpoint
-        )
-        names = [lc.name for lc in life_cycles]
-        tiers = None
-        if fleet.host_pages or fleet.disk_pages:
-            tiers = KVTiers(
-                _split(fleet.host_pages, pool_pages),
-                _split(fleet.disk_pages, pool_pages),
-                dict.fromkeys(names, 0),
-            )
+        kv_config, tiers = rank_kvstore(fleet, self.config.model)
         rank: SimRank | None = None
 
         def forward(event: KVEvent) -> None:
@@ -283,69 +259,3 @@ def rank_roles(fleet: FleetOptions) -> list[tuple[str, Role]]:
     return [(f"context-{i}", Role.CONTEXT) for i in range(fleet.context_ranks)] + [
         (f"generation-{i}", Role.GENERATION) for i in range(fleet.generation_ranks)
     ]
-
-
-def typical_step(
-    fleet: FleetOptions, turns_per_conversation: int, branches_per_conversation: int = 0
-) -> TypicalStep:
-    """The step a rank's pools are split for: its slots resident, plus the retained turns of
-    `retained_conversations` conversations between turns (none when the policy retains none;
-    root and branch records count among the turns, `branches_per_conversation` of them are
-    branch records, and residents then keep a branch window too).
-
-    NOTE: a conversation's retained turns share its full-attention prefix, so each turn counts
-    1/turns of the longest context on whole-prefix pools, and its own endpoint (and checkpoint)
-    windows on window pools.
-    """
-    retained = fleet.retained_conversations * turns_per_conversation
-    return TypicalStep(
-        fleet.slots,
-        fleet.max_context_tokens,
-        fleet.chunk_tokens,
-        retained,
-        fleet.checkpoint,
-        fleet.max_context_tokens // max(1, turns_per_conversation),
-        branches_per_conversation > 0,
-        fleet.retained_conversations * branches_per_conversation,
-    )
-
-
-def _split(total: int, pool_pages: dict[str, int]) -> dict[str, int]:
-    """A lower tier's pages split like the device pools."""
-    weight = sum(pool_pages.values())
-    return {name: total * pages // weight for name, pages in pool_pages.items()}
-
-
-class PrefixFeed:
-    """Turns a rank's KV events into the router's prefix index entries, as an engine would.
-
-    A stored block is keyed by its tokens and its parent, both read from the request whose
-    kvstore call committed it; blocks of other origins (none here) are skipped.
-    """
-
-    def __init__(self, index: PrefixIndex, block_size: int) -> None:
-        self.index = index
-        self.block_size = block_size
-        self._request: SimRequest | None = None
-        self._hashes: list[int] = []
-        self._positions: dict[int, int] = {}
-
-    def on_event(self, rank_id: str, request: SimRequest | None, event: KVEvent) -> None:
-        """Apply one KV event of `rank_id`, committed while `request` was being served."""
-        if event.kind is KVEventKind.REMOVED:
-            self.index.removed(rank_id, [event.block_hash])
-            return
-        if request is None:
-            return
-        if request is not self._request:
-            # NOTE: events come in bursts per request; hash its prompt once per burst.
-            self._request = request
-            self._hashes = block_hashes(request.tokens, self.block_size)
-            self._positions = {h: i for i, h in enumerate(self._hashes)}
-        position = self._positions.get(event.block_hash)
-        if position is None:
-            return
-        size = self.block_size
-        parent = None if position == 0 else self._hashes[position - 1]
-        tokens = request.tokens[position * size : (position + 1) * size]
-        self.index.stored(rank_id, [event.block_hash], parent, tokens, size)

@@ -23,7 +23,6 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from kvfleet.kvstore.block_pool import NULL_PAGE
-from kvfleet.kvstore.tiers.metrics import DISK, HOST
 from kvfleet.services.router.model import Role
 
 from .sim_request import SimRequest
@@ -153,26 +152,13 @@ class HandoffSide:
         a chunk, not the whole prompt. The live receiver (`generation_side._reserve`) admits
         the whole prompt at once, which a window pool smaller than the prompt cannot take.
         """
-        manager, rid, budget = self.manager, request.request_id, self.token_budget
-
-        def fits() -> bool:
-            start = manager.match(rid).num_reusable_tokens
-            return manager.can_admit(rid, min(request.prompt_len - start, budget))
-
-        if not fits() and not self._release_retained(fits):
+        manager, rid = self.manager, request.request_id
+        admitted = self._admit_pages(request, self.token_budget)
+        if admitted is None:
             return None
-        match = manager.match(rid)
-        host = sum(tier == HOST for where in match.locations.values() for tier in where)
-        disk = sum(tier == DISK for where in match.locations.values() for tier in where)
-        start = match.num_reusable_tokens
-        self.current = request
-        try:
-            allocation = manager.admit(rid, min(request.prompt_len - start, budget))
-        finally:
-            self.current = None
-        reused = allocation.num_reused_tokens
+        reused = admitted.allocation.num_reused_tokens
         request.computed = request.committed = reused
-        request.pages_tokens = allocation.num_tokens_with_pages
+        request.pages_tokens = admitted.allocation.num_tokens_with_pages
         held_blocks = reused // manager.config.block_size
         held = {
             name: sum(page != NULL_PAGE for page in manager.page_table(rid, name)[:held_blocks])
@@ -182,19 +168,17 @@ class HandoffSide:
             manager.finish_request(rid)
             manager.add_request(rid, request.tokens, request.conversation_id)
             return None
-        request.host_pages_in += host
-        request.disk_pages_in += disk
-        return Reservation(held_blocks, held, host, disk)
+        request.host_pages_in += admitted.host_pages_in
+        request.disk_pages_in += admitted.disk_pages_in
+        return Reservation(held_blocks, held, admitted.host_pages_in, admitted.disk_pages_in)
 
     def _take_rest(self, request: SimRequest) -> bool:
         """Pages for the prompt after the first chunk, a chunk at a time; False when short."""
         while request.pages_tokens < request.prompt_len:
             request.computed = request.pages_tokens
             count = min(request.prompt_len - request.computed, self.token_budget)
-            if not self._fits(request, count):
-                fits = lambda c=count: self._fits(request, c)  # noqa: E731
-                if not self._release_retained(fits):
-                    return False
+            if not self.retained.fits_or_release(lambda c=count: self._fits(request, c)):
+                return False
             self._allocate(request, count)
         return True
 
@@ -203,6 +187,6 @@ class HandoffSide:
         del self.in_transfer[request.request_id]
         request.computed = request.prompt_len
         self._commit(request)
-        self._end_context(request)
+        self.context_ended(request)
         self.running.append(request)
         self._wake()

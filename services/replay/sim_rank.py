@@ -1,57 +1,39 @@
 """One simulated engine rank: a real KVCacheManager, continuous batching, a cost model for time.
 
-Scheduling follows the engine's (`services/engine/scheduler.py`): each step takes the running
-requests first (a decode token each, or the next prefill chunk), then admits waiting requests
-first come first served while the token budget lasts. When pages run short it releases the
-retained turns of the conversation whose context ended longest ago to the LRU (still matchable,
-offloaded to host when evicted), then preempts the newest running request (recompute). A
-request that cannot fit even alone fails. A context rank parks a request after its first
-token and a generation rank receives hand-offs (`sim_handoff.HandoffSide`).
+Scheduling is the engine's own step rule (`services/engine/step_planner.py`, shared with
+`services/engine/scheduler.py`): running requests first (a decode token each, or the next
+prefill chunk), then waiting requests first come first served while the token budget lasts;
+short of pages, release the oldest retained conversation to the LRU, then preempt the newest
+running request (recompute). This class supplies the hooks: pages are taken only when a step
+needs a new one, and admission counts the pages onboarded from host/disk. A request that
+cannot fit even alone fails. A context rank parks a request after its first token and a
+generation rank receives hand-offs (`sim_handoff.HandoffSide`).
 
 Only the kvstore's bookkeeping runs here; the step's duration comes from `CostModel`, and the
-step's results apply at its end on the virtual clock.
+step's results apply at its end on the virtual clock (`sim_decode_run.py` batches decode-only
+steps into one event).
 """
 
 from __future__ import annotations
 
-from collections import OrderedDict, deque
 from collections.abc import Callable
-from dataclasses import dataclass
 
 from kvfleet.kvstore.manager import KVCacheManager
 from kvfleet.kvstore.tiers.metrics import DISK, HOST
+from kvfleet.services.engine.step_planner import StepPlanner
 from kvfleet.services.router.model import Role
 
-from .sim_clock import ScheduledEvent, VirtualClock
-from .sim_costs import CostModel, StepWork
+from .sim_clock import VirtualClock
+from .sim_costs import CostModel
+from .sim_decode_run import DecodeRun, plan_decode_run
 from .sim_handoff import HandoffSide, ReservedCallback
 from .sim_request import SimRequest
+from .sim_step import Chunk, KVAdmission, step_work
 
 FinishedCallback = Callable[[SimRequest], None]
 
 
-@dataclass(frozen=True)
-class Chunk:
-    """One request's share of a step: tokens [start, start + count)."""
-
-    request: SimRequest
-    start: int
-    count: int
-    host_pages_in: int = 0  # pages onboarded from host / disk at this chunk's admission
-    disk_pages_in: int = 0
-
-
-@dataclass
-class DecodeRun:
-    """Decode steps of a fixed batch scheduled as one event; `ends` holds each step's end."""
-
-    requests: list[SimRequest]
-    ends: list[float]
-    steps: int
-    event: ScheduledEvent | None = None
-
-
-class SimRank(HandoffSide):
+class SimRank(HandoffSide, StepPlanner[SimRequest, Chunk]):
     """The engine side of one rank; the only caller of its kvstore manager."""
 
     def __init__(
@@ -68,27 +50,24 @@ class SimRank(HandoffSide):
         on_parked: FinishedCallback | None = None,
         on_reserved: ReservedCallback | None = None,
     ) -> None:
+        StepPlanner.__init__(self, manager, max_batch_size, token_budget)
         self.rank_id = rank_id
         self.role = role
-        self.manager = manager
         self.costs = costs
         self.clock = clock
-        self.max_batch_size = max_batch_size
-        self.token_budget = token_budget
         self.on_finished = on_finished
         self.max_decode_run = max_decode_run
-        self.waiting: deque[SimRequest] = deque()
-        self.running: list[SimRequest] = []
         self.steps = 0
         self.busy_s = 0.0
-        self.preemptions = 0
-        self.released_conversations = 0
         self.current: SimRequest | None = None  # whose kvstore call is running (KV events)
         self._busy = False
         self._run: DecodeRun | None = None
-        # Conversations by their last context end, oldest first: who gives pages back first.
-        self._retained: OrderedDict[str, None] = OrderedDict()
         self._init_handoff(on_parked, on_reserved)
+
+    @property
+    def released_conversations(self) -> int:
+        """Conversations whose retained turns were released to make room."""
+        return self.retained.released
 
     # -- membership ------------------------------------------------------------------------------
 
@@ -124,23 +103,15 @@ class SimRank(HandoffSide):
         self._reserve_received()
         if self._start_decode_run():
             return
-        chunks = self._schedule()
+        chunks = self.plan_step()
         # NOTE: pages held by hand-offs come back without a step here, and wake the rank then.
         while not chunks and not self.idle and not self.pages_coming_back:
             self._fail(self.running[0] if self.running else self.waiting[0])
-            chunks = self._schedule()
+            chunks = self.plan_step()
         if not chunks:
             self._busy = False
             return
-        work = StepWork(
-            prefill_spans=tuple(
-                (c.start, c.start + c.count) for c in chunks if not c.request.context_done
-            ),
-            decode_contexts=tuple(c.start for c in chunks if c.request.context_done),
-            host_pages_in=sum(c.host_pages_in for c in chunks),
-            disk_pages_in=sum(c.disk_pages_in for c in chunks),
-        )
-        duration = self.costs.step_seconds(work)
+        duration = self.costs.step_seconds(step_work(chunks))
         self.steps += 1
         self.busy_s += duration
         self.clock.call_at(self.clock.now() + duration, lambda: self._end_step(chunks))
@@ -156,7 +127,7 @@ class SimRank(HandoffSide):
                 self._commit(request)
                 if request.computed < request.prompt_len:
                     continue
-                self._end_context(request)
+                self.context_ended(request)
             request.generated += 1
             request.token_times.append(now)
             if request.finished:
@@ -168,49 +139,29 @@ class SimRank(HandoffSide):
     # -- decode runs: many identical-shape decode steps as one event --------------------------
 
     def _start_decode_run(self) -> bool:
-        """Run up to `max_decode_run` decode steps as one event when nothing else can change.
-
-        Only when every running request decodes, none is waiting, and no step needs a page:
-        then the steps are exactly what single steps would do, and an arrival cuts the run at
-        the end of the step in flight (`_cut_run`), as it would join a single step's successor.
-        """
-        if self.max_decode_run < 2 or self.waiting or not self.running:
+        """Run up to `max_decode_run` decode steps as one event when nothing else can change."""
+        if self.waiting:
             return False
-        if not all(r.context_done for r in self.running):
-            return False
-        steps = min(
-            self.max_decode_run,
-            min(r.max_tokens - r.generated for r in self.running),
-            min(r.pages_tokens - r.computed for r in self.running),
-        )
-        if steps < 2:
-            return False
-        contexts = tuple(r.computed for r in self.running)
         now = self.clock.now()
-        ends = []
-        for offset in range(steps):
-            work = StepWork(decode_contexts=tuple(c + offset for c in contexts))
-            now += self.costs.step_seconds(work)
-            ends.append(now)
-        run = DecodeRun(list(self.running), ends, steps)
-        run.event = self.clock.call_at(ends[-1], lambda: self._end_run(run))
+        run = plan_decode_run(self.running, self.costs, now, self.max_decode_run)
+        if run is None:
+            return False
+        run.event = self.clock.call_at(run.end_s, lambda: self._end_run(run))
         self._run = run
-        self.steps += steps
-        self.busy_s += ends[-1] - self.clock.now()
+        self.steps += run.steps
+        self.busy_s += run.end_s - now
         return True
 
     def _cut_run(self) -> None:
         """End the run in flight after the step that is being computed now."""
         run = self._run
-        done = sum(1 for end in run.ends[: run.steps] if end <= self.clock.now())
-        keep = min(run.steps, done + 1)
-        if keep == run.steps:
+        dropped = run.cut_after(self.clock.now())
+        if dropped is None:
             return
         run.event.cancel()
-        self.steps -= run.steps - keep
-        self.busy_s -= run.ends[run.steps - 1] - run.ends[keep - 1]
-        run.steps = keep
-        run.event = self.clock.call_at(run.ends[keep - 1], lambda: self._end_run(run))
+        self.steps -= dropped[0]
+        self.busy_s -= dropped[1]
+        run.event = self.clock.call_at(run.end_s, lambda: self._end_run(run))
 
     def _end_run(self, run: DecodeRun) -> None:
         self._run = None
@@ -223,64 +174,63 @@ class SimRank(HandoffSide):
                 self._finish(request)
         self._start_step()
 
-    # -- single steps ----------------------------------------------------------------------------
+    # -- single steps: the hooks of the engine's step rule ----------------------------------------
 
-    def _schedule(self) -> list[Chunk]:
-        budget = self.token_budget
-        chunks: list[Chunk] = []
-        for request in list(self.running):
-            if budget == 0:
-                break
-            if request not in self.running:
-                continue  # preempted while making room for an older one
-            count = (
-                1 if request.context_done else min(request.prompt_len - request.computed, budget)
-            )
-            scheduled = {chunk.request for chunk in chunks}
-            if not self._make_room(request, count, scheduled):
-                continue
-            self._allocate(request, count)
-            chunks.append(Chunk(request, request.computed, count))
-            budget -= count
-        while self.waiting and budget > 0 and len(self.running) < self.max_batch_size:
-            chunk = self._admit(self.waiting[0], budget)
-            if chunk is None:
-                break  # first come, first served: later ones wait behind it
-            chunks.append(chunk)
-            budget -= chunk.count
-        return chunks
+    def _next_count(self, request: SimRequest, budget: int) -> int:
+        return 1 if request.context_done else min(request.prompt_len - request.computed, budget)
+
+    def _grow(self, request: SimRequest, count: int) -> Chunk:
+        self._allocate(request, count)
+        return Chunk(request, request.computed, count)
 
     def _admit(self, request: SimRequest, budget: int) -> Chunk | None:
-        """Admit the head of the queue into KV (releasing retained turns if needed), or None."""
+        """Admit a waiting request into KV after its reusable prefix, or None when short."""
+        admitted = self._admit_pages(request, budget)
+        if admitted is None:
+            return None
+        start = admitted.start
+        if request.cached_tokens is None:
+            request.cached_tokens = start
+        request.host_pages_in += admitted.host_pages_in
+        request.disk_pages_in += admitted.disk_pages_in
+        request.computed = request.committed = start
+        request.pages_tokens = admitted.allocation.num_tokens_with_pages
+        count = min(request.prompt_len - start, budget)
+        return Chunk(request, start, count, admitted.host_pages_in, admitted.disk_pages_in)
+
+    def _recompute_tokens(self, victim: SimRequest) -> list[int]:
+        # NOTE: the recompute covers the prompt only; its generated tokens' KV is not modelled.
+        return victim.tokens
+
+    def _on_preempted(self, victim: SimRequest, num_tokens: int) -> None:
+        self.retry_reserve = True
+        victim.context_done = False
+        victim.computed = victim.committed = victim.pages_tokens = 0
+        victim.preemptions += 1
+
+    # -- kvstore bookkeeping ---------------------------------------------------------------------
+
+    def _admit_pages(self, request: SimRequest, budget: int) -> KVAdmission | None:
+        """Admit a prompt after its reusable prefix, at most `budget` new tokens, releasing
+        retained turns if needed; None when it does not fit."""
         manager, rid = self.manager, request.request_id
 
         def fits() -> bool:
             start = manager.match(rid).num_reusable_tokens
             return manager.can_admit(rid, min(request.prompt_len - start, budget))
 
-        if not fits() and not self._release_retained(fits):
+        if not self.retained.fits_or_release(fits):
             return None
         match = manager.match(rid)
         start = match.num_reusable_tokens
-        count = min(request.prompt_len - start, budget)
         host = sum(tier == HOST for where in match.locations.values() for tier in where)
         disk = sum(tier == DISK for where in match.locations.values() for tier in where)
         self.current = request
         try:
-            allocation = manager.admit(rid, count)
+            allocation = manager.admit(rid, min(request.prompt_len - start, budget))
         finally:
             self.current = None
-        self.waiting.popleft()
-        self.running.append(request)
-        if request.cached_tokens is None:
-            request.cached_tokens = start
-        request.host_pages_in += host
-        request.disk_pages_in += disk
-        request.computed = request.committed = start
-        request.pages_tokens = allocation.num_tokens_with_pages
-        return Chunk(request, start, count, host, disk)
-
-    # -- kvstore bookkeeping ---------------------------------------------------------------------
+        return KVAdmission(start, allocation, host, disk)
 
     def _allocate(self, request: SimRequest, count: int) -> None:
         """Pages for `count` more tokens (a decode step mostly needs none).
@@ -296,6 +246,7 @@ class SimRank(HandoffSide):
         request.pages_tokens = allocation.num_tokens_with_pages
 
     def _fits(self, request: SimRequest, count: int) -> bool:
+        """True when `count` more tokens have pages or can get them (commits first)."""
         if request.computed + count <= request.pages_tokens:
             return True
         self._commit(request)
@@ -312,17 +263,6 @@ class SimRank(HandoffSide):
             self.current = None
         request.committed = request.computed
         self.retry_reserve = True  # window pages may have slid out
-
-    def _end_context(self, request: SimRequest) -> None:
-        """The prompt is computed: retain this turn, drop older ones (not twice after recompute)."""
-        request.context_done = True
-        if not request.retain:
-            return
-        self.manager.finish_context(request.request_id)
-        conversation = request.conversation_id
-        if conversation and self.manager.retained_turns(conversation):
-            self._retained[conversation] = None
-            self._retained.move_to_end(conversation)
 
     def _finish(self, request: SimRequest) -> None:
         self.retry_reserve = True
@@ -345,51 +285,3 @@ class SimRank(HandoffSide):
         self.manager.finish_request(request.request_id)
         self.retry_reserve = True
         self.on_finished(request)
-
-    # -- memory pressure ---------------------------------------------------------------------------
-
-    def _make_room(self, request: SimRequest, count: int, scheduled: set[SimRequest]) -> bool:
-        """Make `count` more tokens fit: drop retained turns, then preempt newer requests."""
-
-        def fits() -> bool:
-            return self._fits(request, count)
-
-        if fits() or self._release_retained(fits):
-            return True
-        while not fits():
-            victims = [r for r in self.running if r is not request and r not in scheduled]
-            if not victims:
-                return False
-            self._preempt(victims[-1])
-        return True
-
-    def _release_retained(self, fits: Callable[[], bool]) -> bool:
-        """Release whole conversations' retained turns, oldest context end first, until `fits()`.
-
-        NOTE: released, not dropped: the pages go to the LRU, so they stay matchable until
-        evicted and the tiers offload them then (a drop would free them, losing the prefix).
-        """
-        while self._retained:
-            conversation, _ = self._retained.popitem(last=False)
-            if self.manager.can_release_conversation(conversation):
-                self.released_conversations += 1
-                self.manager.release_conversation(conversation)
-            if fits():
-                return True
-        return False
-
-    def _preempt(self, victim: SimRequest) -> None:
-        """Give back a running request's pages; it re-queues first and recomputes its prompt.
-
-        NOTE: the recompute covers the prompt only; its generated tokens' KV is not modelled.
-        """
-        self.running.remove(victim)
-        self.manager.finish_request(victim.request_id)
-        self.retry_reserve = True
-        self.manager.add_request(victim.request_id, victim.tokens, victim.conversation_id)
-        victim.retain = victim.retain and not victim.context_done
-        victim.context_done = False
-        victim.computed = victim.committed = victim.pages_tokens = 0
-        victim.preemptions += 1
-        self.preemptions += 1
-        self.waiting.appendleft(victim)

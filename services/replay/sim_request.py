@@ -46,6 +46,11 @@ class SimRequest:
         self.reservation_id = self.reservation_id or self.request_id
 
     @property
+    def key(self) -> str:
+        """What its rank's kvstore manager tracks it by."""
+        return self.request_id
+
+    @property
     def prompt_len(self) -> int:
         """Prompt tokens."""
         return len(self.tokens)

@@ -1,0 +1,138 @@
+"""The shared step rule (`StepPlanner`, `RetainedConversations`) through the engine's Scheduler.
+
+The simulator's rank runs the same rule (`services/replay/sim_rank.py`); its regression digest
+and pressure tests cover the simulator side.
+"""
+
+from kvfleet.kvstore.config import KVStoreConfig
+from kvfleet.kvstore.life_cycles import FullLifeCycle
+from kvfleet.kvstore.manager import KVCacheManager
+from kvfleet.kvstore.policies import PerConversation, PerRequest
+from kvfleet.services.engine.engine_request import GenerateCall
+from kvfleet.services.engine.retained_order import RetainedConversations
+from kvfleet.services.engine.sampling import SamplingParams
+from kvfleet.services.engine.scheduler import Scheduler
+from kvfleet.services.engine.sequence import Sequence
+
+BLOCK = 4
+USABLE_PAGES = 8
+
+
+def make_manager(policy=None) -> KVCacheManager:
+    """One full-attention pool of 8 usable pages of 4 tokens (plus the null page)."""
+    config = KVStoreConfig(
+        block_size=BLOCK,
+        life_cycles=(FullLifeCycle("full"),),
+        pool_pages={"full": USABLE_PAGES + 1},
+        reuse_policy=policy or PerRequest(),
+        checkpoint=False,
+    )
+    manager = KVCacheManager(config, lambda event: None)
+    assert manager.pools["full"].num_usable == USABLE_PAGES
+    return manager
+
+
+def make_sequence(name: str, first_token: int, length: int, conversation=None) -> Sequence:
+    """A sequence whose prompt is `length` consecutive token ids from `first_token`."""
+    prompt = tuple(range(first_token, first_token + length))
+    call = GenerateCall(name, prompt, SamplingParams(), conversation)
+    return Sequence(f"{name}#0", call, 0, call.sampling, None, 0.0)
+
+
+def add_sequences(scheduler: Scheduler, *lengths: tuple[str, int]) -> list[Sequence]:
+    """Queue one sequence per (name, prompt length), with prompts that share no block."""
+    sequences = [
+        make_sequence(name, 100 * index, length) for index, (name, length) in enumerate(lengths)
+    ]
+    for sequence in sequences:
+        scheduler.add(sequence)
+    return sequences
+
+
+def run_chunks(scheduler: Scheduler, chunks) -> None:
+    """What the engine core does after a step: commit, end contexts, sample one token each."""
+    for chunk in chunks:
+        sequence = chunk.sequence
+        scheduler.manager.commit(sequence.key, chunk.start + chunk.count)
+        if chunk.samples:
+            if not sequence.context_done:
+                scheduler.context_ended(sequence)
+            sequence.output.append(7)
+
+
+def test_admission_is_first_come_first_served():
+    """A later small request must not overtake a head that does not fit (starvation)."""
+    scheduler = Scheduler(make_manager(), max_batch_size=4, token_budget=64)
+    _, blocked, small = add_sequences(scheduler, ("big", 24), ("blocked", 16), ("small", 4))
+    chunks = scheduler.schedule()
+    assert [(c.sequence.key, c.start, c.count) for c in chunks] == [("big#0", 0, 24)]
+    assert list(scheduler.waiting) == [blocked, small]
+    scheduler.manager.check_integrity()
+
+
+def test_pressure_releases_the_oldest_retained_conversation_before_preempting():
+    """Preempting while retained turns hold pages would recompute work the LRU could give."""
+    scheduler = Scheduler(make_manager(PerConversation(max_num_turns=1)), 4, 64)
+    old, newer = make_sequence("old", 0, 8, "c-old"), make_sequence("newer", 100, 8, "c-new")
+    for sequence in (old, newer):
+        scheduler.add(sequence)
+        run_chunks(scheduler, scheduler.schedule())
+        scheduler.remove(sequence)
+    assert list(scheduler.retained) == ["c-old", "c-new"]
+    assert scheduler.retained_pages() == 4
+    grower = make_sequence("grower", 200, 24)
+    scheduler.add(grower)
+    chunks = scheduler.schedule()
+    assert [(c.sequence.key, c.count) for c in chunks] == [("grower#0", 24)]
+    assert (scheduler.retained.released, scheduler.preemptions) == (1, 0)
+    assert list(scheduler.retained) == ["c-new"]
+    scheduler.manager.check_integrity()
+
+
+def test_pressure_preempts_the_newest_running_sequence_with_its_output():
+    """A wrong victim or a lost output would break recompute-by-preemption."""
+    scheduler = Scheduler(make_manager(), max_batch_size=4, token_budget=64)
+    oldest, middle, newest = add_sequences(scheduler, ("oldest", 12), ("middle", 8), ("newest", 12))
+    run_chunks(scheduler, scheduler.schedule())
+    chunks = scheduler.schedule()
+    assert [(c.sequence.key, c.start, c.count) for c in chunks] == [
+        ("oldest#0", 12, 1),
+        ("middle#0", 8, 1),
+    ]
+    assert scheduler.preemptions == 1
+    assert scheduler.running == [oldest, middle]
+    assert list(scheduler.waiting) == [newest]
+    assert (newest.kv_prompt_len, newest.admitted, newest.retain) == (13, False, False)
+    scheduler.manager.check_integrity()
+
+
+def test_a_sequence_planned_this_step_is_never_preempted():
+    """Preempting a planned sequence would free pages its chunk is about to use."""
+    scheduler = Scheduler(make_manager(), max_batch_size=4, token_budget=64)
+    planned, short = add_sequences(scheduler, ("planned", 15), ("short", 16))
+    run_chunks(scheduler, scheduler.schedule())
+    chunks = scheduler.schedule()
+    assert [c.sequence.key for c in chunks] == ["planned#0"]
+    assert scheduler.preemptions == 0
+    assert scheduler.running == [planned, short]
+    scheduler.manager.check_integrity()
+
+
+def test_a_returning_conversation_moves_to_the_back_of_the_release_order():
+    """Releasing a conversation that just came back would throw away its freshest prefix."""
+    manager = make_manager(PerConversation(max_num_turns=2))
+    retained = RetainedConversations(manager)
+    prompts = {"a": (0, 8), "b": (100, 8)}
+    for turn, conversation in enumerate(("a", "b", "a")):
+        first, length = prompts[conversation]
+        key = f"{conversation}-{turn}"
+        prompt = list(range(first, first + length + turn))
+        manager.add_request(key, prompt, conversation)
+        manager.admit(key, len(prompt) - manager.match(key).num_reusable_tokens)
+        manager.commit(key, len(prompt))
+        retained.context_ended(key, conversation)
+        manager.finish_request(key)
+    assert list(retained) == ["b", "a"]
+    assert retained.release_until(lambda: retained.released == 1)
+    assert list(retained) == ["a"]
+    manager.check_integrity()
