@@ -16,6 +16,7 @@ import argparse
 import asyncio
 import json
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 from kvfleet.services.replay.driver import DriverOptions
@@ -77,21 +78,18 @@ def parse_args() -> argparse.Namespace:
     return parser.parse_args()
 
 
-async def run_arms(args: argparse.Namespace) -> list[tuple]:
+async def run_sim_arms(
+    args: argparse.Namespace,
+    fleets: dict[str, dict[str, str]],
+    extra_measures: Callable[[SimTarget, list], dict] | None = None,
+) -> list[tuple]:
+    """Replay the same sessions on each arm's fleet; rows of (name, measures, wall s, stats,
+    result). `extra_measures(target, records)` adds an arm's own figures to its measures."""
     files = sorted(TRACES.glob("trace_*.json"))[: args.sessions]
     conversations = filter_max_model_len(read_traces(files, ReadOptions()), args.max_model_len)
     options = DriverOptions(len(conversations), args.time_scale, args.stagger)
-    common = {
-        "ranks": str(args.ranks),
-        "slots": str(args.slots),
-        "gpu_pages": str(args.gpu_pages),
-        "retained_conversations": str(args.retained_conversations),
-    }
     rows = []
-    for name, overrides in ARMS.items():
-        fleet = {**common, **overrides}
-        if name == HOST_ARM:
-            fleet["host_pages"] = str(args.host_pages)
+    for name, fleet in fleets.items():
         target = SimTarget(load_sim_config(args.model, fleet))
         started = time.perf_counter()
         try:
@@ -102,9 +100,34 @@ async def run_arms(args: argparse.Namespace) -> list[tuple]:
             await target.aclose()
         if result.errors:
             raise SystemExit(f"{name}: {len(result.errors)} failed: {result.errors[0].error}")
-        measures = {**result.measures.to_json(), "config": target.config.to_json()}
+        measures = result.measures.to_json()
+        if extra_measures is not None:
+            measures.update(extra_measures(target, result.records))
+        measures["config"] = target.config.to_json()
         rows.append((name, measures, time.perf_counter() - started, target.stats(), result))
     return rows
+
+
+async def run_arms(args: argparse.Namespace) -> list[tuple]:
+    common = {
+        "ranks": str(args.ranks),
+        "slots": str(args.slots),
+        "gpu_pages": str(args.gpu_pages),
+        "retained_conversations": str(args.retained_conversations),
+    }
+    fleets = {name: {**common, **overrides} for name, overrides in ARMS.items()}
+    fleets[HOST_ARM]["host_pages"] = str(args.host_pages)
+    return await run_sim_arms(args, fleets)
+
+
+def report(rows: list[tuple], args: argparse.Namespace, print_table) -> None:
+    """The table, then the plots (`--plot`) and the measures (`--json`) when asked."""
+    print_table(rows)
+    if args.plot is not None:
+        paths = write_plots({name: result.records for name, *_, result in rows}, args.plot)
+        print("plots:", ", ".join(str(path) for path in paths))
+    if args.json is not None:
+        args.json.write_text(json.dumps({name: m for name, m, *_ in rows}, indent=1))
 
 
 def ratio(value: float | None, base: float | None) -> str:
@@ -150,13 +173,7 @@ def main() -> None:
         f"{args.gpu_pages} GPU pages/rank, host arm {args.host_pages} pages/rank, "
         f"time scale {args.time_scale}, model {args.model.name}"
     )
-    rows = asyncio.run(run_arms(args))
-    print_table(rows)
-    if args.plot is not None:
-        paths = write_plots({name: result.records for name, *_, result in rows}, args.plot)
-        print("plots:", ", ".join(str(path) for path in paths))
-    if args.json is not None:
-        args.json.write_text(json.dumps({name: m for name, m, *_ in rows}, indent=1))
+    report(asyncio.run(run_arms(args)), args, print_table)
 
 
 if __name__ == "__main__":

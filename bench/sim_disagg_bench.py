@@ -16,20 +16,12 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import json
-import time
 from pathlib import Path
 
-from kvfleet.services.replay.driver import DriverOptions
-from kvfleet.services.replay.plots import write_plots
-from kvfleet.services.replay.readers import ReadOptions, filter_max_model_len, read_traces
-from kvfleet.services.replay.runner import run_arm
-from kvfleet.services.replay.sim_config import load_sim_config
 from kvfleet.services.replay.sim_target import SimTarget
-from kvfleet.services.replay.tokens import TokenSynthesizer
 from rich.console import Console
 from rich.table import Table
-from sim_bench import HYBRID_MODEL, TRACES, TURNS_5
+from sim_bench import HYBRID_MODEL, TURNS_5, report, run_sim_arms
 
 MIB = 1 << 20
 
@@ -68,9 +60,6 @@ def arms(args: argparse.Namespace) -> dict[str, dict[str, str]]:
 
 
 async def run_arms(args: argparse.Namespace) -> list[tuple]:
-    files = sorted(TRACES.glob("trace_*.json"))[: args.sessions]
-    conversations = filter_max_model_len(read_traces(files, ReadOptions()), args.max_model_len)
-    options = DriverOptions(len(conversations), args.time_scale, args.stagger)
     common = {
         **TURNS_5,
         "checkpoint": "on",
@@ -79,22 +68,8 @@ async def run_arms(args: argparse.Namespace) -> list[tuple]:
         "host_pages": str(args.host_pages),
         "retained_conversations": str(args.retained_conversations),
     }
-    rows = []
-    for name, overrides in arms(args).items():
-        target = SimTarget(load_sim_config(args.model, {**common, **overrides}))
-        started = time.perf_counter()
-        try:
-            result = await run_arm(
-                name, target, conversations, TokenSynthesizer(args.seed, 32000), options, {}
-            )
-        finally:
-            await target.aclose()
-        if result.errors:
-            raise SystemExit(f"{name}: {len(result.errors)} failed: {result.errors[0].error}")
-        measures = {**result.measures.to_json(), **handoff_measures(target, result.records)}
-        measures["config"] = target.config.to_json()
-        rows.append((name, measures, time.perf_counter() - started, target.stats(), result))
-    return rows
+    fleets = {name: {**common, **overrides} for name, overrides in arms(args).items()}
+    return await run_sim_arms(args, fleets, handoff_measures)
 
 
 def handoff_measures(target: SimTarget, records) -> dict[str, float]:
@@ -162,13 +137,7 @@ def main() -> None:
         f"{args.gpu_pages} GPU + {args.host_pages} host pages/rank, "
         f"time scale {args.time_scale}, model {args.model.name}"
     )
-    rows = asyncio.run(run_arms(args))
-    print_table(rows)
-    if args.plot is not None:
-        paths = write_plots({name: result.records for name, *_, result in rows}, args.plot)
-        print("plots:", ", ".join(str(path) for path in paths))
-    if args.json is not None:
-        args.json.write_text(json.dumps({name: m for name, m, *_ in rows}, indent=1))
+    report(asyncio.run(run_arms(args)), args, print_table)
 
 
 if __name__ == "__main__":
