@@ -50,13 +50,13 @@ def build_app(backend: GenerateBackend) -> FastAPI:
 
     @app.post("/v1/completions")
     async def completions(request: Request):
-        body = await _json(request)
+        body = await json_body(request)
         prompt = _completion_prompt(body.get("prompt"), backend)
         return await _respond(backend, request, body, prompt, chat=False)
 
     @app.post("/v1/chat/completions")
     async def chat_completions(request: Request):
-        body = await _json(request)
+        body = await json_body(request)
         messages = body.get("messages")
         if not isinstance(messages, list):
             raise InvalidRequestError("messages", "must be a list of {role, content}")
@@ -66,7 +66,8 @@ def build_app(backend: GenerateBackend) -> FastAPI:
     return app
 
 
-async def _json(request: Request) -> dict[str, Any]:
+async def json_body(request: Request) -> dict[str, Any]:
+    """The request's JSON object; InvalidRequestError naming `body` otherwise."""
     try:
         body = await request.json()
     except ValueError as error:

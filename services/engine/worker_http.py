@@ -28,6 +28,7 @@ from fastapi.responses import JSONResponse
 from .chat_template import render_chat
 from .engine_request import EngineLoad, InvalidRequestError
 from .http_backends import BackendRequest, GenerateBackend
+from .openai_http import json_body
 from .sampling import SamplingParams
 
 HEALTH_PROBE_TOKEN = 32  # a space in the byte vocabulary; any id < vocab_size would do
@@ -133,13 +134,13 @@ def add_worker_routes(app: FastAPI, backend: GenerateBackend, info: WorkerInfo) 
 
     @app.post("/tokenize")
     async def tokenize(request: Request) -> dict[str, Any]:
-        body = await _body(request)
+        body = await json_body(request)
         ids = _prompt_ids(body, tokenizer)
         return {"tokens": ids, "count": len(ids), "max_model_len": info.max_model_len}
 
     @app.post("/detokenize")
     async def detokenize(request: Request) -> dict[str, Any]:
-        body = await _body(request)
+        body = await json_body(request)
         ids = body.get("tokens")
         if not isinstance(ids, list) or not all(isinstance(t, int) for t in ids):
             raise InvalidRequestError("tokens", "must be a list of token ids")
@@ -148,27 +149,17 @@ def add_worker_routes(app: FastAPI, backend: GenerateBackend, info: WorkerInfo) 
 
     @app.post("/v1/completions/render")
     async def render_completion(request: Request) -> list[dict[str, Any]]:
-        body = await _body(request)
+        body = await json_body(request)
         return [{"prompt_token_ids": _prompt_ids(body, tokenizer)}]
 
     @app.post("/v1/chat/completions/render")
     async def render_chat_completion(request: Request) -> list[dict[str, Any]]:
-        body = await _body(request)
+        body = await json_body(request)
         if not isinstance(body.get("messages"), list):
             raise InvalidRequestError("messages", "must be a list of {role, content}")
         return [{"prompt_token_ids": render_chat(body["messages"], tokenizer)}]
 
     return app
-
-
-async def _body(request: Request) -> dict[str, Any]:
-    try:
-        body = await request.json()
-    except ValueError as error:
-        raise InvalidRequestError("body", f"not JSON: {error}") from None
-    if not isinstance(body, dict):
-        raise InvalidRequestError("body", "must be a JSON object")
-    return body
 
 
 def _prompt_ids(body: dict[str, Any], tokenizer) -> list[int]:
