@@ -1,7 +1,20 @@
 """Tier-aware admission: whether a match plus new blocks fits, and taking the match's pages.
 
-Helpers of `KVCacheManager.admit`: they read or change only the pools, tiers and request state
-the manager hands them (the manager stays the single writer of each).
+Helpers of `KVCacheManager.admit` and `admit_computed`: they read or change only the pools,
+tiers and request state the manager hands them (the manager stays the single writer of each).
+
+A prompt computed elsewhere (a hand-off: its bytes arrive, nothing is prefilled here) gets pages
+only for the blocks after its reused prefix (k blocks, of n) that decoding reads or the reuse
+policy commits (`computed_blocks`), with B the block size, P the prompt length, C the planned
+checkpoint:
+
+| life cycle                          | blocks with pages (then only those >= k)           |
+|-------------------------------------|----------------------------------------------------|
+| whole prefix (full), private        | 0 .. n-1                                           |
+| any reusable one, `all_reusable`    | 0 .. n-1                                           |
+| window, state                       | live at P (`first_live_block(P)` .. n-1), endpoint |
+|                                     | window `resume_blocks(P // B)`, checkpoint window  |
+|                                     | `resume_blocks(C // B)`, snapshot blocks           |
 """
 
 from __future__ import annotations
@@ -9,9 +22,11 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping, Sequence
 
 from kvfleet.kvstore.block_pool import NULL_PAGE, BlockPool
+from kvfleet.kvstore.config import KVStoreConfig
 from kvfleet.kvstore.life_cycles import LifeCycle
 from kvfleet.kvstore.request_state import RequestState
 from kvfleet.kvstore.results import PrefixMatch
+from kvfleet.kvstore.slide_out import planned_checkpoint
 from kvfleet.kvstore.tiers.onboarding import onboard_staged
 from kvfleet.kvstore.tiers.stack import KVTiers, StagedBlock, StaleMatchError
 
@@ -33,12 +48,50 @@ def match_fits(
     against the room too.
     """
     blocks_after = blocks_for(match.num_reusable_tokens + num_new_tokens, block_size)
+    new_blocks = blocks_after - match.num_reusable_blocks
+    return pages_fit(match, {name: new_blocks for name, _ in required_pools}, required_pools)
+
+
+def pages_fit(
+    match: PrefixMatch,
+    new_pages: Mapping[str, int],
+    required_pools: Sequence[tuple[str, BlockPool]],
+) -> bool:
+    """True if every required pool has room for its `new_pages` and the match's onboarded
+    blocks (matched pages evictable now count against the room: a ref takes them)."""
     for name, pool in required_pools:
         revived = sum(1 for page in match.pages[name] if pool.is_evictable(page))
-        needed = blocks_after - match.num_reusable_blocks + match.num_lower(name)
+        needed = new_pages[name] + match.num_lower(name)
         if needed > pool.num_available() - revived:
             return False
     return True
+
+
+def computed_blocks(
+    life_cycles: Mapping[str, LifeCycle],
+    config: KVStoreConfig,
+    prompt_len: int,
+    num_reused_tokens: int,
+) -> dict[str, tuple[int, ...]]:
+    """Per life cycle, the ascending blocks after the reused prefix that a prompt computed
+    elsewhere gets pages for (the table above)."""
+    bs = config.block_size
+    num_blocks, end_blocks = blocks_for(prompt_len, bs), prompt_len // bs
+    checkpoint = planned_checkpoint(config, prompt_len, num_reused_tokens)
+    every_block = config.reuse_policy.commits_every_block
+    first = num_reused_tokens // bs
+    picked = {}
+    for name, life_cycle in life_cycles.items():
+        needed = set(range(life_cycle.first_live_block(prompt_len, bs), num_blocks))
+        if life_cycle.needs_whole_prefix or (every_block and life_cycle.reusable):
+            needed.update(range(end_blocks))
+        elif life_cycle.reusable:
+            needed.update(life_cycle.resume_blocks(end_blocks, bs))
+            if checkpoint is not None:
+                needed.update(life_cycle.resume_blocks(checkpoint // bs, bs))
+            needed.update(life_cycle.snapshot_blocks(prompt_len, bs))
+        picked[name] = tuple(sorted(index for index in needed if index >= first))
+    return picked
 
 
 def staged_match(
@@ -71,3 +124,23 @@ def take_match(
         state.next_commit[name] = match.num_reusable_blocks
         state.next_release[name] = 0
     onboard_staged(tiers, pools, life_cycles, state.page_tables, staged)
+
+
+def take_computed(
+    state: RequestState,
+    blocks: Mapping[str, Sequence[int]],
+    pools: Mapping[str, BlockPool],
+    num_blocks: int,
+) -> dict[str, tuple[int, ...]]:
+    """Extend the page tables to `num_blocks` and give each of `blocks` a new page, NULL_PAGE
+    elsewhere; the pages taken per life cycle (an optional one short of pages gets its last
+    blocks: decoding reads the end)."""
+    taken = {}
+    for name, pool in pools.items():
+        wanted, table = blocks[name], state.page_tables[name]
+        pages = pool.take(min(len(wanted), pool.num_available()))
+        table.extend([NULL_PAGE] * (num_blocks - len(table)))
+        for index, page in zip(wanted[len(wanted) - len(pages) :], pages, strict=True):
+            table[index] = page
+        taken[name] = tuple(pages)
+    return taken

@@ -31,7 +31,15 @@ from collections.abc import Mapping, Sequence
 from functools import partial
 
 import numpy as np
-from kvfleet.kvstore.admission import blocks_for, match_fits, staged_match, take_match
+from kvfleet.kvstore.admission import (
+    blocks_for,
+    computed_blocks,
+    match_fits,
+    pages_fit,
+    staged_match,
+    take_computed,
+    take_match,
+)
 from kvfleet.kvstore.block_pool import NULL_PAGE, BlockPool
 from kvfleet.kvstore.config import KVStoreConfig
 from kvfleet.kvstore.events import KVEventListener, ignore_event
@@ -182,6 +190,45 @@ class KVCacheManager:
         whole_prefix_tokens = match.num_whole_prefix_blocks * self.config.block_size
         plan_commits(state, self.life_cycles, self.config, whole_prefix_tokens)
         return self.allocate(request_id, num_new_tokens)
+
+    def can_admit_computed(self, request_id: str) -> bool:
+        """True if `admit_computed(request_id)` would succeed now."""
+        state = self._state(request_id)
+        return not state.admitted and self._computed_fits(state, self.match(request_id))
+
+    def admit_computed(self, request_id: str) -> Allocation:
+        """Admit a prompt whose KV was computed elsewhere (a hand-off): take the matched prefix
+        and pages only for the blocks after it that decoding reads or the reuse policy commits
+        (`admission.computed_blocks`), NULL_PAGE at the others.
+
+        The caller writes those pages' bytes, then calls `commit(request_id, prompt_len)`.
+        NOTE: no branch point is planned: its window was computed elsewhere and may not come.
+        """
+        if not self.can_admit_computed(request_id):
+            raise ValueError(f"request {request_id!r} cannot be admitted as computed elsewhere")
+        state = self._state(request_id)
+        self.tiers.land_prefetched()
+        match, staged = staged_match(
+            partial(self.match, request_id), self.tiers, state.sequence.hashes
+        )
+        try:
+            if not self._computed_fits(state, match):
+                raise ValueError(f"request {request_id!r}: its match shrank and no longer fits")
+            take_match(state, match, staged, self.pools, self.life_cycles, self.tiers)
+        finally:
+            self.tiers.release_pins()
+        state.admitted = True
+        state.num_reused_tokens = state.num_computed_tokens = match.num_reusable_tokens
+        plan_commits(state, self.life_cycles, self.config)
+        blocks = computed_blocks(
+            self.life_cycles, self.config, state.prompt_len, state.num_reused_tokens
+        )
+        num_blocks = self._blocks_for(state.prompt_len)
+        new_pages = take_computed(state, blocks, self.pools, num_blocks)
+        self.tiers.flush()
+        return Allocation(
+            request_id, state.num_reused_tokens, num_blocks * self.config.block_size, new_pages
+        )
 
     def can_allocate(self, request_id: str, num_new_tokens: int) -> bool:
         """True if `allocate(request_id, num_new_tokens)` would succeed now."""
@@ -343,6 +390,13 @@ class KVCacheManager:
 
     def _fits(self, match: PrefixMatch, num_new_tokens: int) -> bool:
         return match_fits(match, num_new_tokens, self._required_pools(), self.config.block_size)
+
+    def _computed_fits(self, state: RequestState, match: PrefixMatch) -> bool:
+        blocks = computed_blocks(
+            self.life_cycles, self.config, state.prompt_len, match.num_reusable_tokens
+        )
+        counts = {name: len(indices) for name, indices in blocks.items()}
+        return pages_fit(match, counts, self._required_pools())
 
     def _blocks_for(self, num_tokens: int) -> int:
         return blocks_for(num_tokens, self.config.block_size)

@@ -25,6 +25,16 @@ from kvfleet.kvstore.life_cycles import LifeCycle
 from kvfleet.kvstore.request_state import RequestState
 
 
+def planned_checkpoint(
+    config: KVStoreConfig, prompt_len: int, num_reused_tokens: int
+) -> int | None:
+    """The context-end checkpoint a prompt plans after reusing `num_reused_tokens`, or None
+    (the policy allows none, checkpoints are off, or the reused prefix is already past it)."""
+    checkpoint = config.checkpoint_position(prompt_len)
+    enabled = config.reuse_policy.allows_checkpoint and config.checkpoint
+    return checkpoint if enabled and checkpoint > num_reused_tokens else None
+
+
 def plan_commits(
     state: RequestState,
     life_cycles: Mapping[str, LifeCycle],
@@ -33,11 +43,8 @@ def plan_commits(
 ) -> None:
     """At admission: set the request's checkpoint, branch point and window/state commit and keep
     sets (`whole_prefix_tokens`: how far its whole-prefix life cycles found it cached)."""
-    bs, policy = config.block_size, config.reuse_policy
-    checkpoint = config.checkpoint_position(state.prompt_len)
-    enabled = policy.allows_checkpoint and config.checkpoint
-    if enabled and checkpoint > state.num_reused_tokens:
-        state.checkpoint_tokens = checkpoint
+    bs = config.block_size
+    state.checkpoint_tokens = planned_checkpoint(config, state.prompt_len, state.num_reused_tokens)
     state.branch_tokens = branch_position(
         config, state.prompt_len, state.num_reused_tokens, whole_prefix_tokens
     )

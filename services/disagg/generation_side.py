@@ -5,7 +5,8 @@ run on the core thread (`call_on_core`), the fetch between them does not block t
 
 | step     | thread | what                                                                  |
 |----------|--------|-----------------------------------------------------------------------|
-| reserve  | core   | track the request, match what this rank holds, admit pages for the rest |
+| reserve  | core   | track the request, match what this rank holds, `admit_computed` pages  |
+|          |        | for the blocks after it that decoding reads or the reuse policy commits |
 | fetch    | gRPC   | transports in order (`grpc`, then `disk`) until the needed blocks came |
 | install  | core   | write the bytes, commit per the reuse policy, run as a decoding sample |
 | abort    | core   | every transport failed: release the reserved pages                     |
@@ -119,30 +120,22 @@ class GenerationSide:
             )
         sequence = core.new_sequence(call)
         manager.add_request(sequence.key, call.prompt_token_ids, call.conversation_id)
-        match = manager.match(sequence.key)
-        count = len(call.prompt_token_ids) - match.num_reusable_tokens
-        if not self._room(sequence.key, count):
+        if not self._room(sequence.key):
             manager.finish_request(sequence.key)
             raise HandoffNoRoom(
-                f"request {call.request_id}: no slot or no pages for {count} tokens "
+                f"request {call.request_id}: no slot or no pages for its "
+                f"{len(call.prompt_token_ids)}-token prompt "
                 f"({len(core.scheduler.running)} of {core.config.max_batch_size} slots running)"
             )
-        # NOTE: admission onboards host/disk blocks and may reuse less than the match said (a
-        # disk file that failed its checks): what it did not reuse must arrive by hand-off too.
-        reused = manager.admit(sequence.key, count).num_reused_tokens
-        shortfall = match.num_reusable_tokens - reused
-        if shortfall and not manager.can_allocate(sequence.key, shortfall):
-            manager.finish_request(sequence.key)
-            raise HandoffNoRoom(
-                f"request {call.request_id}: no pages for the {shortfall} tokens a bad tier "
-                "file left to fetch"
-            )
-        if shortfall:
-            manager.allocate(sequence.key, shortfall)
+        # NOTE: pages only for the blocks decoding reads or the reuse policy commits, so a
+        # window pool holds a window, not the prompt. Admission onboards host/disk blocks and
+        # may reuse less than a match said (a disk file that failed its checks): it plans the
+        # pages from what it did reuse, and those blocks arrive by hand-off too.
+        reused = manager.admit_computed(sequence.key).num_reused_tokens
         k = reused // manager.config.block_size
         hashes = prompt_hashes(call.prompt_token_ids, manager.config.block_size)
         tables = {name: manager.page_table(sequence.key, name) for name in manager.life_cycles}
-        # Held: on this rank's device, or onboarded from its host/disk tier by `admit`.
+        # Held: on this rank's device, or onboarded from its host/disk tier by admission.
         held = {name: sum(p != NULL_PAGE for p in table[:k]) for name, table in tables.items()}
         skipped = sum(held.values())
         layout = kv_layout(core.compute.cache)
@@ -155,46 +148,31 @@ class GenerationSide:
             )
             for name, table in tables.items()
         }
+        # Every block with a page after the held prefix must arrive (an optional life cycle
+        # short of pages has fewer; whatever of it arrives is used).
+        required = {
+            name: frozenset(index for index, _ in rows)
+            for name, rows in wanted.items()
+            if manager.life_cycles[name].required
+        }
         return Reservation(
             sequence,
             k,
             tuple(hashes[:k]),
             skipped,
             wanted,
-            self._required(sequence, k),
+            required,
             tables,
             handoff_tokens,
             skipped_bytes,
         )
 
-    def _room(self, key: str, count: int) -> bool:
+    def _room(self, key: str) -> bool:
         core, manager = self.core, self.core.manager
         if len(core.scheduler.running) >= core.config.max_batch_size:
             return False
-        fits = lambda: manager.can_admit(key, count)  # noqa: E731
+        fits = lambda: manager.can_admit_computed(key)  # noqa: E731
         return fits() or core.scheduler.release_retained_until(fits)
-
-    def _required(self, sequence, first: int) -> dict[str, frozenset[int]]:
-        """Blocks that must arrive: those decoding reads and those the reuse policy commits."""
-        manager = self.core.manager
-        bs = manager.config.block_size
-        prompt_len = len(sequence.call.prompt_token_ids)
-        num_blocks, full_blocks = -(-prompt_len // bs), prompt_len // bs
-        checkpoint = manager.progress(sequence.key).checkpoint_tokens
-        every = manager.config.reuse_policy.commits_every_block
-        required = {}
-        for name, life_cycle in manager.life_cycles.items():
-            if not life_cycle.required:
-                continue
-            needed = set(range(life_cycle.first_live_block(prompt_len, bs), num_blocks))
-            if life_cycle.needs_whole_prefix or (every and life_cycle.reusable):
-                needed.update(range(full_blocks))
-            elif life_cycle.reusable:
-                needed.update(life_cycle.resume_blocks(full_blocks, bs))
-                if checkpoint is not None:
-                    needed.update(life_cycle.resume_blocks(checkpoint // bs, bs))
-            required[name] = frozenset(i for i in needed if i >= first)
-        return required
 
     def _install(self, reservation: Reservation, blocks: list[KVBlock], transport: str):
         core, manager = self.core, self.core.manager
@@ -209,6 +187,9 @@ class GenerationSide:
         }
         if missing:
             raise MissingBlocks(f"blocks missing after the held prefix: {missing}")
+        # NOTE: the sender has every block it still holds; one this rank gave no page (slid
+        # out of the window, committed by no policy here) is neither read nor committed.
+        blocks = [block for block in blocks if _has_page(reservation, block)]
         size = install_blocks(core.compute.cache, reservation.page_tables, blocks)
         prompt_len = len(sequence.call.prompt_token_ids)
         manager.commit(sequence.key, prompt_len)
@@ -222,3 +203,10 @@ class GenerationSide:
 def match_tokens(reservation: Reservation, manager) -> int:
     """Prompt tokens the receiver reused (its held prefix)."""
     return reservation.first_block * manager.config.block_size
+
+
+def _has_page(reservation: Reservation, block: KVBlock) -> bool:
+    """False for a block at a position the receiver left NULL (out-of-range ones stay, so
+    `install_blocks` reports them)."""
+    table = reservation.page_tables.get(block.life_cycle, ())
+    return not (0 <= block.index < len(table) and table[block.index] == NULL_PAGE)

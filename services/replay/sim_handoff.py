@@ -149,8 +149,9 @@ class HandoffSide:
 
         NOTE: pages are taken a step's token budget at a time, committing as they go, so the
         pages of window blocks that slide out come back and a window pool needs a window plus
-        a chunk, not the whole prompt. The live receiver (`generation_side._reserve`) admits
-        the whole prompt at once, which a window pool smaller than the prompt cannot take.
+        a chunk, not the whole prompt. The live receiver gets the same bound another way:
+        `admit_computed` gives window blocks pages only where decoding reads or the policy
+        commits.
         """
         manager, rid = self.manager, request.request_id
         admitted = self._admit_pages(request, self.token_budget)
