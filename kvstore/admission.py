@@ -1,7 +1,8 @@
 """Tier-aware admission: whether a match plus new blocks fits, and taking the match's pages.
 
-Helpers of `KVCacheManager.admit` and `admit_computed`: they read or change only the pools,
-tiers and request state the manager hands them (the manager stays the single writer of each).
+Helpers of `KVCacheManager.admit`, `admit_computed` and `allocate`: they read or change only the
+pools, tiers and request state the manager hands them (the manager stays the single writer of
+each).
 
 A prompt computed elsewhere (a hand-off: its bytes arrive, nothing is prefilled here) gets pages
 only for the blocks after its reused prefix (k blocks, of n) that decoding reads or the reuse
@@ -27,6 +28,7 @@ from kvfleet.kvstore.life_cycles import LifeCycle
 from kvfleet.kvstore.request_state import RequestState
 from kvfleet.kvstore.results import PrefixMatch
 from kvfleet.kvstore.slide_out import planned_checkpoint
+from kvfleet.kvstore.tiers.metrics import DISK
 from kvfleet.kvstore.tiers.onboarding import onboard_staged
 from kvfleet.kvstore.tiers.stack import KVTiers, StagedBlock, StaleMatchError
 
@@ -67,6 +69,35 @@ def pages_fit(
     return True
 
 
+def computed_fits(
+    state: RequestState,
+    match: PrefixMatch,
+    life_cycles: Mapping[str, LifeCycle],
+    config: KVStoreConfig,
+    required_pools: Sequence[tuple[str, BlockPool]],
+) -> bool:
+    """True if every required pool has room for the match and the pages a prompt computed
+    elsewhere gets after it (`computed_blocks`)."""
+    blocks = computed_blocks(life_cycles, config, state.prompt_len, match.num_reusable_tokens)
+    counts = {name: len(indices) for name, indices in blocks.items()}
+    return pages_fit(match, counts, required_pools)
+
+
+def tables_fit(
+    state: RequestState,
+    num_new_tokens: int,
+    block_size: int,
+    required_pools: Sequence[tuple[str, BlockPool]],
+) -> bool:
+    """True if every required pool has room to extend the request's page table over
+    `num_new_tokens` tokens after its computed ones."""
+    num_blocks = blocks_for(state.num_computed_tokens + num_new_tokens, block_size)
+    return all(
+        max(0, num_blocks - len(state.page_tables[name])) <= pool.num_available()
+        for name, pool in required_pools
+    )
+
+
 def computed_blocks(
     life_cycles: Mapping[str, LifeCycle],
     config: KVStoreConfig,
@@ -94,6 +125,16 @@ def computed_blocks(
     return picked
 
 
+def disk_blocks(match: PrefixMatch, hashes: Sequence[int]) -> list[tuple[str, int]]:
+    """The (life cycle, block id) of every matched block that only the disk tier holds."""
+    return [
+        (name, hashes[index])
+        for name, where in match.locations.items()
+        for index, tier in enumerate(where)
+        if tier == DISK
+    ]
+
+
 def staged_match(
     match: Callable[[], PrefixMatch], tiers: KVTiers, hashes: Sequence[int]
 ) -> tuple[PrefixMatch, dict[str, list[StagedBlock]]]:
@@ -104,6 +145,32 @@ def staged_match(
             return current, tiers.stage(current, hashes)
         except StaleMatchError:
             continue
+
+
+def admit_match(
+    state: RequestState,
+    match: Callable[[], PrefixMatch],
+    fits: Callable[[PrefixMatch], bool],
+    pools: Mapping[str, BlockPool],
+    life_cycles: Mapping[str, LifeCycle],
+    tiers: KVTiers,
+) -> PrefixMatch:
+    """Land finished prefetches, match and stage, check the staged match still `fits`, then
+    ref it and onboard its staged blocks: the request is admitted at the match's end.
+
+    Raises ValueError (nothing taken) when the match shrank and no longer fits.
+    """
+    tiers.land_prefetched()
+    current, staged = staged_match(match, tiers, state.sequence.hashes)
+    try:
+        if not fits(current):
+            raise ValueError(f"request {state.request_id!r}: its match shrank and no longer fits")
+        take_match(state, current, staged, pools, life_cycles, tiers)
+    finally:
+        tiers.release_pins()
+    state.admitted = True
+    state.num_reused_tokens = state.num_computed_tokens = current.num_reusable_tokens
+    return current
 
 
 def take_match(
@@ -128,13 +195,15 @@ def take_match(
 
 def take_computed(
     state: RequestState,
-    blocks: Mapping[str, Sequence[int]],
     pools: Mapping[str, BlockPool],
-    num_blocks: int,
+    life_cycles: Mapping[str, LifeCycle],
+    config: KVStoreConfig,
 ) -> dict[str, tuple[int, ...]]:
-    """Extend the page tables to `num_blocks` and give each of `blocks` a new page, NULL_PAGE
-    elsewhere; the pages taken per life cycle (an optional one short of pages gets its last
-    blocks: decoding reads the end)."""
+    """Extend the page tables over the whole prompt and give each block `computed_blocks` picks
+    a new page, NULL_PAGE elsewhere; the pages taken per life cycle (an optional one short of
+    pages gets its last blocks: decoding reads the end)."""
+    blocks = computed_blocks(life_cycles, config, state.prompt_len, state.num_reused_tokens)
+    num_blocks = blocks_for(state.prompt_len, config.block_size)
     taken = {}
     for name, pool in pools.items():
         wanted, table = blocks[name], state.page_tables[name]
@@ -142,5 +211,23 @@ def take_computed(
         table.extend([NULL_PAGE] * (num_blocks - len(table)))
         for index, page in zip(wanted[len(wanted) - len(pages) :], pages, strict=True):
             table[index] = page
+        taken[name] = tuple(pages)
+    return taken
+
+
+def take_next(
+    state: RequestState, pools: Mapping[str, BlockPool], num_new_tokens: int, block_size: int
+) -> dict[str, tuple[int, ...]]:
+    """Extend every page table over `num_new_tokens` tokens after the computed ones with new
+    pages; an optional life cycle short of pages gets NULL_PAGE for the rest. The pages taken
+    per life cycle."""
+    num_blocks = blocks_for(state.num_computed_tokens + num_new_tokens, block_size)
+    taken = {}
+    for name, pool in pools.items():
+        table = state.page_tables[name]
+        needed = max(0, num_blocks - len(table))
+        pages = pool.take(min(needed, pool.num_available()))
+        table.extend(pages)
+        table.extend([NULL_PAGE] * (needed - len(pages)))  # only optional ones fall short
         taken[name] = tuple(pages)
     return taken

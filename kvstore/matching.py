@@ -11,6 +11,7 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping, Sequence
 
 from kvfleet.kvstore.block_pool import NULL_PAGE, BlockPool
+from kvfleet.kvstore.config import KVStoreConfig
 from kvfleet.kvstore.life_cycles import LifeCycle
 from kvfleet.kvstore.results import PrefixMatch
 
@@ -30,6 +31,20 @@ def can_resume(
     """True if every block `life_cycle` needs to resume at block `k` is cached."""
     found = _finder(pool, None)
     return _resumable(found, life_cycle, hashes, k, block_size)
+
+
+def match_prompt(
+    hashes: Sequence[int],
+    prompt_len: int,
+    config: KVStoreConfig,
+    pools: Mapping[str, BlockPool],
+    locate: Locate | None = None,
+) -> PrefixMatch:
+    """The longest reusable prefix of a prompt: `find_prefix` capped `max(1, R)` tokens before
+    the prompt's end (R: the config's largest replay), block-aligned."""
+    cap_tokens = prompt_len - max(1, config.max_replay_tokens)
+    max_blocks = max(0, cap_tokens) // config.block_size
+    return find_prefix(hashes, max_blocks, config.life_cycles, pools, config.block_size, locate)
 
 
 def find_prefix(

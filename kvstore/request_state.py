@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 
+import numpy as np
 from kvfleet.kvstore.hashing import SequenceHashes
+from kvfleet.kvstore.results import RequestProgress
 
 
 @dataclass
@@ -31,3 +34,48 @@ class RequestState:
     next_release: dict[str, int] = field(default_factory=dict)
     commit_blocks: dict[str, frozenset[int]] = field(default_factory=dict)
     keep: dict[str, frozenset[int]] = field(default_factory=dict)
+
+    @classmethod
+    def for_prompt(
+        cls,
+        request_id: str,
+        prompt_token_ids: Sequence[int] | np.ndarray,
+        conversation_id: str | None,
+        extra_key: bytes,
+        block_size: int,
+    ) -> RequestState:
+        """A new request with its prompt's full blocks hashed; ValueError for an empty prompt."""
+        sequence = SequenceHashes(block_size, extra_key)
+        sequence.extend(prompt_token_ids)
+        if sequence.num_tokens == 0:
+            raise ValueError(f"request {request_id!r} has an empty prompt")
+        return cls(request_id, conversation_id, sequence.num_tokens, sequence)
+
+    def progress(self) -> RequestProgress:
+        """Where the request stands (a frozen copy)."""
+        return RequestProgress(
+            self.admitted,
+            self.num_reused_tokens,
+            self.num_computed_tokens,
+            self.checkpoint_tokens,
+            self.context_done,
+            self.branch_tokens,
+        )
+
+    def check_commit(self, num_computed_tokens: int, block_size: int) -> None:
+        """Raise ValueError unless the request is admitted and `num_computed_tokens` goes from
+        its computed tokens up to the end of its pages."""
+        limit = len(next(iter(self.page_tables.values()), [])) * block_size
+        if not self.admitted or not self.num_computed_tokens <= num_computed_tokens <= limit:
+            raise ValueError(
+                f"request {self.request_id!r}: computed tokens must go from "
+                f"{self.num_computed_tokens} up to {limit} (with pages), got {num_computed_tokens}"
+            )
+
+    def check_context_end(self) -> None:
+        """Raise ValueError unless the whole prompt is computed and the context not ended yet."""
+        if self.context_done or self.num_computed_tokens < self.prompt_len:
+            raise ValueError(
+                f"request {self.request_id!r}: context end needs {self.prompt_len} computed "
+                f"tokens, has {self.num_computed_tokens} (done already: {self.context_done})"
+            )

@@ -18,12 +18,13 @@ the block id at the branch point and kept in least-recently-used order.
 from __future__ import annotations
 
 from collections import OrderedDict, deque
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 
 from kvfleet.kvstore.block_pool import BlockPool
 from kvfleet.kvstore.drop_plan import build_drop_plan
 from kvfleet.kvstore.life_cycles import LifeCycle
+from kvfleet.kvstore.policies import ReusePolicy
 from kvfleet.kvstore.request_state import RequestState
 from kvfleet.kvstore.results import DropPlan, TurnRecord, TurnRelease
 
@@ -66,6 +67,26 @@ class RetainedTurns:
         """A turn resumed at the branch under `key` (if held): make it the most recent."""
         if key in self.branches:
             self.branches.move_to_end(key)
+
+
+def retain_finished(
+    turns: RetainedTurns,
+    state: RequestState,
+    pools: Mapping[str, BlockPool],
+    life_cycles: Mapping[str, LifeCycle],
+    policy: ReusePolicy,
+    block_size: int,
+) -> tuple[DropPlan, ...]:
+    """At a context end: retain the request's turn (and its branch point) in `turns`, drop the
+    records that fell out beyond the policy's counts; their drop plans."""
+    turn = retain_turn(state, pools, life_cycles, block_size)
+    fallen = turns.add(turn, policy.recent_turns, policy.keep_root)
+    if state.branch_tokens is not None:
+        key, branch = retain_branch(state, pools, life_cycles, block_size)
+        fallen.extend(turns.add_branch(key, branch, policy.keep_branch_points))
+    elif state.num_reused_tokens:  # a turn that resumed at a held branch point refreshes it
+        turns.touch_branch(state.sequence.hashes[state.num_reused_tokens // block_size - 1])
+    return drop_turns(fallen, pools, life_cycles)
 
 
 def retain_turn(
@@ -118,6 +139,15 @@ def _hold(
                 pools[name].ref(page)
         pages[name] = found
     return pages
+
+
+def drop_turns(
+    turns: Iterable[TurnRecord],
+    pools: Mapping[str, BlockPool],
+    life_cycles: Mapping[str, LifeCycle],
+) -> tuple[DropPlan, ...]:
+    """Drop each of `turns` in order (`drop_turn`); the plans of those that had one."""
+    return tuple(plan for turn in turns for plan in drop_turn(turn, pools, life_cycles))
 
 
 def drop_turn(

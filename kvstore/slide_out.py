@@ -118,3 +118,12 @@ def release_kept(state: RequestState, pools: Mapping[str, BlockPool]) -> None:
                 pool.release(table[index])
                 table[index] = NULL_PAGE
         state.keep[name] = frozenset()
+
+
+def release_tables(state: RequestState, pools: Mapping[str, BlockPool]) -> None:
+    """At the request's end or cancel: release every page its page tables hold."""
+    for name, table in state.page_tables.items():
+        pool = pools[name]
+        for page in table:
+            if page != NULL_PAGE:
+                pool.release(page)

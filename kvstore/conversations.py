@@ -1,0 +1,63 @@
+"""Conversation bookkeeping: which turns each conversation retains, by conversation id.
+
+The manager owns one `ConversationRetention` and the pools it is built over; only the manager
+calls it, so the manager stays the single writer of retention and pools. A conversation appears
+at its first retained turn and goes at `drop` (pages nobody else holds are freed) or `release`
+(its refs go to the LRU).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+
+from kvfleet.kvstore.block_pool import BlockPool
+from kvfleet.kvstore.life_cycles import LifeCycle
+from kvfleet.kvstore.policies import ReusePolicy
+from kvfleet.kvstore.request_state import RequestState
+from kvfleet.kvstore.results import DropPlan, TurnRecord, TurnRelease
+from kvfleet.kvstore.retention import RetainedTurns, drop_turns, release_turn, retain_finished
+
+
+class ConversationRetention:
+    """Every conversation's `RetainedTurns`, taking and giving back refs in the manager's pools."""
+
+    def __init__(
+        self,
+        pools: Mapping[str, BlockPool],
+        life_cycles: Mapping[str, LifeCycle],
+        policy: ReusePolicy,
+        block_size: int,
+    ) -> None:
+        self._pools = pools
+        self._life_cycles = life_cycles
+        self._policy = policy
+        self._block_size = block_size
+        self._by_id: dict[str, RetainedTurns] = {}
+
+    def records(self, conversation_id: str) -> tuple[TurnRecord, ...]:
+        """Records the conversation holds: a kept root, branch records, then turns oldest first."""
+        turns = self._by_id.get(conversation_id)
+        return turns.in_order() if turns is not None else ()
+
+    def all_turns(self) -> Iterable[RetainedTurns]:
+        """Every conversation's retained turns (for integrity checks; read only)."""
+        return self._by_id.values()
+
+    def retain(self, state: RequestState) -> tuple[DropPlan, ...]:
+        """At the request's context end: retain its turn if the policy retains turns and it
+        belongs to a conversation; the drop plans of records that fell out."""
+        if not self._policy.retained_turns or state.conversation_id is None:
+            return ()
+        turns = self._by_id.setdefault(state.conversation_id, RetainedTurns())
+        pools, life_cycles = self._pools, self._life_cycles
+        return retain_finished(turns, state, pools, life_cycles, self._policy, self._block_size)
+
+    def drop(self, conversation_id: str) -> tuple[DropPlan, ...]:
+        """Forget the conversation and drop every record it retains (none if unknown)."""
+        turns = self._by_id.pop(conversation_id, RetainedTurns())
+        return drop_turns(turns.in_order(), self._pools, self._life_cycles)
+
+    def release(self, conversation_id: str) -> tuple[TurnRelease, ...]:
+        """Forget the conversation and give its records' refs to the LRU (none if unknown)."""
+        turns = self._by_id.pop(conversation_id, RetainedTurns())
+        return tuple(release_turn(turn, self._pools) for turn in turns.in_order())
