@@ -49,6 +49,8 @@ ARMS: dict[str, tuple[str, str]] = {
     "vllm cache_aware": ("vllm", "cache_aware"),
     "vllm consistent_hash": ("vllm", "consistent_hash"),
     "vllm round_robin": ("vllm", "round_robin"),
+    "dynamo kv_router": ("dynamo", "kv_router"),
+    "dynamo radix_tree": ("dynamo", "radix_tree"),
 }
 
 

@@ -232,14 +232,48 @@ def vllm_router(fleet: Fleet, settings: RankSettings, ranks: int, policy: str) -
     return f"http://{HOST}:{port}"
 
 
+DYNAMO_PYTHON = Path(__file__).resolve().parents[1] / ".venv-dynamo" / "bin" / "python"
+
+
+def dynamo_router(fleet: Fleet, settings: RankSettings, ranks: int, policy: str) -> str:
+    """ai-dynamo-runtime's KvRouter / RadixTree (bench/dynamo_router.py, its own venv)."""
+    fleet.start_ranks(settings, ranks)
+    port = free_port()
+    command = [
+        str(DYNAMO_PYTHON),
+        str(Path(__file__).with_name("dynamo_router.py")),
+        "--port",
+        str(port),
+        "--policy",
+        policy,
+        "--model-path",
+        str(settings.model_dir),
+        "--block-size",
+        str(settings.page_size),
+        "--workdir",
+        str(fleet.workdir),
+        "--worker-urls",
+        *fleet.rank_urls,
+    ]
+    fleet.spawn("router", command)
+    wait_http(f"http://{HOST}:{port}/health", fleet)
+    return f"http://{HOST}:{port}"
+
+
 RouterLauncher = Callable[[Fleet, RankSettings, int, str], str]
 ROUTERS: dict[str, RouterLauncher] = {
     "kvfleet": kvfleet_router,
     "sglang": sglang_router,
     "vllm": vllm_router,
+    "dynamo": dynamo_router,
 }
 # What each router needs on PATH or importable, to say why an arm cannot run here.
-ROUTER_NEEDS = {"kvfleet": "kvfleet", "sglang": "sglang-router", "vllm": "vllm-router"}
+ROUTER_NEEDS = {
+    "kvfleet": "kvfleet",
+    "sglang": "sglang-router",
+    "vllm": "vllm-router",
+    "dynamo": str(DYNAMO_PYTHON),  # a venv with ai-dynamo-runtime==1.6.1 (docs/peers.md)
+}
 
 
 def router_available(router: str) -> bool:
