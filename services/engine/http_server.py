@@ -23,7 +23,9 @@ class HttpServer:
         self._thread.start()
         deadline = time.monotonic() + timeout
         while not self._server.started:
-            if not self._thread.is_alive() or time.monotonic() > deadline:
+            if not self._thread.is_alive():  # uvicorn exits its thread when it cannot bind
+                raise OSError(f"HTTP server could not bind {self.host}:{self._server.config.port}")
+            if time.monotonic() > deadline:
                 raise OSError(f"HTTP server on {self.host} did not start within {timeout} s")
             time.sleep(0.01)
         self.port = self._server.servers[0].sockets[0].getsockname()[1]

@@ -10,6 +10,7 @@ from __future__ import annotations
 import argparse
 import logging
 import signal
+import sys
 import threading
 
 
@@ -53,7 +54,12 @@ def run(args: argparse.Namespace) -> int:
     for signum in (signal.SIGINT, signal.SIGTERM):
         signal.signal(signum, lambda *_: stop.set())
     try:
-        fleet.start()
+        try:
+            fleet.start()
+        except (OSError, RuntimeError) as error:  # grpc raises RuntimeError when it cannot bind
+            print(f"kvfleet up: {error}; choose other ports with --router-port / --http-port "
+                  "(0 picks free ones)", file=sys.stderr, flush=True)  # fmt: skip
+            return 2
         print(f"router: grpc://{fleet.router_address}", flush=True)
         print(f"OpenAI base URL: {fleet.http_base_url}", flush=True)
         print(f"ranks: {', '.join(r.addresses.rank_id for r in fleet.ranks)} "
