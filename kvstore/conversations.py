@@ -17,6 +17,8 @@ from kvfleet.kvstore.request_state import RequestState
 from kvfleet.kvstore.results import DropPlan, TurnRecord, TurnRelease
 from kvfleet.kvstore.retention import RetainedTurns, drop_turns, release_turn, retain_finished
 
+Block = tuple[int, int]  # (device page, block hash)
+
 
 class ConversationRetention:
     """Every conversation's `RetainedTurns`, taking and giving back refs in the manager's pools."""
@@ -42,6 +44,25 @@ class ConversationRetention:
     def all_turns(self) -> Iterable[RetainedTurns]:
         """Every conversation's retained turns (for integrity checks; read only)."""
         return self._by_id.values()
+
+    def retained_blocks(self, conversation_id: str | None = None) -> dict[str, list[Block]]:
+        """Per life cycle, the distinct `(page, block hash)` pairs that the retained records of
+        one conversation (None: of all) hold, newest record first, each in position order:
+        what resuming at any of them needs (read only)."""
+        if conversation_id is None:
+            chosen = list(self._by_id.values())
+        else:
+            chosen = [self._by_id.get(conversation_id, RetainedTurns())]
+        blocks: dict[str, dict[int, int]] = {name: {} for name in self._pools}
+        for turns in chosen:
+            for record in reversed(turns.in_order()):
+                for name, pages in record.pages.items():
+                    pool, held = self._pools[name], blocks[name]
+                    for page in pages:
+                        block_hash = pool.page_hash(page) if page is not None else None
+                        if block_hash is not None:
+                            held.setdefault(page, block_hash)
+        return {name: list(held.items()) for name, held in blocks.items() if held}
 
     def retain(self, state: RequestState) -> tuple[DropPlan, ...]:
         """At the request's context end: retain its turn if the policy retains turns and it

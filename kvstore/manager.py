@@ -23,6 +23,8 @@ ended (pages nobody else holds are freed) or, under memory pressure,
 With tiers (`kvfleet.kvstore.tiers`), a match also finds blocks on host or disk, admission
 onboards them before it returns, evicted device pages are offloaded to host, and
 `prefetch(waiting_request_ids)` reads queued requests' disk blocks to host in the background.
+A draining rank's `flush_retained_to_disk()` writes its retained turns' blocks to the shared
+disk, so another rank resumes those conversations.
 """
 
 from __future__ import annotations
@@ -254,6 +256,28 @@ class KVCacheManager:
         if not self.can_release_conversation(conversation_id):
             raise ValueError(f"conversation {conversation_id!r} retains no turns to release")
         return self._conversations.release(conversation_id)
+
+    # -- drain (scale-in) ------------------------------------------------------------------------
+
+    def num_retained_off_disk(self, conversation_id: str | None = None) -> int:
+        """Blocks `flush_retained_to_disk(conversation_id)` would write now (no mutation)."""
+        blocks = self._conversations.retained_blocks(conversation_id)
+        return sum(
+            self.tiers.num_off_disk(name, [block_hash for _, block_hash in pairs])
+            for name, pairs in blocks.items()
+        )
+
+    def flush_retained_to_disk(self, conversation_id: str | None = None) -> int:
+        """Write the committed blocks that retained turns hold (of every conversation, or of
+        one) to the shared disk tier, skipping those it has; returns blocks written (0 without
+        a disk tier).
+
+        A draining rank calls it so that a rank sharing the disk resumes its conversations.
+        Nothing else changes: the pages stay on the device and retained, and no KV event is
+        sent (the shared disk is no rank's).
+        """
+        blocks = self._conversations.retained_blocks(conversation_id)
+        return sum(self.tiers.write_device_blocks(name, pairs) for name, pairs in blocks.items())
 
     # -- invariants ----------------------------------------------------------------------------
 

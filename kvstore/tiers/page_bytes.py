@@ -22,6 +22,9 @@ class TierBytes(Protocol):
     def onboard(self, life_cycle: str, device_pages: Sequence[int], rows: Sequence[Any]) -> None:
         """Copy host rows into device pages; the compute stream waits for them, the CPU not."""
 
+    def download(self, life_cycle: str, device_pages: Sequence[int], rows: Sequence[Any]) -> None:
+        """Copy device pages into rows (a draining rank's disk writes); the pages stay unchanged."""
+
     def host_row(self, life_cycle: str, slot: int) -> Any:
         """The row of one host slot."""
 
@@ -45,6 +48,9 @@ class NoBytes:
         """Nothing to copy."""
 
     def onboard(self, life_cycle, device_pages, rows) -> None:
+        """Nothing to copy."""
+
+    def download(self, life_cycle, device_pages, rows) -> None:
         """Nothing to copy."""
 
     def host_row(self, life_cycle, slot) -> None:

@@ -38,6 +38,9 @@ from kvfleet.kvstore.tiers.tier_index import TierIndex
 
 log = logging.getLogger(__name__)
 
+# Staging rows a drain reuses per batch of device pages: bounds its host memory.
+DRAIN_CHUNK_PAGES = 64
+
 
 @dataclass(frozen=True)
 class StagedBlock:
@@ -122,7 +125,7 @@ class KVTiers:
         """Write evicted host blocks to disk, then copy evicted device pages to host."""
         to_disk, self._to_disk = self._to_disk, []
         for life_cycle, block_hash, slot in to_disk:
-            self._store_on_disk(life_cycle, block_hash, slot)
+            self._store_on_disk(life_cycle, block_hash, self.bytes.host_row(life_cycle, slot), HOST)
         pending, self._pending = self._pending, []
         self._pending_slots.clear()
         by_life_cycle: dict[str, list[tuple[int, int]]] = {}
@@ -242,6 +245,36 @@ class KVTiers:
         """Block until no background read is queued or running; False on timeout."""
         return self._prefetcher.wait_idle(timeout_s)
 
+    # -- drain (scale-in: retained blocks to the shared disk) -------------------------------
+
+    def num_off_disk(self, life_cycle: str, block_hashes: Sequence[int]) -> int:
+        """How many of these blocks `write_device_blocks` would write now (no mutation)."""
+        capacity = self.disk.index.capacity.get(life_cycle, 0)
+        missing = sum(not self.disk.has(life_cycle, h) for h in block_hashes) if capacity else 0
+        return min(missing, capacity)
+
+    def write_device_blocks(self, life_cycle: str, blocks: Sequence[tuple[int, int]]) -> int:
+        """Write committed device pages `(page, block hash)` to disk, skipping blocks the disk
+        has (this rank's index or any rank's file); the pages stay on the device. Returns the
+        blocks written: 0 without a disk tier.
+
+        NOTE: at most the tier's capacity per call, the first blocks first, so that a call
+        never evicts its own writes (callers put what a resume needs first).
+        """
+        capacity = self.disk.index.capacity.get(life_cycle, 0)
+        todo = [(p, h) for p, h in blocks if not self.disk.has(life_cycle, h)] if capacity else []
+        todo = todo[:capacity]
+        if not todo:
+            return 0
+        rows = self.bytes.new_rows(life_cycle, min(len(todo), DRAIN_CHUNK_PAGES))
+        written = 0
+        for start in range(0, len(todo), DRAIN_CHUNK_PAGES):
+            chunk = todo[start : start + DRAIN_CHUNK_PAGES]
+            self.bytes.download(life_cycle, [page for page, _ in chunk], rows[: len(chunk)])
+            for (_, block_hash), row in zip(chunk, rows, strict=False):
+                written += self._store_on_disk(life_cycle, block_hash, row, DEVICE)
+        return written
+
     # -- invariants and life ---------------------------------------------------------------
 
     def check_integrity(self) -> None:
@@ -279,18 +312,20 @@ class KVTiers:
                 self._listener(KVEvent(KVEventKind.REMOVED, life_cycle, old_hash))
         return slot
 
-    def _store_on_disk(self, life_cycle: str, block_hash: int, slot: int) -> None:
+    def _store_on_disk(self, life_cycle: str, block_hash: int, row: Any, source: str) -> bool:
+        """Write one row's block to disk (unless there); True if written. A refused write
+        leaves no disk tier."""
         started = time.perf_counter()
-        row = self.bytes.host_row(life_cycle, slot)
         try:
             written = self.disk.store(life_cycle, block_hash, lambda: self.bytes.payload(row))
         except OSError as error:
             log.warning("disk tier unusable (%s): continuing with device and host only", error)
             self.metrics[DISK].errors += 1
             self.disk = DiskTier.absent(self.disk.index.capacity, self.metrics[DISK])
-            return
+            return False
         if written:
-            self._count_move(HOST, DISK, life_cycle, 1, started)
+            self._count_move(source, DISK, life_cycle, 1, started)
+        return written
 
     def _count_move(self, source: str, target: str, life_cycle: str, pages: int, started: float):
         size = pages * self.page_bytes.get(life_cycle, 0)

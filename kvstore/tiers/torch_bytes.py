@@ -99,6 +99,25 @@ class TorchBytes:
                     data[index].copy_(row, non_blocking=True)
                 self.kv.scatter(life_cycle, pages, data)
 
+    def download(
+        self, life_cycle: str, device_pages: Sequence[int], rows: Sequence[torch.Tensor]
+    ) -> None:
+        """Copy device pages into rows (a draining rank's disk writes); the pages stay unchanged.
+
+        On CUDA the copies run on the side stream; `payload` waits for them before a disk write.
+        """
+        if not self._cuda:
+            pages, _ = self._bit_view(life_cycle)
+            for page, row in zip(device_pages, rows, strict=True):
+                row.view(self._bits).copy_(pages[:, :, page])
+            return
+        for start in range(0, len(device_pages), COPY_CHUNK_PAGES):
+            end = start + COPY_CHUNK_PAGES
+            with self._side_stream():
+                data = self.kv.gather(life_cycle, device_pages[start:end])
+                for row, page_data in zip(rows[start:end], data, strict=True):
+                    row.copy_(page_data, non_blocking=True)
+
     def host_row(self, life_cycle: str, slot: int) -> torch.Tensor:
         """Host slot `slot` of `life_cycle` (a view)."""
         return self._host[life_cycle][slot]

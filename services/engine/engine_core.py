@@ -22,6 +22,7 @@ from kvfleet.kvstore.sizing import TypicalStep, peak_demand
 from kvfleet.services.disagg.roles import ROLE_HOOKS
 
 from .compute import ComputeBackend, make_compute
+from .drain import DiskDrain
 from .engine_config import EngineConfig
 from .engine_request import (
     EngineLoad,
@@ -68,6 +69,9 @@ class EngineCore:
             self.compute.store_config, self._events.append, self.compute.open_tiers()
         )
         self.metrics.tiers.watch(self.manager.tiers.metrics)
+        # Scale-in: retained prefixes go to the shared disk while the rank drains (core thread).
+        self.drain = DiskDrain(self.manager, self.metrics.drain_flushed_blocks)
+        self._draining_mark = False  # the last mark handed to the core (set_draining's caller)
         self.scheduler = Scheduler(
             self.manager, config.max_batch_size, config.max_num_batched_tokens
         )
@@ -113,6 +117,13 @@ class EngineCore:
     def cancel(self, request_id: str) -> None:
         """Drop a request wherever it is and release its pages."""
         self._commands.put(lambda: self._remove(request_id))
+
+    def set_draining(self, draining: bool) -> None:
+        """Take the pod's drain mark (any one thread, e.g. each heartbeat): on a change the core
+        thread updates `drain`, flushing retained prefixes to the shared disk when it turns on."""
+        if draining != self._draining_mark:
+            self._draining_mark = draining
+            self._commands.put(lambda: self.drain.set_draining(draining))
 
     def call_on_core(self, fn: Callable[[], Any], timeout: float = 10.0) -> Any:
         """Run `fn` on the core thread between steps and return its result."""
@@ -271,6 +282,7 @@ class EngineCore:
         self._block_tokens.extend(sequence.key, [*call.prompt_token_ids, *tokens])
         self.scheduler.adopt(sequence)
         self.scheduler.context_ended(sequence)
+        self.drain.context_ended(sequence.conversation_id)
         handle = RequestHandle(call, self.cancel)
         self._handles[call.request_id] = handle
         self._sequences[call.request_id] = [sequence]
@@ -296,6 +308,7 @@ class EngineCore:
             self.manager.commit(sequence.key, chunk.start + len(chunk.new_tokens))
             if not sequence.context_done and chunk.samples:
                 self.scheduler.context_ended(sequence)
+                self.drain.context_ended(sequence.conversation_id)
             if token is not None:
                 self._emit(sequence, token, now)
 

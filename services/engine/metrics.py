@@ -53,6 +53,10 @@ class EngineMetrics:
             "kvfleet_engine_retained_working_set_ratio",
             "Pages held by retained conversation turns / KV capacity, 0..1", registry=r,
         )  # fmt: skip
+        self.drain_flushed_blocks = Counter(
+            "kvfleet_engine_drain_flushed_blocks",
+            "Retained blocks a draining rank wrote to the shared disk tier", registry=r,
+        )  # fmt: skip
         self.running = Gauge("kvfleet_engine_running", "Sequences running", registry=r)
         self.queued = Gauge("kvfleet_engine_queued", "Sequences waiting", registry=r)
         self.handoff = HandoffMetrics(r)

@@ -85,7 +85,7 @@ class EngineRank:
                 self.config.role,
                 self.config.page_size,
                 self.core.load,
-                self.podinfo.draining,
+                self.read_draining,
             ).start()
         log.info("rank %s: grpc %s, http %s", a.rank_id, self.grpc_port, self.http_port)
         return self
@@ -107,6 +107,13 @@ class EngineRank:
             self._metrics_http.shutdown()
             self._metrics_http.server_close()
         self.core.stop()
+
+    def read_draining(self) -> bool:
+        """The pod's drain mark now (each heartbeat reads it); the core hears of every change
+        and, on its own thread, flushes the retained prefixes to the shared disk tier."""
+        draining = self.podinfo.draining()
+        self.core.set_draining(draining)
+        return draining
 
     def _worker_info(self) -> WorkerInfo:
         """What the peer-router endpoints (worker_http.py) report about this rank."""

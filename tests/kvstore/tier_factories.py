@@ -73,13 +73,18 @@ def block_kv(manager: KVCacheManager, life_cycle: str, block_hash: int) -> torch
     return torch.randn(shape, generator=generator).to(device=kv.device, dtype=kv.dtype)
 
 
-def serve(manager: KVCacheManager, request_id: str, prompt: Sequence[int]) -> int:
+def serve(
+    manager: KVCacheManager,
+    request_id: str,
+    prompt: Sequence[int],
+    conversation_id: str | None = None,
+) -> int:
     """Admit, "compute" (write block-identified KV), commit and finish; the reused tokens.
 
     Before writing, checks that every reused page holds its block's exact bytes. Admission may
     reuse less than the match said (a bad disk file), so the rest is allocated after it.
     """
-    manager.add_request(request_id, prompt)
+    manager.add_request(request_id, prompt, conversation_id)
     matched = manager.match(request_id).num_reusable_tokens
     reused = manager.admit(request_id, len(prompt) - matched).num_reused_tokens
     manager.allocate(request_id, len(prompt) - reused)
