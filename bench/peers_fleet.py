@@ -187,49 +187,35 @@ def kvfleet_router(fleet: Fleet, settings: RankSettings, ranks: int, policy: str
     return f"grpc://{HOST}:{port}"
 
 
-def sglang_router(fleet: Fleet, settings: RankSettings, ranks: int, policy: str) -> str:
-    """sglang-router over HTTP workers; replayed with text prompts (it takes no token ids)."""
+def _peer_router(
+    fleet: Fleet,
+    settings: RankSettings,
+    ranks: int,
+    program: list[str],
+    policy: str,
+    ready: tuple[str, ...] = ("/health",),
+) -> str:
+    """Start `ranks` sim ranks and a peer router `program` in front of them; its HOST:PORT."""
     fleet.start_ranks(settings, ranks)
     port = free_port()
-    command = [
-        str(BIN / "python"),
-        "-m",
-        "sglang_router.launch_router",
-        "--host",
-        HOST,
-        "--port",
-        str(port),
-        "--policy",
-        policy,
-        *metrics_flags(),
-        "--worker-urls",
-        *fleet.rank_urls,
-    ]
+    command = [*program, "--host", HOST, "--port", str(port), "--policy", policy,
+               *metrics_flags(), "--worker-urls", *fleet.rank_urls]  # fmt: skip
     fleet.spawn("router", command)
-    wait_http(f"http://{HOST}:{port}/health", fleet)
-    wait_http(f"http://{HOST}:{port}/v1/models", fleet)
-    return f"text+http://{HOST}:{port}"
+    for path in ready:
+        wait_http(f"http://{HOST}:{port}{path}", fleet)
+    return f"{HOST}:{port}"
+
+
+def sglang_router(fleet: Fleet, settings: RankSettings, ranks: int, policy: str) -> str:
+    """sglang-router over HTTP workers; replayed with text prompts (it takes no token ids)."""
+    program = [str(BIN / "python"), "-m", "sglang_router.launch_router"]
+    address = _peer_router(fleet, settings, ranks, program, policy, ("/health", "/v1/models"))
+    return f"text+http://{address}"
 
 
 def vllm_router(fleet: Fleet, settings: RankSettings, ranks: int, policy: str) -> str:
     """vllm-router over HTTP workers; token-id prompts (its cache_aware renders them)."""
-    fleet.start_ranks(settings, ranks)
-    port = free_port()
-    command = [
-        str(BIN / "vllm-router"),
-        "--host",
-        HOST,
-        "--port",
-        str(port),
-        "--policy",
-        policy,
-        *metrics_flags(),
-        "--worker-urls",
-        *fleet.rank_urls,
-    ]
-    fleet.spawn("router", command)
-    wait_http(f"http://{HOST}:{port}/health", fleet)
-    return f"http://{HOST}:{port}"
+    return f"http://{_peer_router(fleet, settings, ranks, [str(BIN / 'vllm-router')], policy)}"
 
 
 DYNAMO_PYTHON = Path(__file__).resolve().parents[1] / ".venv-dynamo" / "bin" / "python"
