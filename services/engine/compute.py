@@ -20,7 +20,7 @@ from .compute_sim import SimCompute
 from .config import ModelConfig, preset
 from .device_kv_cache import DeviceKVCache
 from .engine_config import EngineConfig
-from .generate import default_dtype
+from .generation import default_dtype
 from .kv_setup import build_kv, open_kv_tiers
 from .sampling import sample_batch
 from .scheduler import ScheduledChunk
