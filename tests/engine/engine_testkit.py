@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import random
 import time
 
 from kvfleet.services.engine.compute import TorchCompute
@@ -41,6 +42,21 @@ def make_core(config: EngineConfig = TEST_CONFIG, storage: str = "main", **kwarg
 
 def greedy(max_tokens: int = 8, **kwargs) -> SamplingParams:
     return SamplingParams(temperature=0.0, max_tokens=max_tokens, **kwargs)
+
+
+def two_turns(seed: int, tag: str) -> tuple[GenerateCall, list[int]]:
+    """Turn 1 of conversation `{tag}{seed}` and the tokens its turn 2 appends after turn 1's
+    output (150-token prompt, 37 appended, greedy 8)."""
+    rng = random.Random(seed)
+    prompt = tuple(rng.randrange(256) for _ in range(150))
+    appended = [rng.randrange(256) for _ in range(37)]
+    return GenerateCall(f"{tag}{seed}-t1", prompt, greedy(8), f"{tag}{seed}"), appended
+
+
+def turn_two(first: GenerateCall, output: list[int], appended: list[int]) -> GenerateCall:
+    """The turn that resends turn 1's prompt and output, then `appended`."""
+    prompt = (*first.prompt_token_ids, *output, *appended)
+    return GenerateCall(f"{first.conversation_id}-t2", prompt, greedy(8), first.conversation_id)
 
 
 def run_call(core: EngineCore, call: GenerateCall, timeout: float = 30.0) -> list[SampleOutput]:

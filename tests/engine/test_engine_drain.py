@@ -9,10 +9,16 @@ conversation, which must resume at turn 1's prompt end (9 blocks, 144 tokens) fr
 
 from __future__ import annotations
 
-import random
-
 import pytest
-from engine_testkit import TEST_CONFIG, final, greedy, run_call, shared_compute, tokens_of
+from engine_testkit import (
+    TEST_CONFIG,
+    final,
+    run_call,
+    shared_compute,
+    tokens_of,
+    turn_two,
+    two_turns,
+)
 from kvfleet.kvstore.tiers.metrics import DISK
 from kvfleet.services.engine.engine_config import EngineConfig
 from kvfleet.services.engine.engine_core import EngineCore
@@ -31,19 +37,6 @@ def shared_disk_config(tmp_path_factory) -> EngineConfig:
     """Every rank of this module shares one disk folder (tests use distinct conversations)."""
     disk_dir = tmp_path_factory.mktemp("drain-disk")
     return TEST_CONFIG.with_changes(disk_tier_dir=str(disk_dir), disk_kv_pages=256)
-
-
-def _conversation(seed: int) -> tuple[GenerateCall, list[int]]:
-    """Turn 1 of a conversation and the tokens its turn 2 appends after turn 1's output."""
-    rng = random.Random(seed)
-    prompt = tuple(rng.randrange(256) for _ in range(150))
-    appended = [rng.randrange(256) for _ in range(37)]
-    return GenerateCall(f"d{seed}-t1", prompt, greedy(8), f"d{seed}"), appended
-
-
-def _turn_two(first: GenerateCall, output: list[int], appended: list[int]) -> GenerateCall:
-    prompt = (*first.prompt_token_ids, *output, *appended)
-    return GenerateCall(f"{first.conversation_id}-t2", prompt, greedy(8), first.conversation_id)
 
 
 def _core(config: EngineConfig, storage: str) -> EngineCore:
@@ -86,10 +79,10 @@ def _serve_on_b(config: EngineConfig, call: GenerateCall) -> tuple[int, int, lis
 
 def test_turning_draining_flushes_retained_turns_for_another_rank(shared_disk_config):
     """Without the drain flush the conversation's next turn on rank B would recompute it all."""
-    first, appended = _conversation(1)
+    first, appended = two_turns(1, "d")
     core = _core(shared_disk_config, "drain-a")
     try:
-        second = _turn_two(first, tokens_of(run_call(core, first)), appended)
+        second = turn_two(first, tokens_of(run_call(core, first)), appended)
         assert _flushed(core) == 0
         core.set_draining(True)
         core.call_on_core(lambda: None)  # commands run in order: the flush has run
@@ -105,11 +98,11 @@ def test_turning_draining_flushes_retained_turns_for_another_rank(shared_disk_co
 
 def test_a_turn_retained_while_draining_is_flushed_at_its_context_end(shared_disk_config):
     """A pinned turn that finishes on a draining rank would otherwise leave only on its device."""
-    first, appended = _conversation(2)
+    first, appended = two_turns(2, "d")
     core = _core(shared_disk_config, "drain-a")
     try:
         core.set_draining(True)
-        second = _turn_two(first, tokens_of(run_call(core, first)), appended)
+        second = turn_two(first, tokens_of(run_call(core, first)), appended)
         assert _flushed(core) == RETAINED_BLOCKS
         _check_clean(core)
     finally:
@@ -121,10 +114,10 @@ def test_a_turn_retained_while_draining_is_flushed_at_its_context_end(shared_dis
 
 def test_a_rank_that_is_not_draining_writes_nothing_to_disk(shared_disk_config):
     """The control: a serving rank keeps retained turns on its device (no host, no offload)."""
-    first, appended = _conversation(3)
+    first, appended = two_turns(3, "d")
     core = _core(shared_disk_config, "drain-a")
     try:
-        second = _turn_two(first, tokens_of(run_call(core, first)), appended)
+        second = turn_two(first, tokens_of(run_call(core, first)), appended)
         core.set_draining(False)
         core.call_on_core(lambda: None)
         assert _flushed(core) == 0

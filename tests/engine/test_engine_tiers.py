@@ -12,7 +12,16 @@ import shutil
 from pathlib import Path
 
 import pytest
-from engine_testkit import final, greedy, run_call, shared_compute, tokens_of, wait_until
+from engine_testkit import (
+    final,
+    greedy,
+    run_call,
+    shared_compute,
+    tokens_of,
+    turn_two,
+    two_turns,
+    wait_until,
+)
 from kvfleet.kvstore.hashing import block_hashes
 from kvfleet.kvstore.tiers.metrics import DISK, HOST
 from kvfleet.services.engine.engine_config import EngineConfig
@@ -35,19 +44,6 @@ DEVICE_ONLY = EngineConfig(
 WITH_HOST = DEVICE_ONLY.with_changes(host_kv_pages=64)
 FLOOD_CONVERSATIONS = 3
 FLOOD_TOKENS = 320
-
-
-def _conversation(seed: int) -> tuple[GenerateCall, list[int]]:
-    """Turn 1 of a conversation and the tokens its turn 2 appends after turn 1's output."""
-    rng = random.Random(seed)
-    prompt = tuple(rng.randrange(256) for _ in range(150))
-    appended = [rng.randrange(256) for _ in range(37)]
-    return GenerateCall(f"c{seed}-t1", prompt, greedy(8), f"c{seed}"), appended
-
-
-def _turn_two(first: GenerateCall, output: list[int], appended: list[int]) -> GenerateCall:
-    prompt = (*first.prompt_token_ids, *output, *appended)
-    return GenerateCall(f"{first.conversation_id}-t2", prompt, greedy(8), first.conversation_id)
 
 
 def _flood(core: EngineCore, seed: int) -> None:
@@ -86,12 +82,12 @@ def _tier_metrics(core: EngineCore):
 
 def test_prefix_evicted_from_device_is_served_from_host():
     """Without offload/onboarding the returning turn would recompute (or read wrong pages)."""
-    first, appended = _conversation(1)
+    first, appended = two_turns(1, "c")
     core = _core(WITH_HOST, "tiers-host")
     try:
         turn_one = tokens_of(run_call(core, first))
         _flood(core, seed=11)
-        second = _turn_two(first, turn_one, appended)
+        second = turn_two(first, turn_one, appended)
         located = core.call_on_core(lambda: _locations(core, second))
         assert "device" not in located["full"][:9], located
         outputs = run_call(core, second)
@@ -127,7 +123,7 @@ def served_disk(tmp_path_factory):
         disk_tier_dir=str(disk_dir),
         disk_kv_pages=512,
     )
-    first, appended = _conversation(2)
+    first, appended = two_turns(2, "c")
     core = _core(config, "tiers-pod-a")
     try:
         turn_one = tokens_of(run_call(core, first))
@@ -136,7 +132,7 @@ def served_disk(tmp_path_factory):
         _check_clean(core)
     finally:
         core.stop()
-    second = _turn_two(first, turn_one, appended)
+    second = turn_two(first, turn_one, appended)
     return config, disk_dir, second, _reference(second)
 
 
@@ -215,7 +211,7 @@ def test_queued_turns_disk_blocks_are_prefetched_to_host_before_admission(served
 
 def test_tier_counters_are_exported_to_the_ranks_prometheus_registry():
     """The fleet's dashboards and autoscaler would see no tier traffic."""
-    first, _ = _conversation(3)
+    first, _ = two_turns(3, "c")
     core = _core(WITH_HOST, "tiers-host")
     try:
         run_call(core, first)
