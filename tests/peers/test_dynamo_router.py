@@ -3,30 +3,20 @@
 from __future__ import annotations
 
 import dataclasses
-import os
-import socket
 import subprocess
-import time
 from pathlib import Path
 
 import httpx
 import pytest
 from kvfleet.services.engine.rank import EngineRank, RankAddresses
-from peers_testkit import SIM_CONFIG, tiny_model_dir
+from peers_testkit import SIM_CONFIG, free_port, start_router, stop_process, tiny_model_dir
 
 ROOT = Path(__file__).resolve().parents[2]
 DYNAMO_PYTHON = ROOT / ".venv-dynamo" / "bin" / "python"
-START_TIMEOUT_S = 30.0
 
 pytestmark = pytest.mark.skipif(
     not DYNAMO_PYTHON.exists(), reason="no .venv-dynamo (ai-dynamo-runtime==1.6.1, docs/peers.md)"
 )
-
-
-def _free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return probe.getsockname()[1]
 
 
 @pytest.fixture(scope="module")
@@ -49,7 +39,7 @@ def ranks(model_dir):
 
 
 def _start(policy: str, ranks, model_dir: Path, workdir: Path) -> tuple[subprocess.Popen, int]:
-    port = _free_port()
+    port = free_port()
     command = [
         str(DYNAMO_PYTHON),
         str(ROOT / "bench" / "dynamo_router.py"),
@@ -57,31 +47,7 @@ def _start(policy: str, ranks, model_dir: Path, workdir: Path) -> tuple[subproce
         *("--model-path", str(model_dir), "--workdir", str(workdir), "--worker-urls"),
         *(f"http://127.0.0.1:{rank.http_port}" for rank in ranks),
     ]
-    log = workdir / "router.log"
-    with open(log, "w") as out:
-        env = {**os.environ, "NO_COLOR": "1"}
-        process = subprocess.Popen(command, stdout=out, stderr=subprocess.STDOUT, env=env)
-    deadline = time.monotonic() + START_TIMEOUT_S
-    while time.monotonic() < deadline:
-        if process.poll() is not None:
-            raise RuntimeError(f"router exited {process.returncode}: {log.read_text()[-2000:]}")
-        try:
-            if httpx.get(f"http://127.0.0.1:{port}/health", timeout=1).status_code == 200:
-                return process, port
-        except httpx.HTTPError:
-            pass
-        time.sleep(0.2)
-    _stop(process)
-    raise TimeoutError(f"dynamo router on {port} not healthy within {START_TIMEOUT_S} s")
-
-
-def _stop(process: subprocess.Popen) -> None:
-    process.terminate()
-    try:
-        process.wait(10)
-    except subprocess.TimeoutExpired:
-        process.kill()
-        process.wait(5)
+    return start_router(command, port, workdir / "router.log"), port
 
 
 def _streamed_usage(client: httpx.Client, port: int, prompt: list[int]) -> tuple[str, dict]:
@@ -116,7 +82,7 @@ def test_second_turn_lands_on_its_prefix(policy, ranks, model_dir, tmp_path):
             text, first = _streamed_usage(client, port, prompt)
             _, second = _streamed_usage(client, port, [*prompt, *text.encode(), 7, 8])
     finally:
-        _stop(router)
+        stop_process(router)
     assert first["prompt_tokens_details"]["cached_tokens"] == 0
     assert (second["prompt_tokens"], second["prompt_tokens_details"]["cached_tokens"]) == (106, 96)
 
@@ -131,6 +97,6 @@ def test_text_prompt_is_refused(ranks, model_dir, tmp_path):
             timeout=10,
         )
     finally:
-        _stop(router)
+        stop_process(router)
     assert answer.status_code == 400
     assert "list of token ids" in answer.json()["error"]["message"]

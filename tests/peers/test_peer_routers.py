@@ -3,32 +3,21 @@
 from __future__ import annotations
 
 import dataclasses
-import os
 import shutil
-import socket
-import subprocess
 import sys
-import time
 from pathlib import Path
 
 import httpx
 import pytest
 from kvfleet.services.engine.rank import EngineRank, RankAddresses
-from peers_testkit import SIM_CONFIG, tiny_model_dir
+from peers_testkit import SIM_CONFIG, free_port, start_router, stop_process, tiny_model_dir
 
 BIN = Path(sys.executable).parent
-START_TIMEOUT_S = 30.0
-
-
-def _free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return probe.getsockname()[1]
 
 
 def _metrics_flags() -> list[str]:
     """Keep the router's Prometheus listener on loopback and off its fixed default port."""
-    return ["--prometheus-host", "127.0.0.1", "--prometheus-port", str(_free_port())]
+    return ["--prometheus-host", "127.0.0.1", "--prometheus-port", str(free_port())]
 
 
 def _sglang(port: int, worker: str) -> list[str]:
@@ -73,33 +62,6 @@ def rank(tmp_path_factory):
     rank.stop(grace=0.5)
 
 
-def _start_router(command: list[str], port: int, log: Path) -> subprocess.Popen:
-    env = {**os.environ, "NO_COLOR": "1", "HF_HUB_OFFLINE": "1"}
-    with open(log, "w") as out:
-        process = subprocess.Popen(command, stdout=out, stderr=subprocess.STDOUT, env=env)
-    deadline = time.monotonic() + START_TIMEOUT_S
-    while time.monotonic() < deadline:
-        if process.poll() is not None:
-            raise RuntimeError(f"router exited {process.returncode}: {log.read_text()[-2000:]}")
-        try:
-            if httpx.get(f"http://127.0.0.1:{port}/health", timeout=1).status_code == 200:
-                return process
-        except httpx.HTTPError:
-            pass
-        time.sleep(0.2)
-    process.kill()
-    raise TimeoutError(f"router on {port} not healthy within {START_TIMEOUT_S} s")
-
-
-def _stop(process: subprocess.Popen) -> None:
-    process.terminate()
-    try:
-        process.wait(10)
-    except subprocess.TimeoutExpired:
-        process.kill()
-        process.wait(5)
-
-
 def _two_turns(port: int, first_prompt, extend) -> tuple[dict, dict]:
     """Turn 1, then turn 2 = turn 1's prompt + its output + more; both usages."""
     url = f"http://127.0.0.1:{port}/v1/completions"
@@ -117,14 +79,12 @@ def test_sglang_router_serves_text_prompts_with_reuse(rank, tmp_path):
     """sglang-router must register a sim rank (server/model info, local tokenizer) and route."""
     if shutil.which("sglang-router", path=str(BIN)) is None:
         pytest.skip("sglang-router not installed (optional extra 'peers')")
-    port = _free_port()
-    router = _start_router(
-        _sglang(port, f"http://127.0.0.1:{rank.http_port}"), port, tmp_path / "r"
-    )
+    port = free_port()
+    router = start_router(_sglang(port, f"http://127.0.0.1:{rank.http_port}"), port, tmp_path / "r")
     try:
         first, second = _two_turns(port, "s" * 100, lambda p, out: p + out + "yz")
     finally:
-        _stop(router)
+        stop_process(router)
     assert first["prompt_tokens_details"]["cached_tokens"] == 0
     assert (second["prompt_tokens"], second["prompt_tokens_details"]["cached_tokens"]) == (106, 96)
     rank.core.check_integrity()
@@ -134,13 +94,13 @@ def test_vllm_router_serves_token_prompts_with_reuse(rank, tmp_path):
     """vllm-router's cache_aware must render prompts through the rank and route token ids."""
     if shutil.which("vllm-router", path=str(BIN)) is None:
         pytest.skip("vllm-router not installed (optional extra 'peers')")
-    port = _free_port()
-    router = _start_router(_vllm(port, f"http://127.0.0.1:{rank.http_port}"), port, tmp_path / "r")
+    port = free_port()
+    router = start_router(_vllm(port, f"http://127.0.0.1:{rank.http_port}"), port, tmp_path / "r")
     prompt = list(range(40, 140))
     try:
         first, second = _two_turns(port, prompt, lambda p, out: [*p, *out.encode(), 7, 8])
     finally:
-        _stop(router)
+        stop_process(router)
     assert first["prompt_tokens_details"]["cached_tokens"] == 0
     assert (second["prompt_tokens"], second["prompt_tokens_details"]["cached_tokens"]) == (106, 96)
     rank.core.check_integrity()
