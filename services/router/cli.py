@@ -41,6 +41,12 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         help="a request waiting longer fails with RESOURCE_EXHAUSTED",
     )
     parser.add_argument(
+        "--max-call-seconds",
+        type=float,
+        default=None,
+        help="cap on one forwarded engine call (default: the client's deadline, or none)",
+    )
+    parser.add_argument(
         "--grace-seconds",
         type=float,
         default=25.0,
@@ -73,6 +79,7 @@ def run(args: argparse.Namespace) -> int:
         redis_url=args.redis_url,
         redis_prefix=args.redis_prefix,
         max_queue_seconds=args.max_queue_seconds,
+        max_call_seconds=args.max_call_seconds,
         metrics_port=None if args.metrics_port < 0 else args.metrics_port,
         **extra,
     )

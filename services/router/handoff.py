@@ -64,7 +64,10 @@ def generation_request(
 class HandoffForwarder:
     """Runs the generation half of a turn; the router servicer calls it after a hand-off."""
 
-    def __init__(self, runtime, channels, clock: Callable[[], float], wait_for_admission) -> None:
+    def __init__(
+        self, runtime, channels, clock: Callable[[], float], wait_for_admission, call_timeout
+    ) -> None:
+        self._call_timeout = call_timeout  # context -> timeout of a forwarded call (None: none)
         self._runtime = runtime
         self._channels = channels
         self._clock = clock
@@ -127,7 +130,7 @@ class HandoffForwarder:
         else:
             engine_request.prompt_text = request.prompt_text
         stub = self._channels.stub(admission.rank.address)
-        call = stub.Generate(engine_request, timeout=context.time_remaining())
+        call = stub.Generate(engine_request, timeout=self._call_timeout(context))
         context.add_callback(call.cancel)
         finished = False
         for chunk in call:

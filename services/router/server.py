@@ -43,6 +43,8 @@ class RouterConfig:
     redis_timeout_seconds: float = 1.0
     router_id: str = field(default_factory=lambda: uuid.uuid4().hex[:12])
     max_queue_seconds: float = 600.0
+    # Cap on one forwarded engine call (None: the client's deadline alone, or none).
+    max_call_seconds: float | None = None
     tick_seconds: float = 0.05
     max_workers: int = 256
     metrics_port: int | None = None  # None: no /metrics endpoint; 0: any free port
@@ -133,7 +135,8 @@ def create_server(
         futures.ThreadPoolExecutor(max_workers=config.max_workers, thread_name_prefix="router-grpc")
     )
     router_pb2_grpc.add_RouterServicer_to_server(
-        RouterServicer(runtime, channels, config.limits, clock), grpc_server
+        RouterServicer(runtime, channels, config.limits, clock, config.max_call_seconds),
+        grpc_server,
     )
     router_pb2_grpc.add_RankRegistryServicer_to_server(
         RankRegistryServicer(runtime, config.admission.heartbeat_timeout_seconds / 3), grpc_server

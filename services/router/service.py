@@ -10,6 +10,7 @@ from functools import partial
 
 import grpc
 from kvfleet.proto import common_pb2, engine_pb2, engine_pb2_grpc, router_pb2, router_pb2_grpc
+from kvfleet.services.router.deadlines import call_timeout
 from kvfleet.services.router.errors import (
     DuplicateRequest,
     EngineRejected,
@@ -72,14 +73,21 @@ class RouterServicer(router_pb2_grpc.RouterServicer):
         channels: EngineChannels,
         limits: RequestLimits,
         clock: Callable[[], float],
+        max_call_seconds: float | None = None,
     ) -> None:
         self._runtime = runtime
         self._channels = channels
         self._limits = limits
         self._clock = clock
+        self._max_call_seconds = max_call_seconds
         self._in_flight: set[str] = set()
         self._in_flight_lock = threading.Lock()
-        self._handoff = HandoffForwarder(runtime, channels, clock, self._wait_for_admission)
+        self._handoff = HandoffForwarder(
+            runtime, channels, clock, self._wait_for_admission, self._call_timeout
+        )
+
+    def _call_timeout(self, context) -> float | None:
+        return call_timeout(context, self._max_call_seconds)
 
     def Generate(self, request, context) -> Iterator[router_pb2.GenerateResponse]:
         request_id = request.request_id or uuid.uuid4().hex
@@ -206,8 +214,7 @@ class RouterServicer(router_pb2_grpc.RouterServicer):
         else:
             engine_request.prompt_text = request.prompt_text
         stub = self._channels.stub(admission.rank.address)
-        timeout = context.time_remaining()
-        call = stub.Generate(engine_request, timeout=timeout)
+        call = stub.Generate(engine_request, timeout=self._call_timeout(context))
         context.add_callback(call.cancel)
         rank_id = admission.rank.rank_id
         finished = 0
