@@ -73,6 +73,11 @@ class RouterRuntime:
         self._thread = threading.Thread(target=self._loop, name="router-admission", daemon=True)
 
     @property
+    def max_queue_seconds(self) -> float:
+        """How long a request may wait for a slot before it fails."""
+        return self._max_queue_seconds
+
+    @property
     def degraded(self) -> bool:
         """True while the shared store is away."""
         return isinstance(self.store, FailoverStore) and self.store.degraded

@@ -29,8 +29,9 @@ class FakeEngine(engine_pb2_grpc.EngineServicer):
     ) -> None:
         self.rank_id = rank_id
         self.role = role
-        # Set by a test: every Generate fails with this status (a request-level error).
+        # Set by a test: Generate fails with this status (`fail_times` calls; None: every one).
         self.fail_with: grpc.StatusCode | None = None
+        self.fail_times: int | None = None
         self.generate_calls = 0
         self.max_batch_size = max_batch_size
         self.delay = delay
@@ -54,8 +55,11 @@ class FakeEngine(engine_pb2_grpc.EngineServicer):
             self.max_in_flight = max(self.max_in_flight, self.in_flight)
             self.served.append(request.request_id)
             self.generate_calls += 1
+            failing = self.fail_with is not None and self.fail_times != 0
+            if failing and self.fail_times is not None:
+                self.fail_times -= 1
         try:
-            if self.fail_with is not None:
+            if failing:
                 context.abort(self.fail_with, f"fake engine {self.rank_id}: refused")
             if self.role == common_pb2.RANK_ROLE_CONTEXT:
                 yield self._handoff_chunk(request)
