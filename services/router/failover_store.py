@@ -35,6 +35,7 @@ class FailoverStore:
         self._on_redis_error = on_redis_error
         self._on_degraded = on_degraded
         self.degraded = False
+        self.recovered_at: float | None = None  # `now` of the last resync
 
     def _remote_call(self, call: Callable[[], object]) -> tuple[bool, object]:
         """Run a Redis call unless degraded; (False, None) when Redis is away."""
@@ -130,6 +131,7 @@ class FailoverStore:
         except redis.RedisError as error:
             self._on_redis_error(error)
             return False
+        self.recovered_at = now
         self._set_degraded(False, "resync done")
         return True
 

@@ -75,3 +75,15 @@ end
 for i = 2, #ARGV, 2 do redis.call('HSET', KEYS[1], ARGV[i], ARGV[i + 1]) end
 return 1
 """
+
+# KEYS: ranks, hb. ARGV: rank, registration json, heartbeat json, its time.
+# Resync of one rank after an outage: written only where Redis has no heartbeat of the rank
+# as new as this replica's (another replica back first may have heard from it since).
+RESYNC_RANK = """
+local current = redis.call('HGET', KEYS[2], ARGV[1])
+if current and redis.call('HEXISTS', KEYS[1], ARGV[1]) == 1
+   and cjson.decode(current)['t'] >= tonumber(ARGV[4]) then return 0 end
+redis.call('HSET', KEYS[1], ARGV[1], ARGV[2])
+redis.call('HSET', KEYS[2], ARGV[1], ARGV[3])
+return 1
+"""

@@ -11,6 +11,7 @@ from kvfleet.services.router.redis_lua import (
     HEARTBEAT,
     REMOVE_RANK,
     REPLACE_OWNER_RESERVATIONS,
+    RESYNC_RANK,
     SNAPSHOT,
     TRY_ADMIT,
 )
@@ -33,6 +34,7 @@ class RedisStore:
         self._heartbeat = client.register_script(HEARTBEAT)
         self._remove_rank = client.register_script(REMOVE_RANK)
         self._replace_owner = client.register_script(REPLACE_OWNER_RESERVATIONS)
+        self._resync_rank = client.register_script(RESYNC_RANK)
 
     @classmethod
     def from_url(
@@ -128,16 +130,22 @@ class RedisStore:
     ) -> None:
         """Write back what this router kept while Redis was away.
 
-        Ranks are re-registered, pins set only where Redis has none (the first replica back
-        wins, so replicas agree), and this router's reservations replace its old ones.
+        Ranks are re-registered where Redis has none, heartbeats written only where newer than
+        Redis's (a replica's stale view of a rank that heartbeats elsewhere must not make it
+        look silent), pins set only where Redis has none (the first replica back wins, so
+        replicas agree), and this router's reservations replace its old ones.
         """
         pipe = self.client.pipeline(transaction=False)
         for record in ranks.values():
-            pipe.hset(self._ranks_key, record.info.rank_id, _info_json(record.info))
-            pipe.hset(
-                self._hb_key,
-                record.info.rank_id,
-                _heartbeat_json(record.last_heartbeat, record.load),
+            self._resync_rank(
+                keys=[self._ranks_key, self._hb_key],
+                args=[
+                    record.info.rank_id,
+                    _info_json(record.info),
+                    _heartbeat_json(record.last_heartbeat, record.load),
+                    repr(record.last_heartbeat),
+                ],
+                client=pipe,
             )
         for conv, (rank_id, expires_at) in pins.items():
             ttl_ms = int((expires_at - now) * 1000)

@@ -49,7 +49,9 @@ class RouterRuntime:
         tick_seconds: float = 0.05,
         recover_every_seconds: float = 0.5,
         generation_queue: AdmissionQueue | None = None,
+        resync_grace_seconds: float | None = None,
     ) -> None:
+        self.resync_grace_seconds = resync_grace_seconds  # None: one heartbeat timeout
         self.queue = queue
         # Disaggregation: a turn admitted on a context rank is placed again, on a generation
         # rank, by this second queue over the same store (so both placements are atomic).
@@ -63,8 +65,9 @@ class RouterRuntime:
         self._clock = clock
         self._max_queue_seconds = max_queue_seconds
         self._tick = tick_seconds
-        self._recover_every = recover_every_seconds
+        self.recover_every_seconds = recover_every_seconds
         self._last_recover_try = 0.0
+        self.last_housekeeping_at = 0.0
         self._lock = threading.Lock()
         self._wake = threading.Condition(self._lock)
         self._tickets: dict[str, Ticket] = {}
@@ -169,12 +172,26 @@ class RouterRuntime:
                     log.exception("admission pass failed")
                 self._wake.wait(self._tick)
 
+    def _in_resync_grace(self, now: float) -> bool:
+        """Within one heartbeat timeout of Redis coming back: no rank counts as silent yet.
+
+        NOTE: ranks that heartbeat to another replica look silent here until that replica is
+        back too (its heartbeats land in its local state meanwhile); they get the timeout."""
+        recovered_at = getattr(self.store, "recovered_at", None)
+        grace = self.resync_grace_seconds
+        if grace is None:
+            grace = self.queue.config.heartbeat_timeout_seconds
+        return recovered_at is not None and now - recovered_at < grace
+
     def _housekeeping(self) -> None:
         now = self._clock()
+        self.last_housekeeping_at = now
         if self.degraded:
-            if now - self._last_recover_try >= self._recover_every:
+            if now - self._last_recover_try >= self.recover_every_seconds:
                 self._last_recover_try = now
                 self.store.try_recover(now)
+            return
+        if self._in_resync_grace(now):
             return
         # NOTE: silent ranks are not swept while degraded: their heartbeats may be landing on
         # another replica that this one cannot hear from without Redis.

@@ -41,6 +41,9 @@ class RouterConfig:
     redis_url: str | None = None
     redis_prefix: str = "kvfleet"
     redis_timeout_seconds: float = 1.0
+    redis_retry_seconds: float = 0.5  # while degraded, how often Redis is tried again
+    # After a resync, how long no rank counts as silent (None: one heartbeat timeout).
+    resync_grace_seconds: float | None = None
     router_id: str = field(default_factory=lambda: uuid.uuid4().hex[:12])
     max_queue_seconds: float = 600.0
     # Cap on one forwarded engine call (None: the client's deadline alone, or none).
@@ -128,7 +131,9 @@ def create_server(
         clock,
         config.max_queue_seconds,
         config.tick_seconds,
+        config.redis_retry_seconds,
         generation_queue=generation_queue,
+        resync_grace_seconds=config.resync_grace_seconds,
     )
     channels = EngineChannels()
     grpc_server = grpc.server(
