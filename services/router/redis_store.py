@@ -153,8 +153,11 @@ class RedisStore:
                 pipe.set(self._pin_key(conv), rank_id, px=ttl_ms, nx=True)
                 pipe.zadd(self._rank_pins_key(rank_id), {conv: expires_at})
         pipe.execute()
-        for rank_id in ranks:
-            held = reservations.get(rank_id, {})
+        self.replace_reservations({rank_id: reservations.get(rank_id, {}) for rank_id in ranks})
+
+    def replace_reservations(self, reservations: dict[str, dict[str, int]]) -> None:
+        """Make this router's reservations on each given rank exactly these."""
+        for rank_id, held in reservations.items():
             args = [f"{self.owner}|"]
             for request_id, slots in held.items():
                 args += [self._field(request_id), slots]
