@@ -41,6 +41,7 @@ class FailoverStore:
         self.degraded = False
         self._flag_lock = threading.Lock()  # degraded turns on or off once per outage
         self.recovered_at: float | None = None  # `now` of the last resync
+        self.live_replicas: list[str] = []  # replica ids holding a lease, at the last beat
 
     def _remote_call(self, call: Callable[[], object]) -> tuple[bool, object]:
         """Run a Redis call unless degraded; (False, None) when Redis is away."""

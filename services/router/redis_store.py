@@ -8,8 +8,11 @@ from collections.abc import Iterable
 import redis
 from kvfleet.services.router.model import RankInfo, RankLoad, RankSlots, Role
 from kvfleet.services.router.redis_lua import (
+    CLEAR_OWNER,
     HEARTBEAT,
+    REAP_RESERVATIONS,
     REMOVE_RANK,
+    RENEW_LEASE,
     REPLACE_OWNER_RESERVATIONS,
     RESYNC_RANK,
     SNAPSHOT,
@@ -35,6 +38,10 @@ class RedisStore:
         self._remove_rank = client.register_script(REMOVE_RANK)
         self._replace_owner = client.register_script(REPLACE_OWNER_RESERVATIONS)
         self._resync_rank = client.register_script(RESYNC_RANK)
+        self._renew_lease = client.register_script(RENEW_LEASE)
+        self._reap = client.register_script(REAP_RESERVATIONS)
+        self._clear_owner = client.register_script(CLEAR_OWNER)
+        self._replicas_key = f"{prefix}:replicas"
 
     @classmethod
     def from_url(
@@ -162,6 +169,25 @@ class RedisStore:
             for request_id, slots in held.items():
                 args += [self._field(request_id), slots]
             self._replace_owner(keys=[self._res_key(rank_id)], args=args)
+
+    # Leases: a replica's reservations live as long as its lease (see replica_lease.py).
+    def renew_lease(self, lease_seconds: float) -> bool:
+        """Take or renew this replica's lease; False when it had lapsed (or was never held)."""
+        keys = [self._lease_key(self.owner), self._replicas_key]
+        return int(self._renew_lease(keys=keys, args=[self.owner, int(lease_seconds * 1000)])) == 1
+
+    def reap_lapsed(self) -> tuple[int, list[str]]:
+        """Delete the reservations of replicas without a lease; (deleted, live replica ids)."""
+        reaped, *live = self._reap(keys=[self._ranks_key, self._replicas_key], args=[self.prefix])
+        return int(reaped), sorted(live)
+
+    def clear_own(self) -> int:
+        """Delete this replica's reservations and lease (at start and at a clean stop)."""
+        keys = [self._ranks_key, self._lease_key(self.owner)]
+        return int(self._clear_owner(keys=keys, args=[self.prefix, f"{self.owner}|"]))
+
+    def _lease_key(self, owner: str) -> str:
+        return f"{self.prefix}:replica:{owner}"
 
     def check_integrity(self) -> None:
         for rank_id, (slots, _) in self.snapshot().items():
