@@ -70,6 +70,12 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         help="cap on one forwarded engine call (default: the client's deadline, or none)",
     )
     parser.add_argument(
+        "--stream-idle-seconds",
+        type=float,
+        default=120.0,
+        help="an engine stream silent this long is cancelled and the rank taken for failed",
+    )
+    parser.add_argument(
         "--grace-seconds",
         type=float,
         default=25.0,
@@ -104,6 +110,7 @@ def run(args: argparse.Namespace) -> int:
         max_queue_seconds=args.max_queue_seconds,
         max_call_seconds=args.max_call_seconds,
         lease_seconds=args.lease_seconds,
+        stream_idle_seconds=args.stream_idle_seconds,
         metrics_port=None if args.metrics_port < 0 else args.metrics_port,
         **extra,
     )

@@ -74,6 +74,8 @@ class RouterRuntime:
         self._poke = threading.Event()  # something changed: run a pass now
         self._stop_event = threading.Event()
         self._draining_lock = threading.Lock()
+        # Called with a rank id whenever this router removes a rank (its calls are cancelled).
+        self.removal_listeners: list[Callable[[str], None]] = []
         self._tickets: dict[str, Ticket] = {}
         self._draining: set[str] = set()  # ranks last heard draining (for the log only)
         self._stopped = False
@@ -160,7 +162,12 @@ class RouterRuntime:
         self.prefix_index.clear(rank_id)
         self.metrics.ranks_removed.inc()
         log.warning("rank %s removed (%s); %d pins released", rank_id, reason, released)
+        self._removed(rank_id)
         self._poke.set()
+
+    def _removed(self, rank_id: str) -> None:
+        for listener in self.removal_listeners:
+            listener(rank_id)
 
     def ranks(self) -> dict[str, RankSlots]:
         """Every rank with its slots now."""
@@ -218,6 +225,7 @@ class RouterRuntime:
             self.prefix_index.clear(rank_id)
             self.metrics.ranks_removed.inc()
             log.warning("rank %s removed: no heartbeat", rank_id)
+            self._removed(rank_id)
 
     def _admit(self, queue: AdmissionQueue) -> None:
         result = queue.run_pass(degraded=self.degraded)
