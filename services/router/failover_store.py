@@ -144,6 +144,12 @@ class FailoverStore:
         self.local.release(rank_id, request_id)
         self._remote_call(lambda: self.remote.release(rank_id, request_id))
 
+    def expire_pins(self, now: float) -> int:
+        """Forget expired pins in the mirror, and trim Redis's per-rank pin sets."""
+        expired = self.local.expire_pins(now)
+        self._remote_call(lambda: self.remote.expire_pins(now))
+        return expired
+
     def try_recover(self, now: float) -> bool:
         """When degraded and Redis answers: write the local state back; True when recovered."""
         if not self.degraded:

@@ -53,7 +53,10 @@ class RouterRuntime:
         recover_every_seconds: float = 0.5,
         generation_queue: AdmissionQueue | None = None,
         resync_grace_seconds: float | None = None,
+        pin_sweep_seconds: float = 10.0,
     ) -> None:
+        self.pin_sweep_seconds = pin_sweep_seconds  # how often expired pins are dropped
+        self._last_pin_sweep = 0.0
         self.resync_grace_seconds = resync_grace_seconds  # None: one heartbeat timeout
         self.queue = queue
         # Disaggregation: a turn admitted on a context rank is placed again, on a generation
@@ -215,6 +218,11 @@ class RouterRuntime:
     def _housekeeping(self) -> None:
         now = self._clock()
         self.last_housekeeping_at = now
+        if now - self._last_pin_sweep >= self.pin_sweep_seconds:
+            self._last_pin_sweep = now
+            expire = getattr(self.store, "expire_pins", None)
+            if expire is not None:
+                expire(now)
         if self.degraded:
             return
         if self._in_resync_grace(now):

@@ -48,6 +48,7 @@ class RouterConfig:
     lease_seconds: float = 10.0
     # After a resync, how long no rank counts as silent (None: one heartbeat timeout).
     resync_grace_seconds: float | None = None
+    pin_sweep_seconds: float = 10.0  # how often expired pins leave memory and rank_pins sets
     router_id: str = field(default_factory=lambda: uuid.uuid4().hex[:12])
     max_queue_seconds: float = 600.0
     # Cap on one forwarded engine call (None: the client's deadline alone, or none).
@@ -148,6 +149,7 @@ def create_server(
         config.redis_retry_seconds,
         generation_queue=generation_queue,
         resync_grace_seconds=config.resync_grace_seconds,
+        pin_sweep_seconds=config.pin_sweep_seconds,
     )
     channels = EngineChannels()
     watch = StreamWatch(config.stream_idle_seconds, lambda: set(runtime.ranks())).start()
