@@ -189,11 +189,16 @@ class AdmissionQueue:
                 failed_ids.add(request.request_id)
 
         for request, released_from in others:
+            home = released_from
+            # Released from its wait: placed as lenient affinity places, home first when it
+            # has room, else by the placement policy.
+            has_room = home is not None and free[home] >= request.slots
+            if has_room and self._reserve(request, home, free, now):
+                admit(request, home, Placement.PINNED)
+                continue
             rank_id = self._place(request, ranks, free, now)
             if rank_id is not None:
-                placement = (
-                    Placement.NEW if released_from is None else RELEASED_PLACEMENT[affinity.name]
-                )
+                placement = Placement.NEW if home is None else RELEASED_PLACEMENT[affinity.name]
                 admit(request, rank_id, placement)
 
         result.free_slots = {rank_id: slots.free for rank_id, (slots, _) in every_rank.items()}
