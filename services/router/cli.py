@@ -22,6 +22,24 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("--grpc-port", type=int, default=50051, help="0 picks a free port")
     parser.add_argument("--metrics-port", type=int, default=9400, help="-1: no /metrics")
     parser.add_argument(
+        "--rank-port",
+        type=int,
+        default=50052,
+        help="rank-facing RankRegistry (Register, Heartbeat, KV events); 0 picks a free port",
+    )
+    parser.add_argument(
+        "--fleet-secret-file",
+        default=None,
+        help="the secret ranks must show on the rank port (default: $KVFLEET_FLEET_SECRET)",
+    )
+    parser.add_argument(
+        "--insecure-rank-port",
+        action="store_true",
+        help="serve the rank port without a fleet secret (local experiments only)",
+    )
+    parser.add_argument("--tls-cert-file", default=None, help="PEM chain: TLS on the gRPC port")
+    parser.add_argument("--tls-key-file", default=None, help="PEM key of --tls-cert-file")
+    parser.add_argument(
         "--redis-url", default=None, help="redis://HOST:6379/0; without it all state is in-process"
     )
     parser.add_argument("--redis-prefix", default="kvfleet", help="key prefix (one per fleet)")
@@ -91,9 +109,16 @@ def run(args: argparse.Namespace) -> int:
     import threading
 
     from kvfleet.services.router.admission import AdmissionConfig
+    from kvfleet.services.router.fleet_secret import SECRET_ENV, load_fleet_secret
     from kvfleet.services.router.server import RouterConfig, create_server
 
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s %(message)s")
+    secret = load_fleet_secret(args.fleet_secret_file)
+    if secret is None and not args.insecure_rank_port:
+        raise SystemExit(
+            f"a fleet secret is required for the rank port: --fleet-secret-file or ${SECRET_ENV} "
+            "(or --insecure-rank-port)"
+        )
     admission = AdmissionConfig(
         affinity=args.affinity,
         placement=args.placement,
@@ -111,11 +136,19 @@ def run(args: argparse.Namespace) -> int:
         max_call_seconds=args.max_call_seconds,
         lease_seconds=args.lease_seconds,
         stream_idle_seconds=args.stream_idle_seconds,
+        rank_address=f"{args.host}:{args.rank_port}",
+        fleet_secret=secret,
+        tls_cert_file=args.tls_cert_file,
+        tls_key_file=args.tls_key_file,
         metrics_port=None if args.metrics_port < 0 else args.metrics_port,
         **extra,
     )
     server, port = create_server(f"{args.host}:{args.grpc_port}", config)
-    print(f"router listening on port {port} metrics port {server.metrics_port}", flush=True)
+    print(
+        f"router listening on port {port} rank port {server.rank_port} "
+        f"metrics port {server.metrics_port}",
+        flush=True,
+    )
     stop = threading.Event()
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda *_: stop.set())

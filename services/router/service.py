@@ -281,9 +281,10 @@ class RouterServicer(router_pb2_grpc.RouterServicer):
 class RankRegistryServicer(router_pb2_grpc.RankRegistryServicer):
     """Engine-facing registry: register, heartbeat, KV events."""
 
-    def __init__(self, runtime: RouterRuntime, heartbeat_interval_seconds: float) -> None:
+    def __init__(self, runtime: RouterRuntime, heartbeat_timeout_seconds: float) -> None:
         self._runtime = runtime
-        self._interval = heartbeat_interval_seconds
+        self._timeout = heartbeat_timeout_seconds
+        self._interval = heartbeat_timeout_seconds / 3
 
     def Register(self, request, context) -> router_pb2.RegisterResponse:
         try:
@@ -298,6 +299,14 @@ class RankRegistryServicer(router_pb2_grpc.RankRegistryServicer):
             context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(error))
         if not request.address:
             context.abort(grpc.StatusCode.INVALID_ARGUMENT, "address: empty")
+        live = self._runtime.live_address(info.rank_id, self._timeout)
+        if live is not None and live != info.address:
+            # NOTE: re-pointing a live rank would send its pinned conversations elsewhere; a
+            # rank that really moved registers once the old address misses its heartbeats.
+            context.abort(
+                grpc.StatusCode.FAILED_PRECONDITION,
+                f"rank_id: {info.rank_id!r} is live at {live}; not re-pointed to {info.address}",
+            )
         self._runtime.register(info)
         log.info(
             "rank %s registered at %s with %d slots",
