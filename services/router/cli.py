@@ -44,6 +44,21 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     )
     parser.add_argument("--redis-prefix", default="kvfleet", help="key prefix (one per fleet)")
     parser.add_argument(
+        "--redis-password-file",
+        default=None,
+        help="Redis AUTH password when the URL has none (default: $KVFLEET_REDIS_PASSWORD)",
+    )
+    parser.add_argument(
+        "--redis-ca-file", default=None, help="CA bundle for rediss:// / --redis-tls"
+    )
+    parser.add_argument(
+        "--redis-sentinel",
+        default=None,
+        help="host:port,host:port of Redis Sentinels (instead of --redis-url)",
+    )
+    parser.add_argument("--redis-sentinel-master", default=None, help="the Sentinels' master name")
+    parser.add_argument("--redis-tls", action="store_true", help="Sentinel: TLS to the master")
+    parser.add_argument(
         "--replica-id",
         "--router-id",
         dest="replica_id",
@@ -110,6 +125,7 @@ def run(args: argparse.Namespace) -> int:
 
     from kvfleet.services.router.admission import AdmissionConfig
     from kvfleet.services.router.fleet_secret import SECRET_ENV, load_fleet_secret
+    from kvfleet.services.router.redis_connect import load_password
     from kvfleet.services.router.server import RouterConfig, create_server
 
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s %(message)s")
@@ -132,6 +148,11 @@ def run(args: argparse.Namespace) -> int:
         admission=admission,
         redis_url=args.redis_url,
         redis_prefix=args.redis_prefix,
+        redis_password=load_password(args.redis_password_file),
+        redis_ca_file=args.redis_ca_file,
+        redis_sentinels=tuple(a for a in (args.redis_sentinel or "").split(",") if a),
+        redis_sentinel_master=args.redis_sentinel_master,
+        redis_tls=args.redis_tls,
         max_queue_seconds=args.max_queue_seconds,
         max_call_seconds=args.max_call_seconds,
         lease_seconds=args.lease_seconds,

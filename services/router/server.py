@@ -19,6 +19,7 @@ from kvfleet.services.router.failover_store import FailoverStore
 from kvfleet.services.router.fleet_secret import FleetSecretInterceptor
 from kvfleet.services.router.metrics import RouterMetrics
 from kvfleet.services.router.prefix_index import PrefixIndex
+from kvfleet.services.router.redis_connect import RedisSettings, connect
 from kvfleet.services.router.redis_store import RedisStore
 from kvfleet.services.router.replica_lease import ReplicaLease
 from kvfleet.services.router.runtime import RouterRuntime
@@ -45,6 +46,11 @@ class RouterConfig:
     redis_url: str | None = None
     redis_prefix: str = "kvfleet"
     redis_timeout_seconds: float = 1.0
+    redis_password: str | None = None  # when the URL has none (see redis_connect.py)
+    redis_ca_file: str | None = None
+    redis_sentinels: tuple[str, ...] = ()
+    redis_sentinel_master: str | None = None
+    redis_tls: bool = False  # Sentinel: TLS to the master
     redis_retry_seconds: float = 0.5  # while degraded, how often Redis is tried again
     # Reservations of a replica whose lease lapsed (killed) are released by the others.
     lease_seconds: float = 10.0
@@ -67,6 +73,16 @@ class RouterConfig:
     # TLS on the client port: PEM certificate chain and key files (both or neither).
     tls_cert_file: str | None = None
     tls_key_file: str | None = None
+
+    def redis_settings(self) -> RedisSettings:
+        return RedisSettings(
+            url=self.redis_url,
+            password=self.redis_password,
+            ca_file=self.redis_ca_file,
+            sentinels=self.redis_sentinels,
+            sentinel_master=self.redis_sentinel_master,
+            tls=self.redis_tls,
+        )
 
 
 class RouterServer:
@@ -124,12 +140,12 @@ class RouterServer:
 
 
 def build_store(config: RouterConfig, metrics: RouterMetrics) -> AdmissionStore:
-    """Redis with a local fallback when a URL is given, else in-process only."""
-    if config.redis_url is None:
+    """Redis with a local fallback when Redis is configured, else in-process only."""
+    settings = config.redis_settings()
+    if not settings.configured:
         return LocalStore()
-    remote = RedisStore.from_url(
-        config.redis_url, config.redis_prefix, config.router_id, config.redis_timeout_seconds
-    )
+    client = connect(settings, config.redis_timeout_seconds)
+    remote = RedisStore(client, config.redis_prefix, config.router_id)
     return FailoverStore(
         remote,
         config.admission.pin_ttl_seconds,
