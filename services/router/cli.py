@@ -44,6 +44,12 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     )
     parser.add_argument("--redis-prefix", default="kvfleet", help="key prefix (one per fleet)")
     parser.add_argument(
+        "--redis-timeout-seconds",
+        type=float,
+        default=1.0,
+        help="a Redis call slower than this counts as an outage (local state serves)",
+    )
+    parser.add_argument(
         "--redis-password-file",
         default=None,
         help="Redis AUTH password when the URL has none (default: $KVFLEET_REDIS_PASSWORD)",
@@ -148,6 +154,7 @@ def run(args: argparse.Namespace) -> int:
         admission=admission,
         redis_url=args.redis_url,
         redis_prefix=args.redis_prefix,
+        redis_timeout_seconds=args.redis_timeout_seconds,
         redis_password=load_password(args.redis_password_file),
         redis_ca_file=args.redis_ca_file,
         redis_sentinels=tuple(a for a in (args.redis_sentinel or "").split(",") if a),
