@@ -20,7 +20,8 @@ from .blocks import kv_layout
 from .context_side import HANDOFF_REASON, ContextSide
 from .disk_handoff import DiskHandoff
 from .generation_side import GenerationSide
-from .transports import TransportContext, build_transports
+from .transport_types import TransportContext
+from .transports import build_transports
 
 log = logging.getLogger(__name__)
 

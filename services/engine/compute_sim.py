@@ -28,6 +28,7 @@ from kvfleet.kvstore.tiers.stack import KVTiers
 from kvfleet.services.core.cost_figures import ModelShape, load_hardware
 from kvfleet.services.core.cost_model import CostModel, StepWork
 
+from .compute_types import resolve_model_config
 from .config import ModelConfig
 from .engine_config import EngineConfig
 from .kv_setup import kv_layout, kvstore_config, tier_config
@@ -71,8 +72,6 @@ class SimCompute:
     name = "sim"
 
     def __init__(self, config: EngineConfig, sleep: Callable[[float], None] = time.sleep) -> None:
-        from .compute import resolve_model_config  # compute.py imports this module
-
         self.config = config
         self.model_config = resolve_model_config(config)
         self.store_config = kvstore_config(self.model_config, config)
