@@ -106,6 +106,11 @@ class EngineCore:
             handle._put(EngineStoppedError(f"request {handle.call.request_id}: engine stopped"))
         self._handles.clear()
 
+    @property
+    def stopping(self) -> bool:
+        """True once `stop` was called: errors from then on are the rank's, not a request's."""
+        return self._stop.is_set()
+
     # -- what other threads call -------------------------------------------------------------------
 
     def submit(self, call: GenerateCall) -> RequestHandle:
