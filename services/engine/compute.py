@@ -33,11 +33,13 @@ class TorchCompute:
     def __init__(self, config: EngineConfig) -> None:
         torch.set_num_threads(config.torch_threads)
         self.device = torch.device(config.device)
-        dtype = default_dtype(self.device)
         self.model_config = resolve_model_config(config)
+        chosen = None if config.dtype == "auto" else getattr(torch, config.dtype)
         if config.model_path:
-            self.model = load_checkpoint(config.model_path, self.device, dtype)
+            self.model = load_checkpoint(config.model_path, self.device, chosen)
+            dtype = next(self.model.parameters()).dtype
         else:
+            dtype = chosen or default_dtype(self.device)
             self.model = build_model(self.model_config, config.seed, self.device, dtype)
         self.config = config
         self.kv = build_kv(self.model_config, config, dtype)

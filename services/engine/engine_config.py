@@ -21,6 +21,7 @@ from typing import Any
 import yaml
 
 ROLES = ("both", "context", "generation")
+DTYPES = ("auto", "float32", "bfloat16", "float16")
 
 
 @dataclass(frozen=True)
@@ -29,6 +30,9 @@ class EngineConfig:
 
     model: str = "tiny"
     model_path: str = ""
+    # Weights' dtype: "auto" is the checkpoint's torch_dtype (bf16 on GPU / fp32 on CPU for a
+    # preset), else one of DTYPES.
+    dtype: str = "auto"
     seed: int = 0
     device: str = "cpu"
     attention_backend: str = "auto"
@@ -73,6 +77,8 @@ class EngineConfig:
         for name in ("max_batch_size", "max_num_batched_tokens", "page_size", "torch_threads"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
+        if self.dtype not in DTYPES:
+            raise ValueError(f"dtype must be one of {DTYPES}, got {self.dtype!r}")
         if self.role not in ROLES:
             raise ValueError(f"role must be one of {ROLES}, got {self.role!r}")
         if self.kv_pages is not None and self.kv_pages < 2:

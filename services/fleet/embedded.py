@@ -16,7 +16,7 @@ from kvfleet.services.engine.http_backends import RouterBackend
 from kvfleet.services.engine.http_server import HttpServer
 from kvfleet.services.engine.openai_http import build_app
 from kvfleet.services.engine.rank import EngineRank, RankAddresses
-from kvfleet.services.engine.tokenizer import load_tokenizer
+from kvfleet.services.engine.tokenizer import tokenizer_for_model
 from kvfleet.services.router.admission import AdmissionConfig
 
 log = logging.getLogger(__name__)
@@ -87,7 +87,7 @@ class EmbeddedFleet:
                 host=c.host, router=self.router_address, rank_id=f"rank-{index}"
             )
             self.ranks.append(EngineRank(c.engine, addresses).start())
-        tokenizer = load_tokenizer(None)
+        tokenizer = tokenizer_for_model(c.engine.model_path)
         names = (c.engine.model, "kvfleet")
         self._backend = RouterBackend(self.router_address, tokenizer, names)
         self.http = HttpServer(build_app(self._backend), c.host, c.http_port).start()
