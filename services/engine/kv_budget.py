@@ -45,12 +45,25 @@ def probe_device_memory(
     device: torch.device,
     mem_get_info: Callable[[torch.device], tuple[int, int]] = torch.cuda.mem_get_info,
 ) -> DeviceMemory:
-    """Free and total bytes of `device` (CUDA: mem_get_info; CPU: the host's pages)."""
+    """Free and total bytes of `device` (CUDA: mem_get_info; CPU: the host's available memory,
+    page cache included, as /proc/meminfo's MemAvailable says)."""
     if device.type == "cuda":
         free, total = mem_get_info(device)
         return DeviceMemory(int(free), int(total))
     page = os.sysconf("SC_PAGE_SIZE")
-    return DeviceMemory(os.sysconf("SC_AVPHYS_PAGES") * page, os.sysconf("SC_PHYS_PAGES") * page)
+    total = os.sysconf("SC_PHYS_PAGES") * page
+    return DeviceMemory(_host_available_bytes() or os.sysconf("SC_AVPHYS_PAGES") * page, total)
+
+
+def _host_available_bytes() -> int | None:
+    try:
+        with open("/proc/meminfo") as meminfo:
+            for line in meminfo:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return None
 
 
 def weight_bytes(model: ModelConfig, dtype: torch.dtype) -> int:
