@@ -8,16 +8,14 @@ the scheduler and returns tokens, so the scheduler and the kvstore calls are ide
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from typing import Protocol
 
 import torch
-from kvfleet.kvstore.config import KVStoreConfig
 from kvfleet.kvstore.tiers.stack import KVTiers
 
 from .attention import make_backend
 from .batch import ForwardBatch, SequenceChunk
 from .compute_sim import SimCompute
-from .config import ModelConfig, preset
+from .compute_types import ComputeBackend, resolve_model_config
 from .device import resolve_device
 from .device_kv_cache import DeviceKVCache
 from .engine_config import EngineConfig
@@ -26,30 +24,7 @@ from .kv_budget import kv_budget, probe_device_memory
 from .kv_setup import build_kv, open_kv_tiers
 from .sampling import sample_batch
 from .scheduler import ScheduledChunk
-from .weights import build_model, config_from_file, load_checkpoint
-
-
-class ComputeBackend(Protocol):
-    """Runs one step; owns the model and the K/V bytes (never the page tables)."""
-
-    name: str
-    model_config: ModelConfig
-    store_config: KVStoreConfig
-
-    def execute(self, chunks: Sequence[ScheduledChunk]) -> list[int | None]:
-        """Run `chunks` as one batch; a sampled token for each chunk that samples, else None."""
-        ...
-
-    def open_tiers(self) -> KVTiers | None:
-        """KV tiers for a new manager (None: the manager's device-only default)."""
-        ...
-
-
-def resolve_model_config(config: EngineConfig) -> ModelConfig:
-    """The model's shape: from the checkpoint's config.json, else the named preset."""
-    if config.model_path:
-        return config_from_file(f"{config.model_path}/config.json")
-    return preset(config.model)
+from .weights import build_model, load_checkpoint
 
 
 class TorchCompute:

@@ -21,7 +21,8 @@ from kvfleet.kvstore.manager import KVCacheManager
 from kvfleet.kvstore.sizing import TypicalStep, peak_demand
 from kvfleet.services.disagg.roles import ROLE_HOOKS
 
-from .compute import ComputeBackend, make_compute
+from .compute import make_compute
+from .compute_types import ComputeBackend
 from .drain import DiskDrain
 from .engine_config import EngineConfig
 from .engine_request import (

@@ -13,12 +13,10 @@ from __future__ import annotations
 
 import inspect
 import logging
-import os
 from collections.abc import Mapping
 from dataclasses import dataclass
 
 import torch
-import xxhash
 from kvfleet.kvstore.config import KVStoreConfig
 from kvfleet.kvstore.life_cycles import FullLifeCycle, LifeCycle, WindowLifeCycle
 from kvfleet.kvstore.policies import REUSE_POLICIES, make_reuse_policy
@@ -26,6 +24,7 @@ from kvfleet.kvstore.sizing import TypicalStep, plan_pools, rank_typical_step
 from kvfleet.kvstore.tiers.build import TierConfig, build_tiers
 from kvfleet.kvstore.tiers.layout import KVLayout
 from kvfleet.kvstore.tiers.stack import KVTiers
+from kvfleet.services.core.model_disk import model_disk_root
 
 from .config import FULL_GROUP, WINDOW_GROUP, ModelConfig
 from .engine_config import EngineConfig
@@ -175,15 +174,8 @@ def tier_pages(
 
 
 def disk_tier_root(model: ModelConfig, config: EngineConfig) -> str:
-    """This model's folder of the shared disk tier.
-
-    NOTE: block hashes name tokens, not weights, and file fingerprints only the page shape, so
-    ranks of another model (or other random weights) of the same shape must not read these.
-    """
-    identity = config.model_path or f"{model.name}/seed={config.seed}"
-    return os.path.join(
-        config.disk_tier_dir, f"model-{xxhash.xxh3_64_hexdigest(identity.encode())}"
-    )
+    """This model's folder of the shared disk tier (`model_disk_root`)."""
+    return model_disk_root(config.disk_tier_dir, model.name, config.model_path, config.seed)
 
 
 def tier_config(

@@ -11,8 +11,9 @@ from kvfleet.kvstore.config import KVStoreConfig
 from kvfleet.kvstore.policies import ReusePolicy, make_reuse_policy
 from kvfleet.kvstore.sizing import TypicalStep, plan_pools, rank_typical_step
 from kvfleet.kvstore.tiers.stack import KVTiers
+from kvfleet.services.core.cost_figures import ModelShape
 
-from .sim_config import FleetOptions, ModelShape
+from .sim_config import FleetOptions
 
 
 def rank_kvstore(fleet: FleetOptions, model: ModelShape) -> tuple[KVStoreConfig, KVTiers | None]:

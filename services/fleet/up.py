@@ -37,8 +37,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from .engine_config import EngineConfig
-    from .fleet import EmbeddedFleet, FleetConfig
+    from kvfleet.services.engine.engine_config import EngineConfig
+
+    from .embedded import EmbeddedFleet, FleetConfig
 
     logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(name)s %(message)s")
     engine = EngineConfig(model=args.model, max_batch_size=args.max_batch_size)

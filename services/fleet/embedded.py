@@ -11,14 +11,13 @@ import time
 import uuid
 from dataclasses import dataclass, field
 
+from kvfleet.services.engine.engine_config import EngineConfig
+from kvfleet.services.engine.http_backends import RouterBackend
+from kvfleet.services.engine.http_server import HttpServer
+from kvfleet.services.engine.openai_http import build_app
+from kvfleet.services.engine.rank import EngineRank, RankAddresses
+from kvfleet.services.engine.tokenizer import load_tokenizer
 from kvfleet.services.router.admission import AdmissionConfig
-
-from .engine_config import EngineConfig
-from .http_backends import RouterBackend
-from .http_server import HttpServer
-from .openai_http import build_app
-from .rank import EngineRank, RankAddresses
-from .tokenizer import load_tokenizer
 
 log = logging.getLogger(__name__)
 
