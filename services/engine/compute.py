@@ -16,9 +16,11 @@ from .attention import make_backend
 from .batch import ForwardBatch, SequenceChunk
 from .compute_sim import SimCompute
 from .compute_types import ComputeBackend, resolve_model_config
+from .device import resolve_device
 from .device_kv_cache import DeviceKVCache
 from .engine_config import EngineConfig
 from .generation import default_dtype
+from .kv_budget import kv_budget, probe_device_memory
 from .kv_setup import build_kv, open_kv_tiers
 from .sampling import sample_batch
 from .scheduler import ScheduledChunk
@@ -32,7 +34,8 @@ class TorchCompute:
 
     def __init__(self, config: EngineConfig) -> None:
         torch.set_num_threads(config.torch_threads)
-        self.device = torch.device(config.device)
+        self.device = resolve_device(config.device)
+        memory = probe_device_memory(self.device)  # before the weights take their share
         self.model_config = resolve_model_config(config)
         chosen = None if config.dtype == "auto" else getattr(torch, config.dtype)
         if config.model_path:
@@ -42,7 +45,8 @@ class TorchCompute:
             dtype = chosen or default_dtype(self.device)
             self.model = build_model(self.model_config, config.seed, self.device, dtype)
         self.config = config
-        self.kv = build_kv(self.model_config, config, dtype)
+        budget = kv_budget(self.model_config, config, self.device, memory, dtype)
+        self.kv = build_kv(self.model_config, config, dtype, budget)
         self.store_config = self.kv.store_config
         self.cache: DeviceKVCache | None = None  # the latest open_tiers' device KV
         self.attention = make_backend(config.attention_backend, self.device)
