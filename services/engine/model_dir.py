@@ -65,6 +65,8 @@ def register(subparsers) -> None:
     parser = subparsers.add_parser(
         "model-dir",
         help="write config.json + a byte tokenizer.json (for --model-path of sim ranks, peers)",
+        description="Write a model directory without weights: a preset's config.json and a "
+        "byte tokenizer.json, for --model-path of sim ranks and of peer routers.",
     )
     parser.add_argument("path", help="directory to write (created if missing)")
     parser.add_argument("--model", default="tiny", help="preset shape (tiny, 1b, 8b)")
