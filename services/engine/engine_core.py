@@ -61,7 +61,7 @@ class EngineCore:
         self.compute = compute or make_compute(config)
         self.model_config = self.compute.model_config
         self.metrics = metrics or EngineMetrics()
-        self._clock = self.clock = clock
+        self.clock = clock
         self._sink = kv_event_sink
         self._events: list[KVEvent] = []
         self._block_tokens = BlockTokens(config.page_size)
@@ -103,7 +103,7 @@ class EngineCore:
         self.role.close()
         self.manager.tiers.close()  # the disk prefetch worker
         for handle in list(self._handles.values()):
-            handle._put(EngineStoppedError(f"request {handle.call.request_id}: engine stopped"))
+            handle.put(EngineStoppedError(f"request {handle.call.request_id}: engine stopped"))
         self._handles.clear()
 
     @property
@@ -234,9 +234,9 @@ class EngineCore:
 
     def _add(self, call: GenerateCall, handle: RequestHandle) -> None:
         if call.request_id in self._handles:
-            handle._put(InvalidRequestError("request_id", f"{call.request_id!r} is running"))
+            handle.put(InvalidRequestError("request_id", f"{call.request_id!r} is running"))
             return
-        now = self._clock()
+        now = self.clock()
         sequences: list[Sequence] = []
         for index in range(call.num_samples):
             sampling = call.sampling
@@ -263,7 +263,7 @@ class EngineCore:
     def new_sequence(self, call: GenerateCall) -> Sequence:
         """A single-sample sequence for `call`, not yet known to the scheduler."""
         generator = None if call.sampling.greedy else make_generator(call.sampling, "cpu")
-        return Sequence(f"{call.request_id}#0", call, 0, call.sampling, generator, self._clock())
+        return Sequence(f"{call.request_id}#0", call, 0, call.sampling, generator, self.clock())
 
     def detach(self, request_id: str) -> RequestHandle:
         """Forget a request but keep its pages (its KV is handed off); returns its handle."""
@@ -279,7 +279,7 @@ class EngineCore:
         call = sequence.call
         if call.request_id in self._handles:
             raise InvalidRequestError("request_id", f"{call.request_id!r} is already running")
-        now = self._clock()
+        now = self.clock()
         sequence.admitted = True
         sequence.cached_tokens = reused_tokens
         sequence.output.extend(tokens)
@@ -308,7 +308,7 @@ class EngineCore:
 
     def _step(self, chunks: list[ScheduledChunk]) -> None:
         tokens = self.compute.execute(chunks)
-        now = self._clock()
+        now = self.clock()
         for chunk, token in zip(chunks, tokens, strict=True):
             sequence = chunk.sequence
             self.manager.commit(sequence.key, chunk.start + len(chunk.new_tokens))
@@ -348,9 +348,9 @@ class EngineCore:
             if all(s.finished for s in self._sequences[sequence.call.request_id]):
                 self._sequences.pop(sequence.call.request_id)
                 handle = self._handles.pop(sequence.call.request_id)
-                handle._put(output)
+                handle.put(output)
                 return
-        self._handles[sequence.call.request_id]._put(output)
+        self._handles[sequence.call.request_id].put(output)
 
     def _usage(self, sequence: Sequence) -> Usage:
         steps = max(1, len(sequence.output) - 1)
@@ -387,5 +387,5 @@ class EngineCore:
 
     def _fail_all(self, error: BaseException) -> None:
         for request_id, handle in list(self._handles.items()):
-            handle._put(EngineStoppedError(f"request {request_id}: engine step failed: {error}"))
+            handle.put(EngineStoppedError(f"request {request_id}: engine step failed: {error}"))
             self._remove(request_id)
