@@ -30,12 +30,14 @@ from .engine_request import (
     GenerateCall,
     InvalidRequestError,
     SampleOutput,
+    SequenceFailedError,
     Usage,
 )
 from .kv_events import BlockEvent, BlockTokens
 from .metrics import EngineMetrics
 from .request_handle import RequestHandle
 from .sampling import make_generator
+from .sampling_params import SampledToken, SampleFailure, TokenLogprob
 from .scheduler import ScheduledChunk, Scheduler
 from .sequence import Sequence
 
@@ -305,14 +307,23 @@ class EngineCore:
         now = self._clock()
         for chunk, token in zip(chunks, tokens, strict=True):
             sequence = chunk.sequence
+            if sequence.finished:  # a sibling sample failed earlier in this step
+                continue
+            if isinstance(token, SampleFailure):  # this request fails alone; the batch goes on
+                self._fail_request(sequence.call.request_id, token.message)
+                continue
             self.manager.commit(sequence.key, chunk.start + len(chunk.new_tokens))
             if not sequence.context_done and chunk.samples:
                 self.scheduler.context_ended(sequence)
                 self.drain.context_ended(sequence.conversation_id)
-            if token is not None:
+            if isinstance(token, SampledToken):
+                self._emit(sequence, token.token, now, token.logprobs)
+            elif token is not None:
                 self._emit(sequence, token, now)
 
-    def _emit(self, sequence: Sequence, token: int, now: float) -> None:
+    def _emit(
+        self, sequence: Sequence, token: int, now: float, logprob: TokenLogprob | None = None
+    ) -> None:
         self.manager.append_tokens(sequence.key, [token])
         self._block_tokens.extend(sequence.key, [token])
         sequence.output.append(token)
@@ -330,7 +341,13 @@ class EngineCore:
             reason = "length"
         usage = self._usage(sequence) if reason else None
         output = SampleOutput(
-            sequence.call.request_id, sequence.sample_index, (token,), bool(reason), reason, usage
+            sequence.call.request_id,
+            sequence.sample_index,
+            (token,),
+            bool(reason),
+            reason,
+            usage,
+            (logprob,) if logprob is not None else (),
         )
         if not reason and self.role.after_first_token(sequence, output):
             return
@@ -378,6 +395,13 @@ class EngineCore:
         self.metrics.load(self._load)
         self.metrics.preemptions.inc(self.scheduler.preemptions - self._counted_preemptions)
         self._counted_preemptions = self.scheduler.preemptions
+
+    def _fail_request(self, request_id: str, reason: str) -> None:
+        log.warning("request %s failed: %s", request_id, reason)
+        handle = self._handles.get(request_id)
+        if handle is not None:
+            handle._put(SequenceFailedError(f"request {request_id}: {reason}"))
+        self._remove(request_id)
 
     def _fail_all(self, error: BaseException) -> None:
         for request_id, handle in list(self._handles.items()):

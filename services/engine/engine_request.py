@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from .sampling import SamplingParams
+from .sampling_params import SamplingParams, TokenLogprob
 
 
 class InvalidRequestError(ValueError):
@@ -17,6 +17,10 @@ class InvalidRequestError(ValueError):
 
 class EngineStoppedError(RuntimeError):
     """The engine core stopped before the request finished."""
+
+
+class SequenceFailedError(RuntimeError):
+    """One request failed inside a step (say, its logits were not finite); others go on."""
 
 
 @dataclass(frozen=True)
@@ -51,6 +55,7 @@ class SampleOutput:
     finished: bool = False
     finish_reason: str = ""
     usage: Usage | None = None
+    logprobs: tuple[TokenLogprob, ...] = ()  # one per token, when the request asked for them
 
 
 @dataclass(frozen=True)

@@ -15,7 +15,13 @@ from kvfleet.services.disagg.grpc_pull import serve_pull
 
 from .detokenizer import StreamDetokenizer
 from .engine_core import EngineCore
-from .engine_request import EngineStoppedError, GenerateCall, InvalidRequestError, SampleOutput
+from .engine_request import (
+    EngineStoppedError,
+    GenerateCall,
+    InvalidRequestError,
+    SampleOutput,
+    SequenceFailedError,
+)
 from .request_inputs import make_sampling
 from .tokenizer import Tokenizer
 
@@ -28,6 +34,8 @@ OUTPUT_TIMEOUT_SECONDS = 600.0
 GRPC_CODES: dict[type[Exception], grpc.StatusCode] = {
     InvalidRequestError: grpc.StatusCode.INVALID_ARGUMENT,
     EngineStoppedError: grpc.StatusCode.UNAVAILABLE,
+    # One request failed inside a step: INTERNAL, never UNAVAILABLE (the rank is fine).
+    SequenceFailedError: grpc.StatusCode.INTERNAL,
     TimeoutError: grpc.StatusCode.DEADLINE_EXCEEDED,
     # KV hand-off: ABORTED, not UNAVAILABLE, so the router does not take this rank for dead.
     HandoffFailed: grpc.StatusCode.ABORTED,
@@ -117,7 +125,12 @@ class EngineServicer(engine_pb2_grpc.EngineServicer):
             for output in handle.outputs(OUTPUT_TIMEOUT_SECONDS):
                 text = detokenizer.piece(output.sample_index, output.token_ids, output.finished)
                 yield chunk_from_output(output, text)
-        except (EngineStoppedError, TimeoutError, InvalidRequestError) as error:
+        except (
+            EngineStoppedError,
+            SequenceFailedError,
+            TimeoutError,
+            InvalidRequestError,
+        ) as error:
             handle.cancel()
             context.abort(GRPC_CODES[type(error)], str(error))
 

@@ -23,7 +23,7 @@ from .engine_request import (
     SampleOutput,
     Usage,
 )
-from .sampling import SamplingParams
+from .sampling_params import SamplingParams
 from .tokenizer import Tokenizer
 
 POLL_SECONDS = 0.25

@@ -6,7 +6,7 @@ import math
 from collections.abc import Sequence
 
 from .engine_request import InvalidRequestError
-from .sampling import SamplingParams
+from .sampling_params import SamplingParams
 
 
 def make_sampling(
