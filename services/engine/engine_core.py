@@ -335,7 +335,8 @@ class EngineCore:
             sequence.itl_total += now - (sequence.last_token_at or now)
         sequence.last_token_at = now
         reason = ""
-        if sequence.sampling.is_stop(token):
+        stop_check = sequence.call.stop_check
+        if sequence.sampling.is_stop(token) or (stop_check and stop_check(sequence.output)):
             reason = "stop"
         elif len(sequence.output) >= sequence.sampling.max_tokens:
             reason = "length"

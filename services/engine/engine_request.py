@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from .sampling_params import SamplingParams, TokenLogprob
@@ -32,6 +33,15 @@ class GenerateCall:
     sampling: SamplingParams
     conversation_id: str | None = None
     num_samples: int = 1
+    # True when the output so far ends in a stop string (needs the tokenizer, so the caller
+    # that has one builds it from `sampling.stop`).
+    stop_check: Callable[[Sequence[int]], bool] | None = None
+    cache_salt: str = ""  # requests share cached blocks only with the same salt
+
+    @property
+    def extra_key(self) -> bytes:
+        """The block hash's extra key: the salt, so salted prefixes never match unsalted ones."""
+        return b"salt:" + self.cache_salt.encode() if self.cache_salt else b""
 
 
 @dataclass(frozen=True)
