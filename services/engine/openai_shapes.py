@@ -85,8 +85,15 @@ class ResponseShape:
         return {
             "tokens": [self._text(item.token) for item in items],
             "token_logprobs": [_finite(item.logprob) for item in items],
-            "top_logprobs": [{self._text(t): _finite(lp) for t, lp in item.top} for item in items],
+            "top_logprobs": [self._top_by_text(item) for item in items],
         }
+
+    def _top_by_text(self, item: TokenLogprob) -> dict[str, float]:
+        """The legacy shape keys alternatives by text: of tokens with equal text, the likelier."""
+        top: dict[str, float] = {}
+        for token, logprob in item.top:
+            top.setdefault(self._text(token), _finite(logprob))
+        return top
 
     def _chat_entry(self, item: TokenLogprob) -> dict[str, Any]:
         entry = self._token(item.token, item.logprob)
