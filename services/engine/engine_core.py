@@ -249,7 +249,7 @@ class EngineCore:
                 parent=sequences[0] if sequences else None,
             )
             self.scheduler.add(sequence)
-            self._block_tokens.extend(sequence.key, call.prompt_token_ids)
+            self._block_tokens.extend(sequence.key, call.prompt_token_ids, call.extra_key)
             sequences.append(sequence)
         self._handles[call.request_id] = handle
         self._sequences[call.request_id] = sequences
@@ -281,7 +281,7 @@ class EngineCore:
         sequence.output.extend(tokens)
         sequence.first_token_at = sequence.last_token_at = now
         self.manager.append_tokens(sequence.key, tokens)
-        self._block_tokens.extend(sequence.key, [*call.prompt_token_ids, *tokens])
+        self._block_tokens.extend(sequence.key, [*call.prompt_token_ids, *tokens], call.extra_key)
         self.scheduler.adopt(sequence)
         self.scheduler.context_ended(sequence)
         self.drain.context_ended(sequence.conversation_id)
