@@ -22,7 +22,7 @@ from .engine_config import EngineConfig
 from .generation import default_dtype
 from .kv_budget import kv_budget, probe_device_memory
 from .kv_setup import build_kv, open_kv_tiers
-from .sampling import sample_batch
+from .sampling import RowResult, sample_batch
 from .scheduler import ScheduledChunk
 from .weights import build_model, load_checkpoint
 
@@ -61,20 +61,22 @@ class TorchCompute:
         self.cache = DeviceKVCache(self.model_config, tiers.device_kv)
         return tiers
 
-    def execute(self, chunks: Sequence[ScheduledChunk]) -> list[int | None]:
+    def execute(self, chunks: Sequence[ScheduledChunk]) -> list[RowResult | None]:
         """Forward every chunk in one batch; sample the rows whose chunk reaches the end."""
         if self.cache is None:
             raise RuntimeError("TorchCompute has no KV yet: call open_tiers() first")
         inputs = [SequenceChunk(c.new_tokens, c.start, c.page_ids) for c in chunks]
         logits = self.model(ForwardBatch.build(inputs, self.cache), self.cache, self.attention)
         rows = [i for i, c in enumerate(chunks) if c.samples]
-        tokens: list[int | None] = [None] * len(chunks)
+        tokens: list[RowResult | None] = [None] * len(chunks)
         if rows:
             sequences = [chunks[i].sequence for i in rows]
             sampled = sample_batch(
                 logits[rows],
                 [s.sampling for s in sequences],
                 [s.generator for s in sequences],
+                [s.prompt for s in sequences],
+                [s.output for s in sequences],
             )
             for row, token in zip(rows, sampled, strict=True):
                 tokens[row] = token

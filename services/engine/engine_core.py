@@ -31,12 +31,14 @@ from .engine_request import (
     GenerateCall,
     InvalidRequestError,
     SampleOutput,
+    SequenceFailedError,
     Usage,
 )
 from .kv_events import BlockEvent, BlockTokens
 from .metrics import EngineMetrics
 from .request_handle import RequestHandle
 from .sampling import make_generator
+from .sampling_params import SampledToken, SampleFailure, TokenLogprob
 from .scheduler import ScheduledChunk, Scheduler
 from .sequence import Sequence
 
@@ -253,7 +255,7 @@ class EngineCore:
                 parent=sequences[0] if sequences else None,
             )
             self.scheduler.add(sequence)
-            self._block_tokens.extend(sequence.key, call.prompt_token_ids)
+            self._block_tokens.extend(sequence.key, call.prompt_token_ids, call.extra_key)
             sequences.append(sequence)
         self._handles[call.request_id] = handle
         self._sequences[call.request_id] = sequences
@@ -285,7 +287,7 @@ class EngineCore:
         sequence.output.extend(tokens)
         sequence.first_token_at = sequence.last_token_at = now
         self.manager.append_tokens(sequence.key, tokens)
-        self._block_tokens.extend(sequence.key, [*call.prompt_token_ids, *tokens])
+        self._block_tokens.extend(sequence.key, [*call.prompt_token_ids, *tokens], call.extra_key)
         self.scheduler.adopt(sequence)
         self.scheduler.context_ended(sequence)
         self.drain.context_ended(sequence.conversation_id)
@@ -311,14 +313,23 @@ class EngineCore:
         now = self.clock()
         for chunk, token in zip(chunks, tokens, strict=True):
             sequence = chunk.sequence
+            if sequence.finished:  # a sibling sample failed earlier in this step
+                continue
+            if isinstance(token, SampleFailure):  # this request fails alone; the batch goes on
+                self._fail_request(sequence.call.request_id, token.message)
+                continue
             self.manager.commit(sequence.key, chunk.start + len(chunk.new_tokens))
             if not sequence.context_done and chunk.samples:
                 self.scheduler.context_ended(sequence)
                 self.drain.context_ended(sequence.conversation_id)
-            if token is not None:
+            if isinstance(token, SampledToken):
+                self._emit(sequence, token.token, now, token.logprobs)
+            elif token is not None:
                 self._emit(sequence, token, now)
 
-    def _emit(self, sequence: Sequence, token: int, now: float) -> None:
+    def _emit(
+        self, sequence: Sequence, token: int, now: float, logprob: TokenLogprob | None = None
+    ) -> None:
         self.manager.append_tokens(sequence.key, [token])
         self._block_tokens.extend(sequence.key, [token])
         sequence.output.append(token)
@@ -330,13 +341,20 @@ class EngineCore:
             sequence.itl_total += now - (sequence.last_token_at or now)
         sequence.last_token_at = now
         reason = ""
-        if sequence.sampling.is_stop(token):
+        stop_check = sequence.call.stop_check
+        if sequence.sampling.is_stop(token) or (stop_check and stop_check(sequence.output)):
             reason = "stop"
         elif len(sequence.output) >= sequence.sampling.max_tokens:
             reason = "length"
         usage = self._usage(sequence) if reason else None
         output = SampleOutput(
-            sequence.call.request_id, sequence.sample_index, (token,), bool(reason), reason, usage
+            sequence.call.request_id,
+            sequence.sample_index,
+            (token,),
+            bool(reason),
+            reason,
+            usage,
+            (logprob,) if logprob is not None else (),
         )
         if not reason and self.role.after_first_token(sequence, output):
             return
@@ -384,6 +402,13 @@ class EngineCore:
         self.metrics.load(self._load)
         self.metrics.preemptions.inc(self.scheduler.preemptions - self._counted_preemptions)
         self._counted_preemptions = self.scheduler.preemptions
+
+    def _fail_request(self, request_id: str, reason: str) -> None:
+        log.warning("request %s failed: %s", request_id, reason)
+        handle = self._handles.get(request_id)
+        if handle is not None:
+            handle.put(SequenceFailedError(f"request {request_id}: {reason}"))
+        self._remove(request_id)
 
     def _fail_all(self, error: BaseException) -> None:
         for request_id, handle in list(self._handles.items()):

@@ -13,6 +13,7 @@ import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 from kvfleet.proto import router_pb2, router_pb2_grpc
+from kvfleet.proto.limits import GRPC_MESSAGE_OPTIONS
 from kvfleet.services.router.admission import GENERATION_ROLES, AdmissionConfig, AdmissionQueue
 from kvfleet.services.router.failover_store import FailoverStore
 from kvfleet.services.router.metrics import RouterMetrics
@@ -144,7 +145,10 @@ def create_server(
     )
     channels = EngineChannels()
     grpc_server = grpc.server(
-        futures.ThreadPoolExecutor(max_workers=config.max_workers, thread_name_prefix="router-grpc")
+        futures.ThreadPoolExecutor(
+            max_workers=config.max_workers, thread_name_prefix="router-grpc"
+        ),
+        options=GRPC_MESSAGE_OPTIONS,
     )
     router_pb2_grpc.add_RouterServicer_to_server(
         RouterServicer(runtime, channels, config.limits, clock, config.max_call_seconds),
