@@ -18,6 +18,7 @@ from .attention import make_backend
 from .batch import ForwardBatch, SequenceChunk
 from .compute_sim import SimCompute
 from .config import ModelConfig, preset
+from .cuda_graphs import DecodeRunner
 from .device_kv_cache import DeviceKVCache
 from .engine_config import EngineConfig
 from .generation import default_dtype
@@ -69,6 +70,7 @@ class TorchCompute:
         self.store_config = self.kv.store_config
         self.cache: DeviceKVCache | None = None  # the latest open_tiers' device KV
         self.attention = make_backend(config.attention_backend, self.device)
+        self.decode: DecodeRunner | None = None  # static-buffer decode over self.cache
 
     def open_tiers(self) -> KVTiers:
         """Fresh KV tiers (device KV, host rows, disk index) for a new manager.
@@ -78,17 +80,36 @@ class TorchCompute:
         """
         tiers = open_kv_tiers(self.model_config, self.config, self.kv, self.device)
         self.cache = DeviceKVCache(self.model_config, tiers.device_kv)
+        self.decode = self._decode_runner(self.cache)
         return tiers
+
+    def _decode_runner(self, cache: DeviceKVCache) -> DecodeRunner | None:
+        """Graphs are bound to one cache's tensors: a new cache gets a new runner."""
+        mode = self.config.decode_graphs
+        if mode == "off" or (mode == "auto" and self.device.type != "cuda"):
+            return None
+        return DecodeRunner(
+            self.model, cache, self.attention, self.config.max_batch_size, mode == "auto"
+        )
 
     def execute(self, chunks: Sequence[ScheduledChunk]) -> list[int | None]:
         """Forward every chunk in one batch; sample the rows whose chunk reaches the end."""
         if self.cache is None:
             raise RuntimeError("TorchCompute has no KV yet: call open_tiers() first")
-        inputs = [SequenceChunk(c.new_tokens, c.start, c.page_ids) for c in chunks]
-        logits = self.model(ForwardBatch.build(inputs, self.cache), self.cache, self.attention)
+        greedy = None
+        if self.decode is not None and self.decode.fits(chunks):
+            logits, greedy = self.decode.run(chunks)
+        else:
+            inputs = [SequenceChunk(c.new_tokens, c.start, c.page_ids) for c in chunks]
+            logits = self.model(ForwardBatch.build(inputs, self.cache), self.cache, self.attention)
         rows = [i for i, c in enumerate(chunks) if c.samples]
         tokens: list[int | None] = [None] * len(chunks)
-        if rows:
+        if rows and all(chunks[i].sequence.sampling.greedy for i in rows):
+            # The whole batch's argmax on the device, then one copy of B ints to the host.
+            picked = (greedy if greedy is not None else logits.argmax(dim=-1)).tolist()
+            for row in rows:
+                tokens[row] = picked[row]
+        elif rows:
             sequences = [chunks[i].sequence for i in rows]
             sampled = sample_batch(
                 logits[rows],

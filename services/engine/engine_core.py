@@ -42,6 +42,7 @@ from .sequence import Sequence
 log = logging.getLogger(__name__)
 
 IDLE_WAIT_SECONDS = 0.05
+RETAINED_RECOUNT_SECONDS = 0.5
 KVEventSink = Callable[[list[BlockEvent]], None]
 
 
@@ -83,6 +84,7 @@ class EngineCore:
         self._ids = itertools.count()
         self._load = EngineLoad(config.max_batch_size, 0, 0, 0.0, 0)
         self._counted_preemptions = 0
+        self._retained, self._retained_at = 0, -float("inf")
         # What this rank's role does after a first token (context ranks park for a hand-off).
         self.role = ROLE_HOOKS[config.role](self)
 
@@ -204,17 +206,25 @@ class EngineCore:
 
     def _run(self) -> None:
         while not self._stop.is_set():
-            try:
-                self._run_commands(block=not self.scheduler.num_sequences)
-                chunks = self.scheduler.schedule()
-                if chunks:
-                    self._step(chunks)
-                self.role.tick()
-                self._flush_events()
-                self._publish_load()
-            except Exception as error:  # a broken step must not leave clients waiting forever
-                log.exception("engine step failed")
-                self._fail_all(error)
+            self.run_once(block=not self.scheduler.num_sequences)
+
+    def run_once(self, block: bool = False) -> None:
+        """One turn of the core loop: queued commands, then a step if anything can run.
+
+        The core thread calls it; a benchmark that never starts the thread may call it from
+        one thread of its own instead (never both).
+        """
+        try:
+            self._run_commands(block=block)
+            chunks = self.scheduler.schedule()
+            if chunks:
+                self._step(chunks)
+            self.role.tick()
+            self._flush_events()
+            self._publish_load()
+        except Exception as error:  # a broken step must not leave clients waiting forever
+            log.exception("engine step failed")
+            self._fail_all(error)
 
     def _run_commands(self, block: bool) -> None:
         try:
@@ -366,7 +376,7 @@ class EngineCore:
         pools = self.manager.pools.values()
         usable = sum(pool.num_usable for pool in pools) or 1
         in_use = sum(pool.num_in_use for pool in pools)
-        retained = self.scheduler.retained_pages()
+        retained = self._retained_pages()
         self._load = EngineLoad(
             self.config.max_batch_size,
             len(self.scheduler.running),
@@ -378,6 +388,16 @@ class EngineCore:
         self.metrics.load(self._load)
         self.metrics.preemptions.inc(self.scheduler.preemptions - self._counted_preemptions)
         self._counted_preemptions = self.scheduler.preemptions
+
+    def _retained_pages(self) -> int:
+        """Retained pages, recounted at most every RETAINED_RECOUNT_SECONDS while sequences
+        run: the count walks every retained page, which at batch 256 costs more than a decode
+        step's host work. Between steps of an idle core it is always fresh."""
+        now = time.monotonic()
+        if self.scheduler.running and now - self._retained_at < RETAINED_RECOUNT_SECONDS:
+            return self._retained
+        self._retained, self._retained_at = self.scheduler.retained_pages(), now
+        return self._retained
 
     def _fail_all(self, error: BaseException) -> None:
         for request_id, handle in list(self._handles.items()):
