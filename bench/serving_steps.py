@@ -11,7 +11,7 @@ import torch
 
 
 def qwen3_0_6b_shape():
-    """Qwen3-0.6B's sizes as a Llama-style config (no qk-norm: the shape, for speed only)."""
+    """Qwen3-0.6B's shape (per-head q/k norms, tied embeddings); random weights."""
     from kvfleet.services.engine.config import ModelConfig
 
     return ModelConfig(
@@ -26,6 +26,7 @@ def qwen3_0_6b_shape():
         rope_theta=1000000.0,
         rms_norm_eps=1e-6,
         tie_embeddings=True,
+        qk_norm=True,
         name="qwen3-0.6b",
     )
 

@@ -26,6 +26,7 @@ from serving_steps import StepRecorder, count_launches, qwen3_0_6b_shape
 
 import_engine()  # the device machine runs this from the checkout, not installed
 
+from kvfleet.services.engine import fused  # noqa: E402
 from kvfleet.services.engine.compute import TorchCompute  # noqa: E402
 from kvfleet.services.engine.config import PRESETS  # noqa: E402
 from kvfleet.services.engine.engine_config import EngineConfig  # noqa: E402
@@ -33,7 +34,10 @@ from kvfleet.services.engine.engine_core import EngineCore  # noqa: E402
 from kvfleet.services.engine.engine_request import GenerateCall  # noqa: E402
 from kvfleet.services.engine.sampling import SamplingParams  # noqa: E402
 
-PRESETS.setdefault("qwen3-0.6b", qwen3_0_6b_shape)  # the shape only: Llama layers, no qk-norm
+# Rows of the comparison: (decode_graphs, fused elementwise ops).
+MODES = {"off": ("off", False), "graphs": ("auto", False), "auto": ("auto", True),
+         "static": ("static", False)}  # fmt: skip
+PRESETS.setdefault("qwen3-0.6b", qwen3_0_6b_shape)  # the shape, with random weights
 
 
 def serve(compute, config, calls, recorder: StepRecorder, profile_after: int = 0):
@@ -46,11 +50,14 @@ def serve(compute, config, calls, recorder: StepRecorder, profile_after: int = 0
         torch.cuda.empty_cache()
     compute.config = config  # decode_graphs of this run (read when the core opens its tiers)
     core = EngineCore(config, compute=compute)
+    if compute.decode is not None:
+        compute.decode.capture_all()  # as nano-vllm's warm-up does, before the clock starts
     recorder.attach(compute)
     handles = [core.submit(call) for call in calls]
     start = time.perf_counter()
     core.run_once()
     profiled = not profile_after
+    recorder.timed_until, recorder.launches = 0, ("-", "-")
     while core.scheduler.num_sequences:
         decodes = sum(s.decode and s.sequences == len(calls) for s in recorder.steps)
         if not profiled and decodes >= profile_after:
@@ -61,7 +68,9 @@ def serve(compute, config, calls, recorder: StepRecorder, profile_after: int = 0
             core.run_once()
     wall = time.perf_counter() - start
     recorder.detach(compute)
-    usages = [[o for o in h.outputs(5) if o.finished][-1].usage for h in handles]
+    outputs = [list(h.outputs(5)) for h in handles]
+    recorder.tokens = [[t for o in outs for t in o.token_ids] for outs in outputs]
+    usages = [outs[-1].usage for outs in outputs]
     core.stop()
     return wall, usages
 
@@ -79,8 +88,11 @@ def decode_case(compute, config, batch, prompt, out, recorder, vocab, seed=0):
         )
         for i in range(batch)
     ]
-    serve(compute, config, calls, recorder, profile_after=max(3, out - 6))
-    timed = recorder.steps[: recorder.timed_until]
+    # Prefill takes ~batch * prompt / budget steps, during which the first sequences already
+    # decode: profile halfway through the steps that are left at full batch.
+    prefill_steps = -(-batch * prompt // config.max_num_batched_tokens)
+    serve(compute, config, calls, recorder, profile_after=max(3, (out - prefill_steps) // 2))
+    timed = recorder.steps[: recorder.timed_until or len(recorder.steps)]
     rate, share, inside, outside = recorder.window_rate(recorder.decode_window(batch, timed))
     return rate, share, inside, outside, recorder.launches
 
@@ -105,17 +117,36 @@ def throughput_case(compute, config, recorder, vocab, num_seqs, lo, hi, seed=0):
     return out_tokens / wall, recorder.floor_seconds() / wall, p50, p90, out_tokens
 
 
+def agreement_case(compute, base, recorder, vocab, batch=24, prompt=300, out=32, seed=1):
+    """Greedy tokens with decode graphs vs the eager step (both with the same fusion), same
+    requests: (identical sequences, identical tokens) as shares."""
+    rng = random.Random(seed)
+    prompts = [tuple(rng.randrange(vocab) for _ in range(prompt + 7 * i)) for i in range(batch)]
+    outputs = {}
+    for graphs in ("off", "auto"):
+        calls = [GenerateCall(f"g{graphs}{i}", p, SamplingParams(max_tokens=out), f"g{i}")
+                 for i, p in enumerate(prompts)]  # fmt: skip
+        config = base.with_changes(decode_graphs=graphs, max_batch_size=batch)
+        serve(compute, config, calls, recorder)
+        outputs[graphs] = recorder.tokens
+    same = [a == b for a, b in zip(outputs["off"], outputs["auto"], strict=True)]
+    tokens = [x == y for a, b in zip(outputs["off"], outputs["auto"], strict=True)
+              for x, y in zip(a, b, strict=True)]  # fmt: skip
+    return sum(same) / len(same), sum(tokens) / len(tokens)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--small", action="store_true", help="tiny model, small sizes (CPU)")
     parser.add_argument("--models", default="8b,1b,qwen3-0.6b")
-    parser.add_argument("--modes", default="off,auto", help="decode_graphs values to compare")
+    parser.add_argument("--modes", default="off,auto", help="rows: off, graphs, auto, static")
     parser.add_argument("--throughput-modes", default="auto", help="modes of the throughput case")
     parser.add_argument("--decode", default="8b:64,1b:256,qwen3-0.6b:256", help="model:batch")
     parser.add_argument("--decode-prompt", type=int, default=2000)
-    parser.add_argument("--decode-out", type=int, default=48)
+    parser.add_argument("--decode-out", type=int, default=96)
     parser.add_argument("--throughput-models", default="qwen3-0.6b,8b")
-    parser.add_argument("--kv-pages", default="8b:8400,1b:8400,qwen3-0.6b:8400")
+    parser.add_argument("--kv-pages", default="8b:9000,1b:9000,qwen3-0.6b:9000")
+    parser.add_argument("--agreement-models", default="8b,qwen3-0.6b")
     parser.add_argument("--budget-s", type=float, default=1e9, help="skip cases started later")
     args = parser.parse_args()
     device = torch.device("cuda" if torch.cuda.is_available() and not args.small else "cpu")
@@ -126,7 +157,7 @@ def main() -> None:
     pages = dict(kv.split(":") for kv in args.kv_pages.split(","))
     prompt, out = (60, 20) if args.small else (args.decode_prompt, args.decode_out)
     seqs, lo, hi = (8, 10, 40) if args.small else (256, 100, 1024)
-    started, rows, tput_rows = time.perf_counter(), [], []
+    started, rows, tput_rows, agree_rows = time.perf_counter(), [], [], []
     for model in models:
         batch = 4 if args.small else int(batches.get(model, 64))
         base = EngineConfig(
@@ -135,7 +166,7 @@ def main() -> None:
             max_batch_size=max(batch, seqs),
             max_num_batched_tokens=512 if args.small else 16384,
             page_size=16 if args.small else 64,
-            kv_pages=600 if args.small else int(pages.get(model, 8400)),
+            kv_pages=600 if args.small else int(pages.get(model, 9000)),
         )
         compute = TorchCompute(base)
         vocab = min(compute.model_config.vocab_size, 256 if args.small else 32000)
@@ -144,7 +175,9 @@ def main() -> None:
             if time.perf_counter() - started > args.budget_s:
                 print(f"!! {model} {mode}: skipped, past the {args.budget_s:.0f} s budget")
                 continue
-            config = base.with_changes(decode_graphs=mode, max_batch_size=batch)
+            graphs, fuse = MODES[mode]
+            fused.enable(fuse and device.type == "cuda")
+            config = base.with_changes(decode_graphs=graphs, max_batch_size=batch)
             rate, share, inside, outside, launches = decode_case(
                 compute, config, batch, prompt, out, recorder, vocab
             )
@@ -153,11 +186,17 @@ def main() -> None:
                   f"{share:.2f} of roofline, launches/step {launches}", flush=True)  # fmt: skip
             tput_models = ["tiny"] if args.small else args.throughput_models.split(",")
             if model in tput_models and mode in args.throughput_modes.split(","):
-                config = base.with_changes(decode_graphs=mode)
+                config = base.with_changes(decode_graphs=graphs)
                 result = throughput_case(compute, config, recorder, vocab, seqs, lo, hi)
                 tput_rows.append([model, mode, *result])
                 print(f"{model} throughput decode_graphs={mode}: {result[0]:.0f} out tok/s, "
                       f"{result[1]:.2f} of roofline", flush=True)  # fmt: skip
+        if model in args.agreement_models.split(",") or args.small:
+            fused.enable(device.type == "cuda")
+            seqs_same, tokens_same = agreement_case(compute, base, recorder, vocab)
+            agree_rows.append([model, seqs_same, tokens_same])
+            print(f"{model} greedy graphs vs eager: {seqs_same:.1%} sequences, "
+                  f"{tokens_same:.1%} tokens identical", flush=True)  # fmt: skip
         del compute
     print_table(
         f"decode through EngineCore (ctx {prompt}+{out}), steady steps at full batch",
@@ -186,6 +225,12 @@ def main() -> None:
             "out tokens",
         ],
         tput_rows,
+    )
+
+    print_table(
+        "greedy output, decode graphs vs eager step (same requests, fused ops in both)",
+        ["model", "identical sequences", "identical tokens"],
+        agree_rows,
     )
 
 

@@ -19,7 +19,7 @@ SUBCOMMAND_MODULES: tuple[str, ...] = (
     "kvfleet.services.replay.command",
     "kvfleet.operator.cli",
     "kvfleet.services.engine.cli",
-    "kvfleet.services.engine.up",
+    "kvfleet.services.fleet.up",
     "kvfleet.services.engine.model_dir",
 )
 

@@ -42,7 +42,18 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("--max-batch-size", type=int, default=None)
     parser.add_argument("--max-num-batched-tokens", type=int, default=None)
     parser.add_argument("--kv-pages", type=int, default=None, help="pages per KV pool")
-    parser.add_argument("--device", default=None)
+    parser.add_argument(
+        "--device", default=None, help="auto (default: CUDA when present, else CPU), cpu, cuda[:N]"
+    )
+    parser.add_argument(
+        "--gpu-memory-fraction",
+        type=float,
+        default=None,
+        help="CUDA: the share of the GPU's memory for weights, activations and KV (default 0.9)",
+    )
+    parser.add_argument(
+        "--cpu-kv-gib", type=float, default=None, help="CPU: the device KV's cap (default 4)"
+    )
     parser.add_argument(
         "--compute-backend", default=None, help="torch (the model) or sim (cost model, no tensors)"
     )
@@ -66,6 +77,8 @@ def engine_config_from_args(args: argparse.Namespace):
         max_num_batched_tokens=args.max_num_batched_tokens,
         kv_pages=args.kv_pages,
         device=args.device,
+        gpu_memory_fraction=getattr(args, "gpu_memory_fraction", None),
+        cpu_kv_gib=getattr(args, "cpu_kv_gib", None),
         # getattr: namespaces built without the sim flags (older callers) keep the file's values
         compute_backend=getattr(args, "compute_backend", None),
         sim_time_scale=getattr(args, "sim_time_scale", None),

@@ -29,6 +29,7 @@ import numpy as np
 import torch
 
 from .batch import AttentionMetadata, ForwardBatch
+from .fused import fusable
 from .kv_cache import PagedKVCache
 
 log = logging.getLogger(__name__)
@@ -63,9 +64,16 @@ class _PaddedWrites:
         return self._cache.kv(layer)
 
     def write(self, layer: int, k: torch.Tensor, v: torch.Tensor, slots: torch.Tensor) -> None:
-        zero = k.new_zeros(())
-        k, v = torch.where(self._valid, k, zero), torch.where(self._valid, v, zero)
-        self._cache.write(layer, k, v, slots)
+        self._cache.write(layer, *zero_pad_rows(k, v, self._valid), slots)
+
+
+@fusable
+def zero_pad_rows(
+    k: torch.Tensor, v: torch.Tensor, valid: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """k and v with the rows where `valid [T, 1, 1]` is false set to zero."""
+    zero = k.new_zeros(())
+    return torch.where(valid, k, zero), torch.where(valid, v, zero)
 
 
 class DecodeRunner:
@@ -80,8 +88,8 @@ class DecodeRunner:
         self._pool = None
         device, max_b, page = cache.device, self.buckets[-1], cache.page_size
         self.groups = tuple(cache.num_pages)
-        limit = -(-cache.config.max_position // page)
-        self.widths = {g: min(limit, cache.num_pages[g]) for g in self.groups}
+        # A page table spans the whole context (a window group's old pages are null ones).
+        self.widths = dict.fromkeys(self.groups, -(-cache.config.max_position // page))
         pin = device.type == "cuda"
         rows = SLOT0 + len(self.groups)
         self._host_meta = torch.zeros(rows, max_b, dtype=torch.int64, pin_memory=pin)
@@ -125,6 +133,18 @@ class DecodeRunner:
         logits, tokens = self._forward(padded, width, [c.start + 1 for c in chunks])
         return logits[:batch], tokens[:batch]
 
+    def capture_all(self) -> int:
+        """Capture every bucket now (largest first, so that smaller ones reuse its memory);
+        returns how many graphs exist. The buffers hold pad rows only meanwhile, so the
+        warm-up runs write nothing but zeros into the null page."""
+        if not self.capture:
+            return 0
+        self._load([], self.buckets[-1])
+        for padded in reversed(self.buckets):
+            if padded not in self.graphs and self._capture(padded) is None:
+                break
+        return len(self.graphs)
+
     # -- host side -------------------------------------------------------------------------------
 
     def _load(self, chunks: Sequence, padded: int) -> dict[str, int]:
@@ -133,6 +153,7 @@ class DecodeRunner:
         batch, page, null = len(chunks), self.cache.page_size, self.cache.null_page_id
         meta = self._host_meta.numpy()
         starts = np.fromiter((c.start for c in chunks), np.int64, batch)
+        width = max((-(-(c.start + 1) // page) for c in chunks), default=1)  # pages read
         meta[TOKENS, :batch] = [c.new_tokens[0] for c in chunks]
         meta[POSITIONS, :batch] = starts
         meta[VALID, :batch] = 1
@@ -142,7 +163,6 @@ class DecodeRunner:
         seqused[batch:padded] = 1
         widths = {}
         for index, group in enumerate(self.groups):
-            width = max(-(-(c.start + 1) // page) for c in chunks)
             table = self._host_tables[group].numpy()[: padded * width].reshape(padded, width)
             table[:] = null
             for row, chunk in enumerate(chunks):

@@ -21,7 +21,8 @@ from kvfleet.kvstore.manager import KVCacheManager
 from kvfleet.kvstore.sizing import TypicalStep, peak_demand
 from kvfleet.services.disagg.roles import ROLE_HOOKS
 
-from .compute import ComputeBackend, make_compute
+from .compute import make_compute
+from .compute_types import ComputeBackend
 from .drain import DiskDrain
 from .engine_config import EngineConfig
 from .engine_request import (
@@ -106,6 +107,11 @@ class EngineCore:
         for handle in list(self._handles.values()):
             handle._put(EngineStoppedError(f"request {handle.call.request_id}: engine stopped"))
         self._handles.clear()
+
+    @property
+    def stopping(self) -> bool:
+        """True once `stop` was called: errors from then on are the rank's, not a request's."""
+        return self._stop.is_set()
 
     # -- what other threads call -------------------------------------------------------------------
 

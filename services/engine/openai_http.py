@@ -23,6 +23,7 @@ from .detokenizer import StreamDetokenizer
 from .engine_request import EngineStoppedError, InvalidRequestError, SampleOutput, Usage
 from .http_backends import BackendRequest, GenerateBackend
 from .request_inputs import make_sampling
+from .tokenizer import stop_ids_of
 
 CONVERSATION_HEADER = "x-conversation-id"
 
@@ -60,7 +61,7 @@ def build_app(backend: GenerateBackend) -> FastAPI:
         messages = body.get("messages")
         if not isinstance(messages, list):
             raise InvalidRequestError("messages", "must be a list of {role, content}")
-        prompt = render_chat(messages, backend.tokenizer)
+        prompt = render_chat(messages, backend.tokenizer, tools=body.get("tools"))
         return await _respond(backend, request, body, prompt, chat=True)
 
     return app
@@ -97,9 +98,8 @@ def _backend_request(
         raise InvalidRequestError("prompt", "empty prompt")
     max_tokens = body.get("max_completion_tokens", body.get("max_tokens"))
     stop_ids = list(body.get("stop_token_ids") or [])
-    eos = getattr(backend.tokenizer, "eos_id", None)
-    if eos is not None and not body.get("ignore_eos"):
-        stop_ids.append(eos)
+    if not body.get("ignore_eos"):
+        stop_ids.extend(stop_ids_of(backend.tokenizer))  # every eos of generation_config
     n = body.get("n", 1)
     if not isinstance(n, int) or n < 1:
         raise InvalidRequestError("n", f"{n!r} must be an integer >= 1")

@@ -75,7 +75,7 @@ def run(args: argparse.Namespace) -> int:
     from .claude_code import TraceFormatError
     from .plots import write_plots
     from .report import print_report
-    from .target import TargetUnavailable
+    from .target_types import TargetUnavailable
 
     arms = _arm_names(args)
     try:
@@ -118,7 +118,8 @@ async def _replay(args: argparse.Namespace, arms: list[str]) -> list[Any]:
     from .driver import DriverOptions
     from .readers import ReadOptions, filter_max_model_len, read_traces
     from .runner import run_arm
-    from .target import TargetOptions, open_target
+    from .target import open_target
+    from .target_types import TargetOptions
     from .tokens import TokenSynthesizer
 
     conversations = read_traces(args.traces, ReadOptions(args.shared_system_prefix))

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 
 from .model import Conversation, Turn
 from .records import RequestRecord
-from .target import Target, TargetError
+from .target_types import Target, TargetError
 from .tokens import TokenSynthesizer
 
 

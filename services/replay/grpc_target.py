@@ -11,7 +11,7 @@ import grpc
 from kvfleet.proto import common_pb2, router_pb2, router_pb2_grpc
 
 from .records import Generation
-from .target import TargetError, WallClock
+from .target_types import TargetError, WallClock
 
 SCHEME = "grpc://"
 

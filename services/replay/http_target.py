@@ -15,7 +15,7 @@ from typing import Any
 import httpx
 
 from .records import Generation
-from .target import TargetError, WallClock
+from .target_types import TargetError, WallClock
 
 CONVERSATION_HEADER = "X-Conversation-Id"
 

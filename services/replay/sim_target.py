@@ -14,7 +14,7 @@ from .records import Generation
 from .sim_clock import VirtualClock
 from .sim_config import SimConfig, load_sim_config, parse_sim_spec
 from .sim_fleet import SimFleet
-from .target import TargetError, TargetOptions
+from .target_types import TargetError, TargetOptions
 
 
 class SimTarget:

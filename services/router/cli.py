@@ -3,6 +3,16 @@
 from __future__ import annotations
 
 import argparse
+import os
+
+
+def default_replica_id() -> str | None:
+    """The pod's name when known: a restarted pod clears what its last run reserved."""
+    if os.environ.get("POD_NAME"):
+        return os.environ["POD_NAME"]
+    if os.environ.get("KUBERNETES_SERVICE_HOST") and os.environ.get("HOSTNAME"):
+        return os.environ["HOSTNAME"]
+    return None
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -15,7 +25,20 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "--redis-url", default=None, help="redis://HOST:6379/0; without it all state is in-process"
     )
     parser.add_argument("--redis-prefix", default="kvfleet", help="key prefix (one per fleet)")
-    parser.add_argument("--router-id", default=None, help="names this replica's reservations")
+    parser.add_argument(
+        "--replica-id",
+        "--router-id",
+        dest="replica_id",
+        default=default_replica_id(),
+        help="names this replica's reservations; stable across restarts "
+        "(default: $POD_NAME, $HOSTNAME in Kubernetes, else random)",
+    )
+    parser.add_argument(
+        "--lease-seconds",
+        type=float,
+        default=10.0,
+        help="a killed replica's reservations are released within about 1.3 x this",
+    )
     parser.add_argument("--affinity", choices=("strict", "lenient"), default="strict")
     parser.add_argument(
         "--max-wait-passes",
@@ -39,6 +62,12 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         type=float,
         default=600.0,
         help="a request waiting longer fails with RESOURCE_EXHAUSTED",
+    )
+    parser.add_argument(
+        "--max-call-seconds",
+        type=float,
+        default=None,
+        help="cap on one forwarded engine call (default: the client's deadline, or none)",
     )
     parser.add_argument(
         "--grace-seconds",
@@ -67,12 +96,14 @@ def run(args: argparse.Namespace) -> int:
         pin_ttl_seconds=args.pin_ttl_seconds,
         heartbeat_timeout_seconds=args.heartbeat_timeout_seconds,
     )
-    extra = {"router_id": args.router_id} if args.router_id else {}
+    extra = {"router_id": args.replica_id} if args.replica_id else {}
     config = RouterConfig(
         admission=admission,
         redis_url=args.redis_url,
         redis_prefix=args.redis_prefix,
         max_queue_seconds=args.max_queue_seconds,
+        max_call_seconds=args.max_call_seconds,
+        lease_seconds=args.lease_seconds,
         metrics_port=None if args.metrics_port < 0 else args.metrics_port,
         **extra,
     )

@@ -1,4 +1,5 @@
-"""`kvfleet up`: a router and two engine ranks on CPU with the tiny model, in one process.
+"""`kvfleet up`: a router and two engine ranks on CPU, in one process: the tiny preset, or a
+local Hugging Face checkpoint with `--model-path DIR` (its tokenizer and chat template too).
 
 Prints where to send requests; Ctrl-C (SIGINT/SIGTERM) stops everything. `--smoke` sends a
 two-turn conversation through the router's gRPC API and through the OpenAI HTTP API, prints
@@ -12,6 +13,7 @@ import logging
 import signal
 import sys
 import threading
+from pathlib import Path
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -22,7 +24,14 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("--router-port", type=int, default=50051, help="0 picks a free port")
     parser.add_argument("--http-port", type=int, default=8000, help="0 picks a free port")
     parser.add_argument("--ranks", type=int, default=2)
-    parser.add_argument("--model", default="tiny")
+    parser.add_argument("--model", default="tiny", help="preset shape when no --model-path")
+    parser.add_argument(
+        "--model-path",
+        default="",
+        help="a local Hugging Face model directory (config.json, safetensors, tokenizer); "
+        "`kvfleet model-dir --arch ARCH DIR` writes a tiny one",
+    )
+    parser.add_argument("--dtype", default="auto", help="auto (the checkpoint's), float32, ...")
     parser.add_argument("--max-batch-size", type=int, default=4)
     parser.add_argument("--redis-url", default="redis://127.0.0.1:6379/0",
                         help="used when it answers; else pins stay in-process")  # fmt: skip
@@ -37,11 +46,15 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from .engine_config import EngineConfig
-    from .fleet import EmbeddedFleet, FleetConfig
+    from kvfleet.services.engine.engine_config import EngineConfig
+
+    from .embedded import EmbeddedFleet, FleetConfig
 
     logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(name)s %(message)s")
-    engine = EngineConfig(model=args.model, max_batch_size=args.max_batch_size)
+    # A checkpoint is served under its directory's name (and "kvfleet").
+    model = Path(args.model_path).name if args.model_path else args.model
+    engine = EngineConfig(model=model, model_path=args.model_path, dtype=args.dtype,
+                          max_batch_size=args.max_batch_size)  # fmt: skip
     config = FleetConfig(engine, args.ranks, args.host, args.router_port, args.http_port,
                          args.redis_url)  # fmt: skip
     fleet = EmbeddedFleet(config)
@@ -63,7 +76,7 @@ def run(args: argparse.Namespace) -> int:
         print(f"router: grpc://{fleet.router_address}", flush=True)
         print(f"OpenAI base URL: {fleet.http_base_url}", flush=True)
         print(f"ranks: {', '.join(r.addresses.rank_id for r in fleet.ranks)} "
-              f"(model {args.model}, {args.max_batch_size} slots each)", flush=True)  # fmt: skip
+              f"(model {model}, {args.max_batch_size} slots each)", flush=True)  # fmt: skip
         if args.smoke:
             from .smoke import run_smoke
 

@@ -11,14 +11,13 @@ import time
 import uuid
 from dataclasses import dataclass, field
 
+from kvfleet.services.engine.engine_config import EngineConfig
+from kvfleet.services.engine.http_backends import RouterBackend
+from kvfleet.services.engine.http_server import HttpServer
+from kvfleet.services.engine.openai_http import build_app
+from kvfleet.services.engine.rank import EngineRank, RankAddresses
+from kvfleet.services.engine.tokenizer import tokenizer_for_model
 from kvfleet.services.router.admission import AdmissionConfig
-
-from .engine_config import EngineConfig
-from .http_backends import RouterBackend
-from .http_server import HttpServer
-from .openai_http import build_app
-from .rank import EngineRank, RankAddresses
-from .tokenizer import load_tokenizer
 
 log = logging.getLogger(__name__)
 
@@ -88,7 +87,7 @@ class EmbeddedFleet:
                 host=c.host, router=self.router_address, rank_id=f"rank-{index}"
             )
             self.ranks.append(EngineRank(c.engine, addresses).start())
-        tokenizer = load_tokenizer(None)
+        tokenizer = tokenizer_for_model(c.engine.model_path)
         names = (c.engine.model, "kvfleet")
         self._backend = RouterBackend(self.router_address, tokenizer, names)
         self.http = HttpServer(build_app(self._backend), c.host, c.http_port).start()
