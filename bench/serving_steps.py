@@ -42,7 +42,7 @@ class Step:
 
 
 class StepRecorder:
-    """Wraps a compute backend's `execute` and keeps one `Step` per call."""
+    """Wraps a compute backend's `launch` and keeps one `Step` per engine step."""
 
     def __init__(self, model, dtype_bytes: int, bandwidth: float, peak: float) -> None:
         h, vocab = model.hidden_size, model.vocab_size
@@ -62,19 +62,25 @@ class StepRecorder:
         self._original = None
 
     def attach(self, compute) -> None:
+        """Time each step from its launch to its tokens on the host."""
         self.steps = []
-        self._original = compute.execute
+        self._original = compute.launch
 
-        def execute(chunks):
+        def launch(chunks):
             started = time.perf_counter()
-            tokens = self._original(chunks)
-            self.steps.append(self._step(chunks, started, time.perf_counter()))
-            return tokens
+            finish = self._original(chunks)
 
-        compute.execute = execute
+            def timed_finish():
+                tokens = finish()
+                self.steps.append(self._step(chunks, started, time.perf_counter()))
+                return tokens
+
+            return timed_finish
+
+        compute.launch = launch
 
     def detach(self, compute) -> None:
-        del compute.execute  # back to the class's method
+        del compute.launch  # back to the class's method
 
     def _step(self, chunks, started: float, ended: float) -> Step:
         tokens = sum(len(c.new_tokens) for c in chunks)
@@ -97,8 +103,8 @@ class StepRecorder:
 
     def window_rate(self, steps: list[Step]) -> tuple[float, float, float, float]:
         """Over consecutive steps: tokens/s from step start to step start, floor / measured,
-        and the mean ms per step inside `execute` (forward + sampling) and outside it (the
-        scheduler, kvstore calls and outputs on the host)."""
+        and the mean ms per step from launch to tokens on the host (forward, sampling, and the
+        commits that overlap them) and outside it (the scheduler, kvstore calls and outputs)."""
         if len(steps) < 2:
             return (float("nan"),) * 4
         elapsed = steps[-1].started - steps[0].started

@@ -146,6 +146,7 @@ def main() -> None:
     parser.add_argument("--decode-out", type=int, default=96)
     parser.add_argument("--throughput-models", default="qwen3-0.6b,8b")
     parser.add_argument("--kv-pages", default="8b:9000,1b:9000,qwen3-0.6b:9000")
+    parser.add_argument("--page-size", type=int, default=64)
     parser.add_argument("--agreement-models", default="8b,qwen3-0.6b")
     parser.add_argument("--budget-s", type=float, default=1e9, help="skip cases started later")
     args = parser.parse_args()
@@ -165,7 +166,7 @@ def main() -> None:
             device=device.type,
             max_batch_size=max(batch, seqs),
             max_num_batched_tokens=512 if args.small else 16384,
-            page_size=16 if args.small else 64,
+            page_size=16 if args.small else args.page_size,
             kv_pages=600 if args.small else int(pages.get(model, 9000)),
         )
         compute = TorchCompute(base)
@@ -199,14 +200,14 @@ def main() -> None:
                   f"{tokens_same:.1%} tokens identical", flush=True)  # fmt: skip
         del compute
     print_table(
-        f"decode through EngineCore (ctx {prompt}+{out}), steady steps at full batch",
+        f"decode through EngineCore (ctx {prompt}+{out}, page {base.page_size}), full-batch steps",
         [
             "model",
             "decode_graphs",
             "batch",
             "tok/s",
             "roofline share",
-            "execute ms",
+            "launch-to-tokens ms",
             "host ms",
             "host launches/step",
             "kernels/step",

@@ -54,6 +54,7 @@ class TorchCompute:
         self.cache: DeviceKVCache | None = None  # the latest open_tiers' device KV
         self.attention = make_backend(config.attention_backend, self.device)
         self.decode: DecodeRunner | None = None  # static-buffer decode over self.cache
+        self._host_tokens: torch.Tensor | None = None  # pinned: the step's sampled tokens
 
     def open_tiers(self) -> KVTiers:
         """Fresh KV tiers (device KV, host rows, disk index) for a new manager.
@@ -77,6 +78,11 @@ class TorchCompute:
 
     def execute(self, chunks: Sequence[ScheduledChunk]) -> list[int | None]:
         """Forward every chunk in one batch; sample the rows whose chunk reaches the end."""
+        return self.launch(chunks)()
+
+    def launch(self, chunks: Sequence[ScheduledChunk]) -> Callable[[], list[int | None]]:
+        """Queue the step on the device; the returned call waits for its tokens (`execute`'s
+        result). Host work that needs no token values can run in between."""
         if self.cache is None:
             raise RuntimeError("TorchCompute has no KV yet: call open_tiers() first")
         greedy = None
@@ -86,13 +92,12 @@ class TorchCompute:
             inputs = [SequenceChunk(c.new_tokens, c.start, c.page_ids) for c in chunks]
             logits = self.model(ForwardBatch.build(inputs, self.cache), self.cache, self.attention)
         rows = [i for i, c in enumerate(chunks) if c.samples]
-        tokens: list[int | None] = [None] * len(chunks)
         if rows and all(chunks[i].sequence.sampling.greedy for i in rows):
             # The whole batch's argmax on the device, then one copy of B ints to the host.
-            picked = (greedy if greedy is not None else logits.argmax(dim=-1)).tolist()
-            for row in rows:
-                tokens[row] = picked[row]
-        elif rows:
+            picked = self._to_host(greedy if greedy is not None else logits.argmax(dim=-1))
+            return lambda: self._place(len(chunks), rows, picked())
+        tokens: list[int | None] = [None] * len(chunks)
+        if rows:
             sequences = [chunks[i].sequence for i in rows]
             sampled = sample_batch(
                 logits[rows],
@@ -101,6 +106,32 @@ class TorchCompute:
             )
             for row, token in zip(rows, sampled, strict=True):
                 tokens[row] = token
+        return lambda: tokens
+
+    def _to_host(self, values: torch.Tensor) -> Callable[[], list[int]]:
+        """Start copying int64 `values` into pinned memory; the call waits and reads them."""
+        if values.device.type != "cuda":
+            return values.tolist
+        if self._host_tokens is None or self._host_tokens.numel() < values.numel():
+            self._host_tokens = torch.empty(
+                max(values.numel(), self.config.max_batch_size), dtype=torch.int64, pin_memory=True
+            )
+        host = self._host_tokens[: values.numel()]
+        host.copy_(values, non_blocking=True)
+        done = torch.cuda.Event()
+        done.record()
+
+        def read() -> list[int]:
+            done.synchronize()
+            return host.tolist()
+
+        return read
+
+    @staticmethod
+    def _place(count: int, rows: list[int], picked: list[int]) -> list[int | None]:
+        tokens: list[int | None] = [None] * count
+        for row in rows:
+            tokens[row] = picked[row]
         return tokens
 
 

@@ -8,6 +8,7 @@ core thread runs between steps, and each request's outputs come back on a queue 
 from __future__ import annotations
 
 import dataclasses
+import functools
 import itertools
 import logging
 import queue
@@ -317,16 +318,23 @@ class EngineCore:
         self._handles.pop(request_id, None)
 
     def _step(self, chunks: list[ScheduledChunk]) -> None:
-        tokens = self.compute.execute(chunks)
-        now = self._clock()
-        for chunk, token in zip(chunks, tokens, strict=True):
+        launch = getattr(self.compute, "launch", None)
+        if launch is not None:
+            finish = launch(chunks)
+        else:
+            finish = functools.partial(lambda tokens: tokens, self.compute.execute(chunks))
+        # Commits need no token values: they run while the device computes the step.
+        for chunk in chunks:
             sequence = chunk.sequence
             self.manager.commit(sequence.key, chunk.start + len(chunk.new_tokens))
             if not sequence.context_done and chunk.samples:
                 self.scheduler.context_ended(sequence)
                 self.drain.context_ended(sequence.conversation_id)
+        tokens = finish()
+        now = self._clock()
+        for chunk, token in zip(chunks, tokens, strict=True):
             if token is not None:
-                self._emit(sequence, token, now)
+                self._emit(chunk.sequence, token, now)
 
     def _emit(self, sequence: Sequence, token: int, now: float) -> None:
         self.manager.append_tokens(sequence.key, [token])
