@@ -40,6 +40,23 @@ MODES = {"off": ("off", False), "graphs": ("auto", False), "auto": ("auto", True
 PRESETS.setdefault("qwen3-0.6b", qwen3_0_6b_shape)  # the shape, with random weights
 
 
+HOST_PROFILE = "--host-profile" in sys.argv
+
+
+def host_profile(step_fn, steps: int, title: str) -> None:
+    """cProfile of a few steps: where the host time of a step goes (printed, top 14)."""
+    import cProfile
+    import pstats
+
+    profiler = cProfile.Profile()
+    profiler.enable()
+    for _ in range(steps):
+        step_fn()
+    profiler.disable()
+    print(f"\n## host profile, {title}, {steps} steps (cProfile inflates the times)")
+    pstats.Stats(profiler).sort_stats("tottime").print_stats(14)
+
+
 def serve(compute, config, calls, recorder: StepRecorder, profile_after: int = 0):
     """Run `calls` to the end on a fresh core driven from this thread; (wall s, usages).
     With `profile_after`, the 3 steps after that many full decode steps run under the profiler
@@ -63,6 +80,8 @@ def serve(compute, config, calls, recorder: StepRecorder, profile_after: int = 0
         if not profiled and decodes >= profile_after:
             recorder.timed_until = len(recorder.steps)
             recorder.launches = count_launches(core.run_once, steps=3)
+            if HOST_PROFILE:
+                host_profile(core.run_once, steps=5, title=f"{config.model} {config.decode_graphs}")
             profiled = True
         else:
             core.run_once()
@@ -147,6 +166,7 @@ def main() -> None:
     parser.add_argument("--throughput-models", default="qwen3-0.6b,8b")
     parser.add_argument("--kv-pages", default="8b:9000,1b:9000,qwen3-0.6b:9000")
     parser.add_argument("--page-size", type=int, default=64)
+    parser.add_argument("--host-profile", action="store_true", help="cProfile a few steps")
     parser.add_argument("--agreement-models", default="8b,qwen3-0.6b")
     parser.add_argument("--budget-s", type=float, default=1e9, help="skip cases started later")
     args = parser.parse_args()
