@@ -20,6 +20,7 @@ from .sampling_params import (
 )
 
 __all__ = [
+    "NON_FINITE_LOGITS",
     "SAMPLING_EPS",
     "SampleFailure",
     "SampledToken",
@@ -31,6 +32,7 @@ __all__ = [
 ]
 
 RowResult = int | SampledToken | SampleFailure
+NON_FINITE_LOGITS = "the model's logits hold NaN or +inf for this sequence"
 
 
 def make_generator(params: SamplingParams, device: torch.device | str = "cpu") -> torch.Generator:
@@ -89,7 +91,7 @@ def sample_batch(
     results: list[RowResult] = []
     for i, p in enumerate(params):
         if bad[i]:
-            results.append(SampleFailure("the model's logits hold NaN or +inf for this sequence"))
+            results.append(SampleFailure(NON_FINITE_LOGITS))
             continue
         if i in scores:
             try:
