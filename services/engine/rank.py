@@ -62,7 +62,7 @@ class EngineRank:
         """Start the core, the servers and (with a router address) registration."""
         a = self.addresses
         self.core.start()
-        self.grpc_server, self._health, self.grpc_port = create_engine_server(
+        self.grpc_server, self._health, self.grpc_port, self.engine_servicer = create_engine_server(
             f"{a.host}:{a.grpc_port}", self.core, self.tokenizer
         )
         if a.http_port is not None:
