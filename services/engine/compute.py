@@ -7,6 +7,7 @@ the scheduler and returns tokens, so the scheduler and the kvstore calls are ide
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable, Sequence
 from typing import Protocol
 
@@ -44,10 +45,15 @@ class ComputeBackend(Protocol):
 
 
 def resolve_model_config(config: EngineConfig) -> ModelConfig:
-    """The model's shape: from the checkpoint's config.json, else the named preset."""
+    """The model's shape: from the checkpoint's config.json, else the named preset; a
+    `max_model_len` caps its context (so the KV pools are sized for that, not the maximum)."""
     if config.model_path:
-        return config_from_file(f"{config.model_path}/config.json")
-    return preset(config.model)
+        shape = config_from_file(f"{config.model_path}/config.json")
+    else:
+        shape = preset(config.model)
+    if config.max_model_len and config.max_model_len < shape.max_position:
+        shape = dataclasses.replace(shape, max_position=config.max_model_len)
+    return shape
 
 
 class TorchCompute:
@@ -58,7 +64,7 @@ class TorchCompute:
     def __init__(self, config: EngineConfig) -> None:
         torch.set_num_threads(config.torch_threads)
         self.device = torch.device(config.device)
-        dtype = default_dtype(self.device)
+        dtype = getattr(torch, config.dtype) if config.dtype else default_dtype(self.device)
         self.model_config = resolve_model_config(config)
         if config.model_path:
             self.model = load_checkpoint(config.model_path, self.device, dtype)

@@ -14,6 +14,8 @@ from operator_testkit import load_crd
 os.environ.setdefault("KVFLEET_OPERATOR_TICK_SECONDS", "0.3")
 # How long the operator may take to stop by itself before the test cancels it.
 HUNG_TASK_GRACE_SECONDS = 1.0
+STOP_TIMEOUT_SECONDS = 30.0
+_NO_CODE = (lambda: None).__code__
 
 
 @pytest.fixture
@@ -77,6 +79,29 @@ async def operator(kubeconfig, k8s):
     )  # fmt: skip
     await asyncio.wait_for(ready.wait(), timeout=10)
     yield task
+    await stop_operator(task, stop, settings)
+
+
+def _kopf_tasks() -> list[asyncio.Task]:
+    """kopf's tasks still running in this loop (workers it orphaned on stop, for instance)."""
+    return [
+        task
+        for task in asyncio.all_tasks()
+        if not task.done()
+        and task is not asyncio.current_task()
+        and f"{os.sep}kopf{os.sep}" in getattr(task.get_coro(), "cr_code", _NO_CODE).co_filename
+    ]
+
+
+async def stop_operator(task: asyncio.Task, stop: asyncio.Event, settings) -> None:
+    """Stop the operator and everything it started while the mock API still answers.
+
+    kopf returns from its stop with some workers orphaned (a timer racing the stop, a handler
+    whose status patch is in flight); left alone they retry against the mock after it closed,
+    and the event loop's close (which cancels every task, kopf's shielded scheduler helpers
+    too) waits on them forever. So: stop, wait for what is left to finish by itself, and for
+    the handler threads, all before the mock's own teardown.
+    """
     stop.set()
     # NOTE: a timer spawned by a watch event racing the stop is never stopped, and kopf then
     # waits a fixed 5 s for such "hung" tasks; cancelling the operator cancels them at once.
@@ -84,4 +109,17 @@ async def operator(kubeconfig, k8s):
     if not done:
         task.cancel()
     with contextlib.suppress(asyncio.CancelledError):
-        await asyncio.wait_for(task, timeout=15)
+        await asyncio.wait_for(task, timeout=STOP_TIMEOUT_SECONDS)
+    # Nothing else is cancelled: a cancelled scheduler helper never wakes the watcher's
+    # (shielded) close, which is how the event loop's close used to wait for the timeout.
+    leftovers = _kopf_tasks()
+    for leftover in leftovers:
+        if leftover.get_name().startswith("runner of "):
+            leftover.cancel()  # an orphaned timer: it never stops by itself
+    if leftovers:
+        _, pending = await asyncio.wait(leftovers, timeout=STOP_TIMEOUT_SECONDS)
+        assert not pending, f"kopf tasks did not stop: {pending}"
+    # Sync handlers and the timer's worker thread finish their API calls against the mock.
+    if settings.execution.executor is not None:
+        await asyncio.to_thread(settings.execution.executor.shutdown, True)
+    await asyncio.get_running_loop().shutdown_default_executor()

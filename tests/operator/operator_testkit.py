@@ -27,8 +27,9 @@ def crd_schema() -> dict[str, Any]:
     return load_crd()["spec"]["versions"][0]["schema"]["openAPIV3Schema"]
 
 
-async def eventually(check: Callable[[], Any], timeout: float = 10.0, step: float = 0.05) -> Any:
-    """Poll `check` until it returns a truthy value (returned) or fail after `timeout` seconds."""
+async def eventually(check: Callable[[], Any], timeout: float = 60.0, step: float = 0.05) -> Any:
+    """Poll `check` until it returns a truthy value (returned) or fail after `timeout` seconds
+    (generous: on a loaded machine the operator is slower, and only a failure waits it out)."""
     deadline = time.monotonic() + timeout
     last_error: Exception | None = None
     while time.monotonic() < deadline:
