@@ -5,12 +5,13 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from .children import resource_of
+from .children import CHILD_RESOURCES, resource_of
 from .names import FleetRef
 from .reconcile import Outcome
 from .spec import FleetSpec
 
 WORKLOAD_KINDS = ("Deployment", "StatefulSet")
+STATEFULSETS = CHILD_RESOURCES[("apps/v1", "StatefulSet")]
 
 
 @dataclass(frozen=True)
@@ -42,7 +43,7 @@ def _workload_gap(live: dict) -> str | None:
 
 def pool_reports(fleet: FleetRef, spec: FleetSpec, outcome: Outcome) -> dict[str, PoolReport]:
     """Replicas and ready replicas of every enabled pool, from the live StatefulSets."""
-    by_name = {name: obj for (_, name), obj in outcome.live.items()}
+    by_name = {name: obj for (res, name), obj in outcome.live.items() if res == STATEFULSETS}
     reports = {}
     for pool in spec.enabled_pools():
         live = by_name.get(fleet.child_name(pool), {})
