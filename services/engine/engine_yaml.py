@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, create_model
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, create_model, field_validator
 
 from .engine_config import EngineConfig
 
@@ -81,12 +81,17 @@ EngineSection = create_model(
 class EngineYaml(_Strict):
     """The whole file."""
 
-    model: ModelSection | str = Field(default_factory=ModelSection)
+    model: ModelSection = Field(default_factory=ModelSection)
     max_batch_size: int | None = None
     ranks_per_pod: int | None = Field(default=None, ge=1)
     reuse: ReuseSection = Field(default_factory=ReuseSection)
     kv_tiers: TiersSection = Field(default_factory=TiersSection)
     engine: EngineSection = Field(default_factory=EngineSection)  # type: ignore[valid-type]
+
+    @field_validator("model", mode="before")
+    @classmethod
+    def _model_by_name(cls, value: Any) -> Any:
+        return {"name": value} if isinstance(value, str) else value  # `model: tiny`
 
 
 # Section key -> EngineConfig field, where the two names differ.
@@ -110,14 +115,11 @@ def _set(section: BaseModel, names: dict[str, str]) -> dict[str, Any]:
 def config_values(parsed: EngineYaml) -> dict[str, Any]:
     """EngineConfig keyword arguments of a parsed file."""
     values: dict[str, Any] = parsed.engine.model_dump(exclude_none=True)
-    if isinstance(parsed.model, str):
-        values["model"] = parsed.model
-    else:
-        if parsed.model.name:
-            values["model"] = parsed.model.name
-        if parsed.model.path:
-            values["model_path"] = parsed.model.path
-        values.update(_set(parsed.model.config, {}))
+    if parsed.model.name:
+        values["model"] = parsed.model.name
+    if parsed.model.path:
+        values["model_path"] = parsed.model.path
+    values.update(_set(parsed.model.config, {}))
     for key in ("max_batch_size", "ranks_per_pod"):
         if getattr(parsed, key) is not None:
             values[key] = getattr(parsed, key)
