@@ -10,13 +10,20 @@ from concurrent import futures
 import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from kvfleet.proto import common_pb2, engine_pb2, engine_pb2_grpc
+from kvfleet.proto.limits import GRPC_MESSAGE_OPTIONS
 from kvfleet.services.disagg.context_side import HeldPrefixMismatch, HoldNotFound
 from kvfleet.services.disagg.generation_side import HandoffFailed, HandoffNoRoom
 from kvfleet.services.disagg.grpc_pull import serve_pull
 
-from .detokenizer import StreamDetokenizer
+from .detokenizer import StopChecker, StreamDetokenizer
 from .engine_core import EngineCore
-from .engine_request import EngineStoppedError, GenerateCall, InvalidRequestError, SampleOutput
+from .engine_request import (
+    EngineStoppedError,
+    GenerateCall,
+    InvalidRequestError,
+    SampleOutput,
+    SequenceFailedError,
+)
 from .request_inputs import make_sampling
 from .tokenizer import Tokenizer
 
@@ -24,11 +31,14 @@ log = logging.getLogger(__name__)
 
 SERVICE_NAME = engine_pb2.DESCRIPTOR.services_by_name["Engine"].full_name
 OUTPUT_TIMEOUT_SECONDS = 600.0
+MAX_SALT_CHARS = 256
 
 # The one map from engine errors to gRPC status codes.
 GRPC_CODES: dict[type[Exception], grpc.StatusCode] = {
     InvalidRequestError: grpc.StatusCode.INVALID_ARGUMENT,
     EngineStoppedError: grpc.StatusCode.UNAVAILABLE,
+    # One request failed inside a step: INTERNAL, never UNAVAILABLE (the rank is fine).
+    SequenceFailedError: grpc.StatusCode.INTERNAL,
     TimeoutError: grpc.StatusCode.DEADLINE_EXCEEDED,
     # KV hand-off: ABORTED, not UNAVAILABLE, so the router does not take this rank for dead.
     HandoffFailed: grpc.StatusCode.ABORTED,
@@ -59,13 +69,24 @@ def call_from_proto(
         max_tokens=request.max_tokens,
         stop_token_ids=tuple(sampling.stop_token_ids),
         prefix="sampling.",
+        stop=tuple(sampling.stop),
+        presence_penalty=sampling.presence_penalty,
+        frequency_penalty=sampling.frequency_penalty,
+        repetition_penalty=sampling.repetition_penalty or None,  # proto: 0 = none
+        logprobs=sampling.logprobs if sampling.HasField("logprobs") else None,
     )
+    if len(request.cache_salt) > MAX_SALT_CHARS:
+        raise InvalidRequestError(
+            "cache_salt", f"{len(request.cache_salt)} chars > {MAX_SALT_CHARS}"
+        )
     return GenerateCall(
         request_id=request_id,
         prompt_token_ids=prompt,
         sampling=params,
         conversation_id=request.conversation_id or None,
         num_samples=max(1, request.num_samples),
+        stop_check=StopChecker(tokenizer, params.stop).hit if params.stop else None,
+        cache_salt=request.cache_salt,
     )
 
 
@@ -79,6 +100,14 @@ def chunk_from_output(output: SampleOutput, text: str) -> common_pb2.GenerationC
         finished=output.finished,
         finish_reason=output.finish_reason,
     )
+    for item in output.logprobs:
+        top_ids, top_values = zip(*item.top, strict=True) if item.top else ((), ())
+        chunk.logprobs.add(
+            token_id=item.token,
+            logprob=item.logprob,
+            top_token_ids=top_ids,
+            top_logprobs=top_values,
+        )
     if output.usage is not None:
         usage = output.usage
         chunk.usage.CopyFrom(
@@ -170,7 +199,12 @@ class EngineServicer(engine_pb2_grpc.EngineServicer):
                 if not unfinished:
                     done()
                 yield chunk_from_output(output, text)
-        except (EngineStoppedError, TimeoutError, InvalidRequestError) as error:
+        except (
+            EngineStoppedError,
+            SequenceFailedError,
+            TimeoutError,
+            InvalidRequestError,
+        ) as error:
             handle.cancel()
             context.abort(self._code_of(error), str(error))
 
@@ -205,7 +239,8 @@ def create_engine_server(
     """Serve Engine + health on `address` (port 0 picks one); returns server, health, port and
     the Engine servicer."""
     server = grpc.server(
-        futures.ThreadPoolExecutor(max_workers=max_workers, thread_name_prefix="engine-grpc")
+        futures.ThreadPoolExecutor(max_workers=max_workers, thread_name_prefix="engine-grpc"),
+        options=GRPC_MESSAGE_OPTIONS,
     )
     servicer = EngineServicer(core, tokenizer)
     engine_pb2_grpc.add_EngineServicer_to_server(servicer, server)

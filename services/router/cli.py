@@ -17,10 +17,16 @@ def default_replica_id() -> str | None:
 
 def register(subparsers: argparse._SubParsersAction) -> None:
     """Add the `router` subcommand."""
-    parser = subparsers.add_parser("router", help="run the router (gRPC, Redis pins, metrics)")
+    parser = subparsers.add_parser(
+        "router",
+        help="run the router (gRPC, Redis pins, metrics)",
+        description="Run the router: the gRPC Router service, the RankRegistry on its own "
+        "rank port (fleet secret required), conversation pins and slot reservations in Redis "
+        "(in-process without --redis-url), /metrics.",
+    )
     parser.add_argument("--host", default="0.0.0.0", help="address to bind")
-    parser.add_argument("--grpc-port", type=int, default=50051, help="0 picks a free port")
-    parser.add_argument("--metrics-port", type=int, default=9400, help="-1: no /metrics")
+    parser.add_argument("--grpc-port", type=int, default=50051, help="gRPC port; 0: a free one")
+    parser.add_argument("--metrics-port", type=int, default=9400, help="/metrics port; -1: none")
     parser.add_argument(
         "--rank-port",
         type=int,
@@ -44,19 +50,11 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     )
     parser.add_argument("--redis-prefix", default="kvfleet", help="key prefix (one per fleet)")
     parser.add_argument(
-        "--redis-timeout-seconds",
-        type=float,
-        default=1.0,
-        help="a Redis call slower than this counts as an outage (local state serves)",
-    )
-    parser.add_argument(
         "--redis-password-file",
         default=None,
         help="Redis AUTH password when the URL has none (default: $KVFLEET_REDIS_PASSWORD)",
     )
-    parser.add_argument(
-        "--redis-ca-file", default=None, help="CA bundle for rediss:// / --redis-tls"
-    )
+    parser.add_argument("--redis-ca-file", default=None, help="CA bundle for rediss://")
     parser.add_argument(
         "--redis-sentinel",
         default=None,
@@ -78,7 +76,12 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         default=10.0,
         help="a killed replica's reservations are released within about 1.3 x this",
     )
-    parser.add_argument("--affinity", choices=("strict", "lenient"), default="strict")
+    parser.add_argument(
+        "--affinity",
+        choices=("strict", "lenient"),
+        default="strict",
+        help="strict: a pinned turn waits (bounded) for its rank; lenient: any free rank",
+    )
     parser.add_argument(
         "--max-wait-passes",
         type=int,
@@ -94,8 +97,21 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         default="load",
         help="how new conversations are placed",
     )
-    parser.add_argument("--pin-ttl-seconds", type=float, default=3600.0)
-    parser.add_argument("--heartbeat-timeout-seconds", type=float, default=10.0)
+    parser.add_argument(
+        "--pin-ttl-seconds", type=float, default=3600.0, help="a conversation's pin lifetime"
+    )
+    parser.add_argument(
+        "--heartbeat-timeout-seconds",
+        type=float,
+        default=10.0,
+        help="a rank silent this long is removed",
+    )
+    parser.add_argument(
+        "--redis-timeout-seconds",
+        type=float,
+        default=1.0,
+        help="socket timeout of each Redis call (past it the router serves from local state)",
+    )
     parser.add_argument(
         "--max-queue-seconds",
         type=float,
@@ -123,24 +139,14 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser.set_defaults(func=run)
 
 
-def run(args: argparse.Namespace) -> int:
-    """Start the router and serve until SIGTERM/SIGINT."""
-    import logging
-    import signal
-    import threading
-
+def router_config(args: argparse.Namespace):
+    """The `RouterConfig` the command line asks for."""
     from kvfleet.services.router.admission import AdmissionConfig
-    from kvfleet.services.router.fleet_secret import SECRET_ENV, load_fleet_secret
+    from kvfleet.services.router.fleet_secret import load_fleet_secret
     from kvfleet.services.router.redis_connect import load_password
-    from kvfleet.services.router.server import RouterConfig, create_server
+    from kvfleet.services.router.server import RouterConfig
 
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s %(message)s")
     secret = load_fleet_secret(args.fleet_secret_file)
-    if secret is None and not args.insecure_rank_port:
-        raise SystemExit(
-            f"a fleet secret is required for the rank port: --fleet-secret-file or ${SECRET_ENV} "
-            "(or --insecure-rank-port)"
-        )
     admission = AdmissionConfig(
         affinity=args.affinity,
         placement=args.placement,
@@ -150,11 +156,10 @@ def run(args: argparse.Namespace) -> int:
         heartbeat_timeout_seconds=args.heartbeat_timeout_seconds,
     )
     extra = {"router_id": args.replica_id} if args.replica_id else {}
-    config = RouterConfig(
+    return RouterConfig(
         admission=admission,
         redis_url=args.redis_url,
         redis_prefix=args.redis_prefix,
-        redis_timeout_seconds=args.redis_timeout_seconds,
         redis_password=load_password(args.redis_password_file),
         redis_ca_file=args.redis_ca_file,
         redis_sentinels=tuple(a for a in (args.redis_sentinel or "").split(",") if a),
@@ -163,6 +168,7 @@ def run(args: argparse.Namespace) -> int:
         max_queue_seconds=args.max_queue_seconds,
         max_call_seconds=args.max_call_seconds,
         lease_seconds=args.lease_seconds,
+        redis_timeout_seconds=args.redis_timeout_seconds,
         stream_idle_seconds=args.stream_idle_seconds,
         rank_address=f"{args.host}:{args.rank_port}",
         fleet_secret=secret,
@@ -171,7 +177,34 @@ def run(args: argparse.Namespace) -> int:
         metrics_port=None if args.metrics_port < 0 else args.metrics_port,
         **extra,
     )
-    server, port = create_server(f"{args.host}:{args.grpc_port}", config)
+
+
+def run(args: argparse.Namespace) -> int:
+    """Start the router and serve until SIGTERM/SIGINT; 2 when a port cannot be bound."""
+    import logging
+    import signal
+    import sys
+    import threading
+
+    from kvfleet.services.router.fleet_secret import SECRET_ENV
+    from kvfleet.services.router.server import create_server
+
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s %(message)s")
+    config = router_config(args)
+    if config.fleet_secret is None and not args.insecure_rank_port:
+        print(f"kvfleet router: the rank port needs a fleet secret: --fleet-secret-file or "
+              f"${SECRET_ENV} (or --insecure-rank-port)", file=sys.stderr, flush=True)  # fmt: skip
+        return 2
+    try:
+        server, port = create_server(f"{args.host}:{args.grpc_port}", config)
+    except (OSError, RuntimeError) as error:  # grpc raises RuntimeError when it cannot bind
+        ports = (
+            f"--grpc-port {args.grpc_port}, --rank-port {args.rank_port} "
+            f"or --metrics-port {args.metrics_port}"
+        )
+        print(f"kvfleet router: could not listen on {args.host} ({ports}): {error}; choose "
+              "free ports (0 picks one)", file=sys.stderr, flush=True)  # fmt: skip
+        return 2
     print(
         f"router listening on port {port} rank port {server.rank_port} "
         f"metrics port {server.metrics_port}",

@@ -159,6 +159,7 @@ class HandoffForwarder:
             num_samples=1,
             kv_source_address=context_admission.rank.address,
             handoff_token_ids=list(handoff.token_ids),
+            cache_salt=request.cache_salt,
         )
         if request.HasField("prompt_token_ids"):
             engine_request.prompt_token_ids.CopyFrom(request.prompt_token_ids)

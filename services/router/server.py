@@ -14,6 +14,7 @@ import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 from kvfleet.proto import router_pb2, router_pb2_grpc
+from kvfleet.proto.limits import GRPC_MESSAGE_OPTIONS
 from kvfleet.services.router.admission import GENERATION_ROLES, AdmissionConfig, AdmissionQueue
 from kvfleet.services.router.failover_store import FailoverStore
 from kvfleet.services.router.fleet_secret import FleetSecretInterceptor
@@ -158,6 +159,7 @@ def _grpc_server(config: RouterConfig, name: str, interceptors) -> grpc.Server:
     return grpc.server(
         futures.ThreadPoolExecutor(max_workers=config.max_workers, thread_name_prefix=name),
         interceptors=interceptors,
+        options=GRPC_MESSAGE_OPTIONS,
     )
 
 

@@ -11,6 +11,7 @@ from functools import partial
 
 import grpc
 from kvfleet.proto import common_pb2, engine_pb2, engine_pb2_grpc, router_pb2, router_pb2_grpc
+from kvfleet.proto.limits import GRPC_MESSAGE_OPTIONS
 from kvfleet.services.router.deadlines import call_timeout
 from kvfleet.services.router.engine_outcomes import Outcome, full_backoff, outcome_of
 from kvfleet.services.router.errors import (
@@ -58,7 +59,7 @@ class EngineChannels:
     def stub(self, address: str) -> engine_pb2_grpc.EngineStub:
         with self._lock:
             if address not in self._stubs:
-                channel = grpc.insecure_channel(address)
+                channel = grpc.insecure_channel(address, options=GRPC_MESSAGE_OPTIONS)
                 self._channels.append(channel)
                 self._stubs[address] = engine_pb2_grpc.EngineStub(channel)
             return self._stubs[address]
@@ -248,6 +249,7 @@ class RouterServicer(router_pb2_grpc.RouterServicer):
             sampling=request.sampling,
             max_tokens=request.max_tokens,
             num_samples=admission.request.slots,
+            cache_salt=request.cache_salt,
         )
         if request.HasField("prompt_token_ids"):
             engine_request.prompt_token_ids.CopyFrom(request.prompt_token_ids)

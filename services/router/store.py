@@ -16,8 +16,8 @@ from typing import Protocol
 from kvfleet.services.router.model import RankInfo, RankLoad, RankSlots
 
 
-class StoreIntegrityError(AssertionError):
-    """The store's counts do not add up."""
+class StoreIntegrityError(RuntimeError):
+    """The store's counts do not add up (a bug, never bad input)."""
 
 
 @dataclass(frozen=True)
