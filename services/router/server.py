@@ -22,9 +22,10 @@ from kvfleet.services.router.metrics import RouterMetrics
 from kvfleet.services.router.prefix_index import PrefixIndex
 from kvfleet.services.router.redis_connect import RedisSettings, connect
 from kvfleet.services.router.redis_store import RedisStore
+from kvfleet.services.router.registry_service import RankRegistryServicer
 from kvfleet.services.router.replica_lease import ReplicaLease
 from kvfleet.services.router.runtime import RouterRuntime
-from kvfleet.services.router.service import EngineChannels, RankRegistryServicer, RouterServicer
+from kvfleet.services.router.service import EngineChannels, RouterServicer
 from kvfleet.services.router.store import AdmissionStore, LocalStore
 from kvfleet.services.router.stream_watch import StreamWatch
 from kvfleet.services.router.validation import RequestLimits
