@@ -87,3 +87,15 @@ def test_a_cpu_machine_with_a_gpu_pod_environment_runs_on_cpu_and_warns(caplog, 
     assert compute.model.lm_head.weight.device.type == "cpu"
     (message,) = warnings_of(caplog)
     assert "CUDA_VISIBLE_DEVICES='0'" in message
+
+
+def test_engine_flags_set_the_device_and_the_budget():
+    """If this fails, `kvfleet engine --device/--gpu-memory-fraction/--cpu-kv-gib` is ignored."""
+    from kvfleet.services.cli import build_parser
+    from kvfleet.services.engine.cli import engine_config_from_args
+
+    flags = ["--device", "cuda:1", "--gpu-memory-fraction", "0.5", "--cpu-kv-gib", "2"]
+    config = engine_config_from_args(build_parser().parse_args(["engine", *flags]))
+    assert (config.device, config.gpu_memory_fraction, config.cpu_kv_gib) == ("cuda:1", 0.5, 2)
+    default = engine_config_from_args(build_parser().parse_args(["engine"]))
+    assert (default.device, default.gpu_memory_fraction, default.cpu_kv_gib) == ("auto", 0.9, 4)
