@@ -22,6 +22,8 @@ from typing import Any
 import yaml
 
 ROLES = ("both", "context", "generation")
+DECODE_GRAPH_MODES = ("auto", "static", "off")
+DTYPES = ("auto", "float32", "bfloat16", "float16")
 
 
 @dataclass(frozen=True)
@@ -30,6 +32,9 @@ class EngineConfig:
 
     model: str = "tiny"
     model_path: str = ""
+    # Weights' dtype: "auto" is the checkpoint's torch_dtype (bf16 on GPU / fp32 on CPU for a
+    # preset), else one of DTYPES.
+    dtype: str = "auto"
     seed: int = 0
     # auto: CUDA when torch sees a GPU, else CPU (warned when a GPU was asked for: device.py)
     device: str = "auto"
@@ -70,6 +75,12 @@ class EngineConfig:
     disk_kv_pages: int | None = None
     disk_prefetch_num_reqs: int = 4
     torch_threads: int = 1
+    # Decode steps through static buffers per batch-size bucket (cuda_graphs.py): "auto"
+    # replays them as CUDA graphs on CUDA and runs plain eager steps elsewhere, "static" runs
+    # the static-buffer path without capture (on any device), "off" never uses it.
+    decode_graphs: str = "auto"
+    # On CUDA: RMSNorm, RoPE and SwiGLU's product each as one torch.compile kernel (fused.py).
+    fused_ops: bool = True
     # Disaggregation (kvfleet.services.disagg): how long a context rank keeps a parked
     # request's KV, how long a receiver waits for it, and the transports it tries in order.
     handoff_hold_seconds: float = 30.0
@@ -81,6 +92,12 @@ class EngineConfig:
         for name in ("max_batch_size", "max_num_batched_tokens", "page_size", "torch_threads"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
+        if self.decode_graphs not in DECODE_GRAPH_MODES:
+            raise ValueError(
+                f"decode_graphs must be one of {DECODE_GRAPH_MODES}, got {self.decode_graphs!r}"
+            )
+        if self.dtype not in DTYPES:
+            raise ValueError(f"dtype must be one of {DTYPES}, got {self.dtype!r}")
         if not 0 < self.gpu_memory_fraction <= 1:
             raise ValueError(
                 f"gpu_memory_fraction must be in (0, 1], got {self.gpu_memory_fraction}"
