@@ -35,7 +35,17 @@ class ComputeBackend(Protocol):
 
 
 def resolve_model_config(config: EngineConfig) -> ModelConfig:
-    """The model's shape: from the checkpoint's config.json, else the named preset."""
+    """The model's shape: from the checkpoint's config.json, else the named preset; its
+    context capped at `max_model_len` when set."""
     if config.model_path:
-        return config_from_file(f"{config.model_path}/config.json")
-    return preset(config.model)
+        model = config_from_file(f"{config.model_path}/config.json")
+    else:
+        model = preset(config.model)
+    if config.max_model_len is None:
+        return model
+    if config.max_model_len > model.max_position:
+        raise ValueError(
+            f"max_model_len {config.max_model_len} exceeds the model's context "
+            f"({model.max_position} positions)"
+        )
+    return model.with_changes(max_position=config.max_model_len)

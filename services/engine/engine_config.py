@@ -2,7 +2,7 @@
 
 `load_engine_config` reads the operator's `engine.yaml` (snake_case keys, unknown ones kept out):
 
-    model: {name: tiny, path: "", config: {}}
+    model: {name: tiny, path: "", config: {dtype: auto, max_model_len: null}}
     max_batch_size: 8
     reuse: {policy: per_conversation, max_num_turns: 2, checkpoint: true,
             keep_root: false, keep_branch_points: 0}
@@ -33,6 +33,7 @@ class EngineConfig:
     # Weights' dtype: "auto" is the checkpoint's torch_dtype (bf16 on GPU / fp32 on CPU for a
     # preset), else one of DTYPES.
     dtype: str = "auto"
+    max_model_len: int | None = None  # context cap below the checkpoint's (None: the model's)
     seed: int = 0
     device: str = "cpu"
     attention_backend: str = "auto"
@@ -77,6 +78,8 @@ class EngineConfig:
         for name in ("max_batch_size", "max_num_batched_tokens", "page_size", "torch_threads"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
+        if self.max_model_len is not None and self.max_model_len < 1:
+            raise ValueError(f"max_model_len must be >= 1, got {self.max_model_len}")
         if self.dtype not in DTYPES:
             raise ValueError(f"dtype must be one of {DTYPES}, got {self.dtype!r}")
         if self.role not in ROLES:
@@ -122,6 +125,7 @@ def engine_config_from_dict(data: dict[str, Any]) -> EngineConfig:
             values["model"] = model["name"]
         if model.get("path"):
             values["model_path"] = model["path"]
+        values.update(_model_settings(model.get("config") or {}))
     if "max_batch_size" in data:
         values["max_batch_size"] = int(data["max_batch_size"])
     if "policy" in reuse:
@@ -138,6 +142,18 @@ def engine_config_from_dict(data: dict[str, Any]) -> EngineConfig:
     known = {f.name for f in dataclasses.fields(EngineConfig)} - {"extra"}
     unknown = {k: v for k, v in values.items() if k not in known}
     return EngineConfig(**{k: v for k, v in values.items() if k in known}, extra=unknown)
+
+
+MODEL_SETTINGS = ("dtype", "max_model_len")
+
+
+def _model_settings(settings: dict[str, Any]) -> dict[str, Any]:
+    """engine.yaml `model.config` (the fleet's free-form model settings): each key is one the
+    engine reads, or an error naming it."""
+    unknown = sorted(set(settings) - set(MODEL_SETTINGS))
+    if unknown:
+        raise ValueError(f"model.config: unsupported keys {unknown}; supported: {MODEL_SETTINGS}")
+    return {k: v for k, v in settings.items() if v is not None}
 
 
 # engine.yaml `kv_tiers` keys -> EngineConfig fields (`disk.*` inside the disk block).
