@@ -122,3 +122,24 @@ def test_keys_transformers_ignores_must_hold_their_neutral_value(key, value):
     """A shared expert transformers' Qwen3-MoE never builds must not be dropped silently."""
     with pytest.raises(ConfigError, match=f"{key}={value!r} is not supported"):
         model_config_from_hf({**QWEN3_CODER_30B, key: value})
+
+
+def test_chart_example_fleet_names_a_model_the_engine_reads(tmp_path):
+    """The example fleet's engine.yaml must point at a checkpoint layout the engine loads and
+    carry model settings the engine reads (not keys it would drop)."""
+    from pathlib import Path
+
+    import yaml
+    from kvfleet.operator.render_config import engine_config
+    from kvfleet.operator.spec import parse_spec
+    from kvfleet.services.engine.engine_config import engine_config_from_dict
+    from kvfleet.services.engine.weights import config_from_file
+
+    example = Path(__file__).resolve().parents[2] / "charts/kvfleet/examples/fleet.yaml"
+    spec = parse_spec(yaml.safe_load(example.read_text())["spec"])
+    config = engine_config_from_dict(engine_config(spec, "generation"))
+    assert config.model_path == "/models/qwen3-coder-30b-a3b"
+    assert (config.dtype, config.max_model_len) == ("bfloat16", 131072)
+    # What that directory's config.json says (the published one) reads as a supported model.
+    (tmp_path / "config.json").write_text(json.dumps(QWEN3_CODER_30B))
+    assert config_from_file(tmp_path / "config.json").max_position >= config.max_model_len
