@@ -44,6 +44,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("--kv-pages", type=int, default=None, help="pages per KV pool")
     parser.add_argument("--device", default=None)
     parser.add_argument(
+        "--dtype", default=None, help="weights: auto (the checkpoint's), float32, bfloat16, float16"
+    )
+    parser.add_argument(
         "--compute-backend", default=None, help="torch (the model) or sim (cost model, no tensors)"
     )
     parser.add_argument(
@@ -66,6 +69,7 @@ def engine_config_from_args(args: argparse.Namespace):
         max_num_batched_tokens=args.max_num_batched_tokens,
         kv_pages=args.kv_pages,
         device=args.device,
+        dtype=getattr(args, "dtype", None),
         # getattr: namespaces built without the sim flags (older callers) keep the file's values
         compute_backend=getattr(args, "compute_backend", None),
         sim_time_scale=getattr(args, "sim_time_scale", None),
