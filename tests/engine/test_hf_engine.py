@@ -77,7 +77,7 @@ def test_fleet_model_settings_reach_the_engine(tmp_path):
     assert resolve_model_config(config).max_position == 300
     compute = TorchCompute(config)
     assert next(compute.model.parameters()).dtype == torch.bfloat16
-    with pytest.raises(ValueError, match=r"model.config: unsupported keys \['quantization'\]"):
+    with pytest.raises(ValueError, match=r"model.config.quantization: unknown key"):
         engine_config_from_dict({"model": {"name": "q", "config": {"quantization": "fp8"}}})
     with pytest.raises(ValueError, match="max_model_len 4096 exceeds the model's context"):
         resolve_model_config(config.with_changes(max_model_len=4096))
