@@ -35,6 +35,11 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("--router", default=None, help="HOST:PORT of the router to register with")
     parser.add_argument("--rank-id", default=None, help="default: the host name")
     parser.add_argument(
+        "--fleet-secret-file",
+        default=None,
+        help="the fleet secret the router's rank port asks for (default: $KVFLEET_FLEET_SECRET)",
+    )
+    parser.add_argument(
         "--podinfo-dir",
         default="/etc/podinfo",
         help="downward API volume with the pod's annotations (kvfleet.dev/draining)",
@@ -117,6 +122,8 @@ def engine_config_from_args(args: argparse.Namespace):
 
 
 def run(args: argparse.Namespace) -> int:
+    from kvfleet.services.router.fleet_secret import load_fleet_secret
+
     from .config import PRESETS
     from .pod_ranks import pod_ranks
     from .rank import EngineRank, RankAddresses
@@ -133,6 +140,7 @@ def run(args: argparse.Namespace) -> int:
         router=args.router,
         rank_id=args.rank_id or os.uname().nodename,
         advertise_host=args.advertise_host,
+        fleet_secret=load_fleet_secret(args.fleet_secret_file),
     )
     ranks = []
     for rank_config, rank_addresses in pod_ranks(config, addresses):
