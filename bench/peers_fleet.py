@@ -176,6 +176,8 @@ def kvfleet_router(fleet: Fleet, settings: RankSettings, ranks: int, policy: str
         str(port),
         "--metrics-port",
         "-1",
+        "--http-port",
+        "-1",
         "--affinity",
         policy,
     ]

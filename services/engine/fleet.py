@@ -14,11 +14,8 @@ from dataclasses import dataclass, field
 from kvfleet.services.router.admission import AdmissionConfig
 
 from .engine_config import EngineConfig
-from .http_backends import RouterBackend
-from .http_server import HttpServer
-from .openai_http import build_app
 from .rank import EngineRank, RankAddresses
-from .tokenizer import load_tokenizer
+from .router_front import RouterFront
 
 log = logging.getLogger(__name__)
 
@@ -63,8 +60,7 @@ class EmbeddedFleet:
         self.ranks: list[EngineRank] = []
         self.router = None
         self.router_port: int | None = None
-        self.http: HttpServer | None = None
-        self._backend: RouterBackend | None = None
+        self.http: RouterFront | None = None
 
     @property
     def router_address(self) -> str:
@@ -88,10 +84,8 @@ class EmbeddedFleet:
                 host=c.host, router=self.router_address, rank_id=f"rank-{index}"
             )
             self.ranks.append(EngineRank(c.engine, addresses).start())
-        tokenizer = load_tokenizer(None)
-        names = (c.engine.model, "kvfleet")
-        self._backend = RouterBackend(self.router_address, tokenizer, names)
-        self.http = HttpServer(build_app(self._backend), c.host, c.http_port).start()
+        self.http = RouterFront(self.router_address, c.engine.model, None, c.host, c.http_port)
+        self.http.start()
         deadline = time.monotonic() + timeout
         for rank in self.ranks:
             if not rank.link.registered.wait(max(0.0, deadline - time.monotonic())):
@@ -102,8 +96,6 @@ class EmbeddedFleet:
         """Stop the HTTP front, the ranks, the router; delete this fleet's Redis keys."""
         if self.http is not None:
             self.http.stop()
-        if self._backend is not None:
-            self._backend.close()
         for rank in self.ranks:
             rank.stop(grace=1.0)
         if self.router is not None:

@@ -12,6 +12,16 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("--grpc-port", type=int, default=50051, help="0 picks a free port")
     parser.add_argument("--metrics-port", type=int, default=9400, help="-1: no /metrics")
     parser.add_argument(
+        "--http-port",
+        type=int,
+        default=8000,
+        help="OpenAI API and GET /health over this router (0 picks a free port; -1: none)",
+    )
+    parser.add_argument("--model", default="tiny", help="the model name the OpenAI API serves")
+    parser.add_argument(
+        "--model-path", default=None, help="checkpoint dir whose tokenizer.json the API uses"
+    )
+    parser.add_argument(
         "--redis-url", default=None, help="redis://HOST:6379/0; without it all state is in-process"
     )
     parser.add_argument("--redis-prefix", default="kvfleet", help="key prefix (one per fleet)")
@@ -53,6 +63,7 @@ def run(args: argparse.Namespace) -> int:
     """Start the router and serve until SIGTERM/SIGINT."""
     import logging
     import signal
+    import sys
     import threading
 
     from kvfleet.services.router.admission import AdmissionConfig
@@ -78,9 +89,26 @@ def run(args: argparse.Namespace) -> int:
     )
     server, port = create_server(f"{args.host}:{args.grpc_port}", config)
     print(f"router listening on port {port} metrics port {server.metrics_port}", flush=True)
+    front = None
+    if args.http_port >= 0:
+        from kvfleet.services.engine.router_front import RouterFront
+
+        local = "127.0.0.1" if args.host in ("0.0.0.0", "::", "") else args.host
+        try:
+            front = RouterFront(
+                f"{local}:{port}", args.model, args.model_path, args.host, args.http_port
+            ).start()
+        except OSError as error:  # FileNotFoundError included: no tokenizer.json
+            print(f"kvfleet router: {error}; --http-port 0 picks a free port, -1 serves no HTTP",
+                  file=sys.stderr, flush=True)  # fmt: skip
+            server.stop(0)
+            return 2
+        print(f"router OpenAI API on http port {front.port}", flush=True)
     stop = threading.Event()
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda *_: stop.set())
     stop.wait()
-    server.stop(args.grace_seconds)
+    server.stop(args.grace_seconds)  # /health turns 503 at once; streams get the grace
+    if front is not None:
+        front.stop()
     return 0

@@ -32,6 +32,8 @@ def start_router(prefix: str) -> tuple[subprocess.Popen, int]:
             "0",
             "--metrics-port",
             "-1",
+            "--http-port",
+            "-1",
             "--redis-url",
             SHARED_REDIS_URL,
             "--redis-prefix",
