@@ -23,7 +23,7 @@ from kvfleet.kvstore.block_pool import NULL_PAGE
 
 from .blocks import NO_HASH, CorruptBlockError, KVBlock, install_blocks, kv_layout
 from .context_side import prompt_hashes
-from .transports import FetchRequest, HandoffTransport, TransportError
+from .transport_types import FetchRequest, HandoffTransport, TransportError
 
 log = logging.getLogger(__name__)
 

@@ -8,47 +8,23 @@ the scheduler and returns tokens, so the scheduler and the kvstore calls are ide
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from typing import Protocol
 
 import torch
-from kvfleet.kvstore.config import KVStoreConfig
 from kvfleet.kvstore.tiers.stack import KVTiers
 
 from .attention import make_backend
 from .batch import ForwardBatch, SequenceChunk
 from .compute_sim import SimCompute
-from .config import ModelConfig, preset
+from .compute_types import ComputeBackend, resolve_model_config
+from .device import resolve_device
 from .device_kv_cache import DeviceKVCache
 from .engine_config import EngineConfig
 from .generation import default_dtype
+from .kv_budget import kv_budget, probe_device_memory
 from .kv_setup import build_kv, open_kv_tiers
 from .sampling import RowResult, sample_batch
 from .scheduler import ScheduledChunk
-from .weights import build_model, config_from_file, load_checkpoint
-
-
-class ComputeBackend(Protocol):
-    """Runs one step; owns the model and the K/V bytes (never the page tables)."""
-
-    name: str
-    model_config: ModelConfig
-    store_config: KVStoreConfig
-
-    def execute(self, chunks: Sequence[ScheduledChunk]) -> list[RowResult | None]:
-        """Run `chunks` as one batch; for each chunk that samples a token (int), a
-        SampledToken (logprobs asked) or a SampleFailure (that sequence alone fails), else None."""
-        ...
-
-    def open_tiers(self) -> KVTiers | None:
-        """KV tiers for a new manager (None: the manager's device-only default)."""
-        ...
-
-
-def resolve_model_config(config: EngineConfig) -> ModelConfig:
-    """The model's shape: from the checkpoint's config.json, else the named preset."""
-    if config.model_path:
-        return config_from_file(f"{config.model_path}/config.json")
-    return preset(config.model)
+from .weights import build_model, load_checkpoint
 
 
 class TorchCompute:
@@ -58,15 +34,19 @@ class TorchCompute:
 
     def __init__(self, config: EngineConfig) -> None:
         torch.set_num_threads(config.torch_threads)
-        self.device = torch.device(config.device)
-        dtype = default_dtype(self.device)
+        self.device = resolve_device(config.device)
+        memory = probe_device_memory(self.device)  # before the weights take their share
         self.model_config = resolve_model_config(config)
+        chosen = None if config.dtype == "auto" else getattr(torch, config.dtype)
         if config.model_path:
-            self.model = load_checkpoint(config.model_path, self.device, dtype)
+            self.model = load_checkpoint(config.model_path, self.device, chosen)
+            dtype = next(self.model.parameters()).dtype
         else:
+            dtype = chosen or default_dtype(self.device)
             self.model = build_model(self.model_config, config.seed, self.device, dtype)
         self.config = config
-        self.kv = build_kv(self.model_config, config, dtype)
+        budget = kv_budget(self.model_config, config, self.device, memory, dtype)
+        self.kv = build_kv(self.model_config, config, dtype, budget)
         self.store_config = self.kv.store_config
         self.cache: DeviceKVCache | None = None  # the latest open_tiers' device KV
         self.attention = make_backend(config.attention_backend, self.device)

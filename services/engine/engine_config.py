@@ -8,7 +8,8 @@
             keep_root: false, keep_branch_points: 0}
     kv_tiers: {gpu_memory_fraction: 0.9, host_gib: 0, host_pages: null,
                disk: {enabled: false, dir: ..., gib: 32, pages: null, prefetch_num_reqs: 4}}
-    engine: {page_size: 16, max_num_batched_tokens: 256, kv_pages: null, seed: 0, ...}
+    engine: {page_size: 16, max_num_batched_tokens: 256, kv_pages: null, seed: 0,
+             device: auto, cpu_kv_gib: 4, retained_conversations: null, ...}
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ from typing import Any
 import yaml
 
 ROLES = ("both", "context", "generation")
+DTYPES = ("auto", "float32", "bfloat16", "float16")
 
 
 @dataclass(frozen=True)
@@ -29,8 +31,12 @@ class EngineConfig:
 
     model: str = "tiny"
     model_path: str = ""
+    # Weights' dtype: "auto" is the checkpoint's torch_dtype (bf16 on GPU / fp32 on CPU for a
+    # preset), else one of DTYPES.
+    dtype: str = "auto"
     seed: int = 0
-    device: str = "cpu"
+    # auto: CUDA when torch sees a GPU, else CPU (warned when a GPU was asked for: device.py)
+    device: str = "auto"
     attention_backend: str = "auto"
     compute_backend: str = "torch"
     # The `sim` compute backend (compute_sim.py): hardware figures of this sim_costs.yaml
@@ -41,7 +47,13 @@ class EngineConfig:
     max_batch_size: int = 8
     max_num_batched_tokens: int = 256
     page_size: int = 16
-    kv_pages: int | None = None  # per life cycle pool; None: sized by kvstore's plan_pools
+    kv_pages: int | None = None  # per life cycle pool; None: sized by the KV budget (kv_budget.py)
+    # The device KV's budget: on CUDA this fraction of the GPU's memory less what is in use, the
+    # weights and an activation reserve; on CPU at most cpu_kv_gib. Pools never exceed the peak.
+    gpu_memory_fraction: float = 0.9
+    cpu_kv_gib: float = 4.0
+    # Conversations whose retained turns the pools are sized for (None: one per slot).
+    retained_conversations: int | None = None
     # Pages of named pools ((life cycle, pages) pairs, or a mapping in engine.yaml); they
     # override kv_pages / plan_pools for those pools (a simulator arm's exact split).
     kv_pool_pages: tuple[tuple[str, int], ...] = ()
@@ -73,6 +85,18 @@ class EngineConfig:
         for name in ("max_batch_size", "max_num_batched_tokens", "page_size", "torch_threads"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
+        if self.dtype not in DTYPES:
+            raise ValueError(f"dtype must be one of {DTYPES}, got {self.dtype!r}")
+        if not 0 < self.gpu_memory_fraction <= 1:
+            raise ValueError(
+                f"gpu_memory_fraction must be in (0, 1], got {self.gpu_memory_fraction}"
+            )
+        if self.cpu_kv_gib <= 0:
+            raise ValueError(f"cpu_kv_gib must be > 0, got {self.cpu_kv_gib}")
+        if (self.retained_conversations or 0) < 0:
+            raise ValueError(
+                f"retained_conversations must be >= 0, got {self.retained_conversations}"
+            )
         if self.role not in ROLES:
             raise ValueError(f"role must be one of {ROLES}, got {self.role!r}")
         if self.kv_pages is not None and self.kv_pages < 2:
@@ -135,7 +159,11 @@ def engine_config_from_dict(data: dict[str, Any]) -> EngineConfig:
 
 
 # engine.yaml `kv_tiers` keys -> EngineConfig fields (`disk.*` inside the disk block).
-TIER_KEYS = {"host_gib": "host_kv_gib", "host_pages": "host_kv_pages"}
+TIER_KEYS = {
+    "gpu_memory_fraction": "gpu_memory_fraction",
+    "host_gib": "host_kv_gib",
+    "host_pages": "host_kv_pages",
+}
 DISK_KEYS = {
     "enabled": "disk_tier_enabled",
     "dir": "disk_tier_dir",

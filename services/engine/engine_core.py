@@ -21,7 +21,8 @@ from kvfleet.kvstore.manager import KVCacheManager
 from kvfleet.kvstore.sizing import TypicalStep, peak_demand
 from kvfleet.services.disagg.roles import ROLE_HOOKS
 
-from .compute import ComputeBackend, make_compute
+from .compute import make_compute
+from .compute_types import ComputeBackend
 from .drain import DiskDrain
 from .engine_config import EngineConfig
 from .engine_request import (
@@ -62,7 +63,7 @@ class EngineCore:
         self.compute = compute or make_compute(config)
         self.model_config = self.compute.model_config
         self.metrics = metrics or EngineMetrics()
-        self._clock = self.clock = clock
+        self.clock = clock
         self._sink = kv_event_sink
         self._events: list[KVEvent] = []
         self._block_tokens = BlockTokens(config.page_size)
@@ -104,8 +105,13 @@ class EngineCore:
         self.role.close()
         self.manager.tiers.close()  # the disk prefetch worker
         for handle in list(self._handles.values()):
-            handle._put(EngineStoppedError(f"request {handle.call.request_id}: engine stopped"))
+            handle.put(EngineStoppedError(f"request {handle.call.request_id}: engine stopped"))
         self._handles.clear()
+
+    @property
+    def stopping(self) -> bool:
+        """True once `stop` was called: errors from then on are the rank's, not a request's."""
+        return self._stop.is_set()
 
     # -- what other threads call -------------------------------------------------------------------
 
@@ -230,9 +236,9 @@ class EngineCore:
 
     def _add(self, call: GenerateCall, handle: RequestHandle) -> None:
         if call.request_id in self._handles:
-            handle._put(InvalidRequestError("request_id", f"{call.request_id!r} is running"))
+            handle.put(InvalidRequestError("request_id", f"{call.request_id!r} is running"))
             return
-        now = self._clock()
+        now = self.clock()
         sequences: list[Sequence] = []
         for index in range(call.num_samples):
             sampling = call.sampling
@@ -259,7 +265,7 @@ class EngineCore:
     def new_sequence(self, call: GenerateCall) -> Sequence:
         """A single-sample sequence for `call`, not yet known to the scheduler."""
         generator = None if call.sampling.greedy else make_generator(call.sampling, "cpu")
-        return Sequence(f"{call.request_id}#0", call, 0, call.sampling, generator, self._clock())
+        return Sequence(f"{call.request_id}#0", call, 0, call.sampling, generator, self.clock())
 
     def detach(self, request_id: str) -> RequestHandle:
         """Forget a request but keep its pages (its KV is handed off); returns its handle."""
@@ -275,7 +281,7 @@ class EngineCore:
         call = sequence.call
         if call.request_id in self._handles:
             raise InvalidRequestError("request_id", f"{call.request_id!r} is already running")
-        now = self._clock()
+        now = self.clock()
         sequence.admitted = True
         sequence.cached_tokens = reused_tokens
         sequence.output.extend(tokens)
@@ -304,7 +310,7 @@ class EngineCore:
 
     def _step(self, chunks: list[ScheduledChunk]) -> None:
         tokens = self.compute.execute(chunks)
-        now = self._clock()
+        now = self.clock()
         for chunk, token in zip(chunks, tokens, strict=True):
             sequence = chunk.sequence
             if sequence.finished:  # a sibling sample failed earlier in this step
@@ -360,9 +366,9 @@ class EngineCore:
             if all(s.finished for s in self._sequences[sequence.call.request_id]):
                 self._sequences.pop(sequence.call.request_id)
                 handle = self._handles.pop(sequence.call.request_id)
-                handle._put(output)
+                handle.put(output)
                 return
-        self._handles[sequence.call.request_id]._put(output)
+        self._handles[sequence.call.request_id].put(output)
 
     def _usage(self, sequence: Sequence) -> Usage:
         steps = max(1, len(sequence.output) - 1)
@@ -401,10 +407,10 @@ class EngineCore:
         log.warning("request %s failed: %s", request_id, reason)
         handle = self._handles.get(request_id)
         if handle is not None:
-            handle._put(SequenceFailedError(f"request {request_id}: {reason}"))
+            handle.put(SequenceFailedError(f"request {request_id}: {reason}"))
         self._remove(request_id)
 
     def _fail_all(self, error: BaseException) -> None:
         for request_id, handle in list(self._handles.items()):
-            handle._put(EngineStoppedError(f"request {request_id}: engine step failed: {error}"))
+            handle.put(EngineStoppedError(f"request {request_id}: engine step failed: {error}"))
             self._remove(request_id)

@@ -153,7 +153,14 @@ class EngineServicer(engine_pb2_grpc.EngineServicer):
             InvalidRequestError,
         ) as error:
             handle.cancel()
-            context.abort(GRPC_CODES[type(error)], str(error))
+            context.abort(self._code_of(error), str(error))
+
+    def _code_of(self, error: Exception) -> grpc.StatusCode:
+        # NOTE: UNAVAILABLE makes the router remove this rank, so it is kept for a rank that
+        # is going away; a running core that failed this request answers INTERNAL.
+        if isinstance(error, EngineStoppedError) and not self._core.stopping:
+            return grpc.StatusCode.INTERNAL
+        return GRPC_CODES[type(error)]
 
     def PullKvBlocks(self, request, context):
         side = getattr(self._core.role, "side", None)

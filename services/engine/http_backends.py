@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import threading
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Protocol
 
@@ -30,6 +30,7 @@ from .sampling_params import SamplingParams, TokenLogprob
 from .tokenizer import Tokenizer
 
 if TYPE_CHECKING:
+    from .config import ModelConfig
     from .engine_core import EngineCore
 
 POLL_SECONDS = 0.25
@@ -49,11 +50,18 @@ class BackendRequest:
     cache_salt: str = ""
 
 
+def model_card(model: ModelConfig) -> dict[str, int]:
+    """What `/v1/models` tells of the model besides its name: the context length (vLLM's
+    `max_model_len`) and the vocabulary size, so that clients sending token ids stay inside."""
+    return {"max_model_len": model.max_position, "vocab_size": model.vocab_size}
+
+
 class GenerateBackend(Protocol):
-    """What the OpenAI app needs: a tokenizer, model names, and a stream of outputs."""
+    """What the OpenAI app needs: a tokenizer, model names and card, and a stream of outputs."""
 
     tokenizer: Tokenizer
     model_names: tuple[str, ...]
+    model_card: Mapping[str, int]
 
     def generate(self, request: BackendRequest) -> AsyncIterator[SampleOutput]:
         """Outputs until every sample finished; InvalidRequestError for bad input."""
@@ -67,6 +75,7 @@ class EngineBackend:
         self.core = core
         self.tokenizer = tokenizer
         self.model_names = model_names
+        self.model_card = model_card(core.model_config)
 
     async def generate(self, request: BackendRequest) -> AsyncIterator[SampleOutput]:
         stops = request.sampling.stop
@@ -111,9 +120,16 @@ def sampling_to_proto(sampling: SamplingParams) -> common_pb2.SamplingParams:
 class RouterBackend:
     """Calls the router's gRPC Generate, so conversation affinity applies."""
 
-    def __init__(self, router_address: str, tokenizer: Tokenizer, model_names: tuple[str, ...]):
+    def __init__(
+        self,
+        router_address: str,
+        tokenizer: Tokenizer,
+        model_names: tuple[str, ...],
+        card: Mapping[str, int] | None = None,
+    ):
         self.tokenizer = tokenizer
         self.model_names = model_names
+        self.model_card = dict(card or {})
         self._channel = grpc.insecure_channel(router_address, options=GRPC_MESSAGE_OPTIONS)
         self._stub = router_pb2_grpc.RouterStub(self._channel)
 

@@ -52,7 +52,10 @@ def build_app(
 
     @app.get("/v1/models")
     async def models() -> dict[str, Any]:
-        data = [{"id": n, "object": "model", "owned_by": "kvfleet"} for n in backend.model_names]
+        card = dict(backend.model_card)
+        data = [
+            {"id": n, "object": "model", "owned_by": "kvfleet", **card} for n in backend.model_names
+        ]
         return {"object": "list", "data": data}
 
     @app.post("/v1/completions")

@@ -2,6 +2,7 @@
 
 Parameters that would change what a client gets and that the engine does not do (tool calls,
 structured output, logit bias, echo, suffix, best_of) are refused by name, never ignored.
+`tools` themselves reach the model's chat template; no answer is parsed into `tool_calls`.
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ from .engine_request import InvalidRequestError
 from .http_backends import BackendRequest, GenerateBackend
 from .openai_schema import MAX_ID_CHARS, ChatCompletionRequest, CompletionRequest
 from .request_inputs import make_sampling
+from .tokenizer import stop_ids_of
 
 CONVERSATION_HEADER = "x-conversation-id"
 Body = CompletionRequest | ChatCompletionRequest
@@ -24,10 +26,10 @@ def refuse_unsupported(body: Body) -> None:
     """InvalidRequestError naming the first parameter the engine cannot honour."""
     choice = body.tool_choice
     if choice is not None and choice != "none":
-        raise InvalidRequestError("tool_choice", 'tool calls are not supported; only "none"')
-    if body.tools and choice != "none":
         raise InvalidRequestError(
-            "tools", 'tool calls are not supported (send tool_choice "none" or no tools)'
+            "tool_choice",
+            'tool calls are not parsed or run: only "none" (tools reach the chat template, '
+            "the answer is text)",
         )
     if body.response_format and body.response_format.get("type", "text") != "text":
         kind = body.response_format.get("type")
@@ -54,10 +56,7 @@ def completion_prompt(body: CompletionRequest, backend: GenerateBackend) -> list
 
 def chat_prompt(body: ChatCompletionRequest, backend: GenerateBackend) -> list[int]:
     messages = [m.model_dump(exclude_none=True) for m in body.messages]
-    for message in messages:  # OpenAI's newer name for the system role
-        if message["role"] == "developer":
-            message["role"] = "system"
-    return render_chat(messages, backend.tokenizer)
+    return render_chat(messages, backend.tokenizer, tools=body.tools)
 
 
 def top_logprobs(body: Body) -> int | None:
@@ -83,9 +82,8 @@ def backend_request(
     chat = isinstance(body, ChatCompletionRequest)
     max_tokens = body.max_completion_tokens if chat else None
     stop_ids = list(body.stop_token_ids or [])
-    eos = getattr(backend.tokenizer, "eos_id", None)
-    if eos is not None and not body.ignore_eos:
-        stop_ids.append(eos)
+    if not body.ignore_eos:
+        stop_ids.extend(stop_ids_of(backend.tokenizer))  # every eos of generation_config
     sampling = make_sampling(
         temperature=body.temperature,
         top_p=body.top_p,

@@ -103,9 +103,12 @@ class ChatMessage(BaseModel):
 
     model_config = ConfigDict(extra="ignore")
 
-    role: Literal["system", "developer", "user", "assistant", "tool"]
+    # Any name: the model's chat template decides which roles it knows (400 naming the role).
+    role: ShortText = Field(description="system, user, assistant, tool, or one the template knows")
     content: Text | list[TextPart] | None = None
     name: ShortText | None = None
+    tool_calls: list[dict[str, Any]] | None = None  # earlier turns' calls, for the template
+    tool_call_id: ShortText | None = None
 
 
 class ChatCompletionRequest(_Common):

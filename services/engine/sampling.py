@@ -13,6 +13,7 @@ import torch
 
 from .sampling_params import (
     SAMPLING_EPS,
+    RowResult,
     SampledToken,
     SampleFailure,
     SamplingParams,
@@ -21,6 +22,7 @@ from .sampling_params import (
 
 __all__ = [
     "SAMPLING_EPS",
+    "RowResult",
     "SampleFailure",
     "SampledToken",
     "SamplingParams",
@@ -29,8 +31,6 @@ __all__ = [
     "sample_batch",
     "sample_token",
 ]
-
-RowResult = int | SampledToken | SampleFailure
 
 
 def make_generator(params: SamplingParams, device: torch.device | str = "cpu") -> torch.Generator:

@@ -16,8 +16,9 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass
 
+from kvfleet.services.core.step_planner import StepPlanner
+
 from .sequence import Sequence
-from .step_planner import StepPlanner
 
 
 @dataclass(frozen=True)

@@ -1,5 +1,8 @@
 """Redis first, local state when Redis is away, and a resync when it returns.
 
+Safe to call from several threads: the mirror locks itself, and no lock is held over a Redis
+call (a hung Redis holds up the calling thread alone).
+
 While Redis answers, every change is also kept in a local mirror (ranks, pins seen, this
 router's own reservations). When a Redis call fails the store turns degraded: calls go to the
 mirror, and the router admits with lenient affinity (it can no longer see other replicas'
@@ -9,6 +12,7 @@ reservations). `try_recover` writes the mirror back once Redis answers again.
 from __future__ import annotations
 
 import logging
+import threading
 from collections.abc import Callable, Iterable
 
 import redis
@@ -35,6 +39,9 @@ class FailoverStore:
         self._on_redis_error = on_redis_error
         self._on_degraded = on_degraded
         self.degraded = False
+        self._flag_lock = threading.Lock()  # degraded turns on or off once per outage
+        self.recovered_at: float | None = None  # `now` of the last resync
+        self.live_replicas: list[str] = []  # replica ids holding a lease, at the last beat
 
     def _remote_call(self, call: Callable[[], object]) -> tuple[bool, object]:
         """Run a Redis call unless degraded; (False, None) when Redis is away."""
@@ -48,9 +55,10 @@ class FailoverStore:
             return False, None
 
     def _set_degraded(self, degraded: bool, reason: str) -> None:
-        if degraded == self.degraded:
-            return
-        self.degraded = degraded
+        with self._flag_lock:
+            if degraded == self.degraded:
+                return
+            self.degraded = degraded
         if degraded:
             log.warning(
                 "redis unreachable (%s): serving from local state, lenient affinity", reason
@@ -130,7 +138,10 @@ class FailoverStore:
         except redis.RedisError as error:
             self._on_redis_error(error)
             return False
+        self.recovered_at = now
         self._set_degraded(False, "resync done")
+        # NOTE: admissions and finishes made locally while the resync ran are written now.
+        self._remote_call(lambda: self.remote.replace_reservations(self.local.reservations()))
         return True
 
     def check_integrity(self) -> None:

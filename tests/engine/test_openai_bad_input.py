@@ -12,8 +12,8 @@ import json
 import httpx
 import pytest
 from engine_testkit import TEST_CONFIG
-from kvfleet.services.engine.fleet import EmbeddedFleet, FleetConfig
 from kvfleet.services.engine.rank import EngineRank, RankAddresses
+from kvfleet.services.fleet.embedded import EmbeddedFleet, FleetConfig
 
 
 @pytest.fixture(scope="module", params=["rank", "fleet"])
@@ -61,7 +61,7 @@ NESTED = "[" * 100_000 + "]" * 100_000
         ("/v1/chat/completions", COMPLETION % '"messages": [{"role": "user", "content": 5}]',
          "messages[0].content"),
         ("/v1/chat/completions", CHAT % '"max_completion_tokens": 0', "max_completion_tokens"),
-        ("/v1/chat/completions", CHAT % '"tools": [{"type": "function"}]', "tools"),
+        ("/v1/chat/completions", CHAT % '"tool_choice": "required"', "tool_choice"),
         ("/v1/chat/completions", CHAT % '"tool_choice": "auto"', "tool_choice"),
         ("/v1/chat/completions", CHAT % '"response_format": {"type": "json_object"}',
          "response_format"),

@@ -13,8 +13,8 @@ import schemathesis
 from engine_testkit import TEST_CONFIG
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from kvfleet.services.engine.fleet import EmbeddedFleet, FleetConfig
 from kvfleet.services.engine.rank import EngineRank, RankAddresses
+from kvfleet.services.fleet.embedded import EmbeddedFleet, FleetConfig
 from schemathesis import GenerationMode
 
 FUZZ = settings(
@@ -74,7 +74,7 @@ def fuzz(base_url: str) -> list[str]:
     return failures
 
 
-REFUSED = ("tools", "tool_choice", "response_format", "logit_bias", "echo", "suffix", "best_of")
+REFUSED = ("tool_choice", "response_format", "logit_bias", "echo", "suffix", "best_of")
 
 
 def make_runnable(body: dict) -> None:

@@ -12,12 +12,12 @@ from engine_testkit import TEST_CONFIG, greedy, make_core, run_call, shared_comp
 from kvfleet.services.engine.batch import ForwardBatch, SequenceChunk
 from kvfleet.services.engine.detokenizer import StopText
 from kvfleet.services.engine.engine_request import GenerateCall
-from kvfleet.services.engine.fleet import EmbeddedFleet, FleetConfig
 from kvfleet.services.engine.generation import lone_sequence_pages
 from kvfleet.services.engine.kv_cache import PagedKVCache
 from kvfleet.services.engine.rank import EngineRank, RankAddresses
 from kvfleet.services.engine.sampling import SamplingParams
 from kvfleet.services.engine.tokenizer import ByteTokenizer
+from kvfleet.services.fleet.embedded import EmbeddedFleet, FleetConfig
 
 PER_REQUEST = TEST_CONFIG.with_changes(reuse_policy="per_request")
 PROMPT = [ord(c) for c in "the cat sat on the mat and the cat"]

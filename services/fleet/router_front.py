@@ -1,6 +1,6 @@
-"""The OpenAI HTTP API served from a router process, over the router's own gRPC Generate.
+"""The OpenAI HTTP API served next to a router, over the router's own gRPC Generate.
 
-`kvfleet router --http-port 8000` starts one next to the router (the router Service's `http`
+`kvfleet router --http-port 8000` starts one beside the router (the router Service's `http`
 port in a deployed fleet), and `kvfleet up` starts one in front of its embedded router, so
 OpenAI clients get the router's conversation pins. `GET /health` is 200 while the router's
 gRPC health answers SERVING (Kubernetes httpGet probes), else 503. Nothing here imports torch.
@@ -8,27 +8,24 @@ gRPC health answers SERVING (Kubernetes httpGet probes), else 503. Nothing here 
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from pathlib import Path
 
 import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
-
-from .http_backends import RouterBackend
-from .http_server import HttpServer
-from .openai_http import build_app
-from .tokenizer import load_tokenizer
+from kvfleet.services.engine.http_backends import RouterBackend
+from kvfleet.services.engine.http_server import HttpServer
+from kvfleet.services.engine.openai_http import build_app
+from kvfleet.services.engine.tokenizer import Tokenizer, tokenizer_for_model
 
 HEALTH_TIMEOUT_SECONDS = 2.0
 
 
-def model_tokenizer_path(model_path: str | None) -> str | None:
-    """The checkpoint's `tokenizer.json`, or None (the byte tokenizer of the presets)."""
-    if not model_path:
-        return None
-    path = Path(model_path) / "tokenizer.json"
-    if not path.is_file():
+def front_tokenizer(model_path: str | None) -> Tokenizer:
+    """The checkpoint's tokenizer (it must be the engines'), or the presets' byte tokenizer."""
+    if model_path and not (Path(model_path) / "tokenizer.json").is_file():
         raise FileNotFoundError(f"--model-path {model_path}: no tokenizer.json there")
-    return str(path)
+    return tokenizer_for_model(model_path)
 
 
 class RouterFront:
@@ -37,13 +34,13 @@ class RouterFront:
     def __init__(
         self,
         router_address: str,
-        model: str = "tiny",
-        model_path: str | None = None,
+        tokenizer: Tokenizer,
+        model_names: tuple[str, ...],
+        card: Mapping[str, int] | None = None,
         host: str = "0.0.0.0",
         port: int = 8000,
     ) -> None:
-        tokenizer = load_tokenizer(model_tokenizer_path(model_path))
-        self.backend = RouterBackend(router_address, tokenizer, (model, "kvfleet"))
+        self.backend = RouterBackend(router_address, tokenizer, model_names, card)
         self._health_channel = grpc.insecure_channel(router_address)
         self._health = health_pb2_grpc.HealthStub(self._health_channel)
         self.http = HttpServer(build_app(self.backend, healthy=self.serving), host, port)
