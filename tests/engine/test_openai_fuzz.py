@@ -18,7 +18,7 @@ from kvfleet.services.fleet.embedded import EmbeddedFleet, FleetConfig
 from schemathesis import GenerationMode
 
 FUZZ = settings(
-    max_examples=100,
+    max_examples=70,
     derandomize=True,
     deadline=None,
     database=None,
