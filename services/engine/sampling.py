@@ -143,6 +143,8 @@ def _draw(scores: torch.Tensor, params: SamplingParams, generator: torch.Generat
         probs = _top_p_filter(probs, params.top_p)
     if not bool(torch.isfinite(probs).all()) or not float(probs.sum()) > 0.0:
         raise ValueError(f"no finite distribution (temperature {params.temperature})")
+    if generator is not None and probs.device != generator.device:
+        probs = probs.to(generator.device)  # the request's generator lives on the CPU
     return int(torch.multinomial(probs, 1, generator=generator))
 
 
