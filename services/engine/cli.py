@@ -40,6 +40,12 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         help="downward API volume with the pod's annotations (kvfleet.dev/draining)",
     )
     parser.add_argument("--config", default=None, help="engine.yaml (the operator's layout)")
+    parser.add_argument(
+        "--drain-seconds",
+        type=float,
+        default=30.0,
+        help="on SIGTERM, let running requests finish for up to this long before stopping",
+    )
     parser.add_argument("--disk-tier-dir", default=None, help="the shared disk KV tier's folder")
     parser.add_argument("--host-kv-gib", type=float, default=None, help="host KV tier size")
     parser.add_argument(
@@ -108,6 +114,7 @@ def engine_config_from_args(args: argparse.Namespace):
 
 def run(args: argparse.Namespace) -> int:
     from .config import PRESETS
+    from .pod_ranks import pod_ranks
     from .rank import EngineRank, RankAddresses
 
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
@@ -123,12 +130,26 @@ def run(args: argparse.Namespace) -> int:
         rank_id=args.rank_id or os.uname().nodename,
         advertise_host=args.advertise_host,
     )
-    rank = EngineRank(config, addresses, podinfo_dir=args.podinfo_dir).start()
-    ports = f"grpc {rank.grpc_port}, http {rank.http_port}, metrics {rank.metrics_port}"
-    print(f"engine {addresses.rank_id} ({config.role}, model {config.model}): {ports}", flush=True)
+    ranks = []
+    for rank_config, rank_addresses in pod_ranks(config, addresses):
+        rank = EngineRank(rank_config, rank_addresses, podinfo_dir=args.podinfo_dir).start()
+        ranks.append(rank)
+        ports = f"grpc {rank.grpc_port}, http {rank.http_port}, metrics {rank.metrics_port}"
+        print(
+            f"engine {rank_addresses.rank_id} ({config.role}, model {config.model}): {ports}",
+            flush=True,
+        )
     stop = threading.Event()
     for signum in (signal.SIGINT, signal.SIGTERM):
         signal.signal(signum, lambda *_: stop.set())
     stop.wait()
-    rank.stop()
+    # SIGTERM (a pod deletion, an eviction, a roll): drain within the pod's grace period, the
+    # ranks side by side so the budget is not spent once per rank.
+    leaving = [
+        threading.Thread(target=rank.drain_and_stop, args=(args.drain_seconds,)) for rank in ranks
+    ]
+    for thread in leaving:
+        thread.start()
+    for thread in leaving:
+        thread.join()
     return 0

@@ -8,6 +8,7 @@ core thread runs between steps, and each request's outputs come back on a queue 
 from __future__ import annotations
 
 import dataclasses
+import functools
 import itertools
 import logging
 import queue
@@ -45,6 +46,7 @@ from .sequence import Sequence
 log = logging.getLogger(__name__)
 
 IDLE_WAIT_SECONDS = 0.05
+RETAINED_RECOUNT_SECONDS = 0.5
 KVEventSink = Callable[[list[BlockEvent]], None]
 
 
@@ -86,6 +88,7 @@ class EngineCore:
         self._ids = itertools.count()
         self._load = EngineLoad(config.max_batch_size, 0, 0, 0.0, 0)
         self._counted_preemptions = 0
+        self._retained, self._retained_at = 0, -float("inf")
         # What this rank's role does after a first token (context ranks park for a hand-off).
         self.role = ROLE_HOOKS[config.role](self)
 
@@ -212,17 +215,25 @@ class EngineCore:
 
     def _run(self) -> None:
         while not self._stop.is_set():
-            try:
-                self._run_commands(block=not self.scheduler.num_sequences)
-                chunks = self.scheduler.schedule()
-                if chunks:
-                    self._step(chunks)
-                self.role.tick()
-                self._flush_events()
-                self._publish_load()
-            except Exception as error:  # a broken step must not leave clients waiting forever
-                log.exception("engine step failed")
-                self._fail_all(error)
+            self.run_once(block=not self.scheduler.num_sequences)
+
+    def run_once(self, block: bool = False) -> None:
+        """One turn of the core loop: queued commands, then a step if anything can run.
+
+        The core thread calls it; a benchmark that never starts the thread may call it from
+        one thread of its own instead (never both).
+        """
+        try:
+            self._run_commands(block=block)
+            chunks = self.scheduler.schedule()
+            if chunks:
+                self._step(chunks)
+            self.role.tick()
+            self._flush_events()
+            self._publish_load()
+        except Exception as error:  # a broken step must not leave clients waiting forever
+            log.exception("engine step failed")
+            self._fail_all(error)
 
     def _run_commands(self, block: bool) -> None:
         try:
@@ -309,7 +320,21 @@ class EngineCore:
         self._handles.pop(request_id, None)
 
     def _step(self, chunks: list[ScheduledChunk]) -> None:
-        tokens = self.compute.execute(chunks)
+        launch = getattr(self.compute, "launch", None)
+        if launch is not None:
+            finish = launch(chunks)
+        else:
+            finish = functools.partial(lambda tokens: tokens, self.compute.execute(chunks))
+        # Commits need no token values: they run while the device computes the step.
+        for chunk in chunks:
+            sequence = chunk.sequence
+            if sequence.finished:
+                continue
+            self.manager.commit(sequence.key, chunk.start + len(chunk.new_tokens))
+            if not sequence.context_done and chunk.samples:
+                self.scheduler.context_ended(sequence)
+                self.drain.context_ended(sequence.conversation_id)
+        tokens = finish()
         now = self.clock()
         for chunk, token in zip(chunks, tokens, strict=True):
             sequence = chunk.sequence
@@ -317,12 +342,7 @@ class EngineCore:
                 continue
             if isinstance(token, SampleFailure):  # this request fails alone; the batch goes on
                 self._fail_request(sequence.call.request_id, token.message)
-                continue
-            self.manager.commit(sequence.key, chunk.start + len(chunk.new_tokens))
-            if not sequence.context_done and chunk.samples:
-                self.scheduler.context_ended(sequence)
-                self.drain.context_ended(sequence.conversation_id)
-            if isinstance(token, SampledToken):
+            elif isinstance(token, SampledToken):
                 self._emit(sequence, token.token, now, token.logprobs)
             elif token is not None:
                 self._emit(sequence, token, now)
@@ -390,7 +410,7 @@ class EngineCore:
         pools = self.manager.pools.values()
         usable = sum(pool.num_usable for pool in pools) or 1
         in_use = sum(pool.num_in_use for pool in pools)
-        retained = self.scheduler.retained_pages()
+        retained = self._retained_pages()
         self._load = EngineLoad(
             self.config.max_batch_size,
             len(self.scheduler.running),
@@ -409,6 +429,16 @@ class EngineCore:
         if handle is not None:
             handle.put(SequenceFailedError(f"request {request_id}: {reason}"))
         self._remove(request_id)
+
+    def _retained_pages(self) -> int:
+        """Retained pages, recounted at most every RETAINED_RECOUNT_SECONDS while sequences
+        run: the count walks every retained page, which at batch 256 costs more than a decode
+        step's host work. Between steps of an idle core it is always fresh."""
+        now = time.monotonic()
+        if self.scheduler.running and now - self._retained_at < RETAINED_RECOUNT_SECONDS:
+            return self._retained
+        self._retained, self._retained_at = self.scheduler.retained_pages(), now
+        return self._retained
 
     def _fail_all(self, error: BaseException) -> None:
         for request_id, handle in list(self._handles.items()):

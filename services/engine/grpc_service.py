@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import threading
 from collections.abc import Iterator
 from concurrent import futures
 
@@ -120,14 +121,62 @@ def chunk_from_output(output: SampleOutput, text: str) -> common_pb2.GenerationC
     return chunk
 
 
+class SequenceSlots:
+    """Sequences running through Generate calls: never more than the rank's max_batch_size,
+    whatever the routers believe (replicas without Redis, or a lapsed reservation)."""
+
+    def __init__(self, capacity: int) -> None:
+        self.capacity = capacity
+        self.running = 0
+        self.peak = 0
+        self._lock = threading.Lock()
+
+    def take(self, count: int) -> bool:
+        with self._lock:
+            if self.running + count > self.capacity:
+                return False
+            self.running += count
+            self.peak = max(self.peak, self.running)
+            return True
+
+    def give(self, count: int) -> None:
+        with self._lock:
+            self.running -= count
+
+
 class EngineServicer(engine_pb2_grpc.EngineServicer):
-    """Generate streams the core's outputs; a cancelled call cancels the request."""
+    """Generate streams the core's outputs; a cancelled call cancels the request. A call that
+    would run more than max_batch_size sequences is refused with RESOURCE_EXHAUSTED (the
+    router queues it again)."""
 
     def __init__(self, core: EngineCore, tokenizer: Tokenizer) -> None:
         self._core = core
         self._tokenizer = tokenizer
+        self.slots = SequenceSlots(core.config.max_batch_size)
 
     def Generate(self, request, context) -> Iterator[common_pb2.GenerationChunk]:
+        count = max(1, request.num_samples)
+        if not self.slots.take(count):
+            context.abort(
+                grpc.StatusCode.RESOURCE_EXHAUSTED,
+                f"num_samples: {count} more sequences do not fit: {self.slots.running} of "
+                f"max_batch_size {self.slots.capacity} running",
+            )
+        once = threading.Lock()
+
+        def give_back() -> None:
+            if once.acquire(blocking=False):
+                self.slots.give(count)
+
+        context.add_callback(give_back)
+        try:
+            yield from self._generate(request, context, give_back)
+        finally:
+            give_back()
+
+    def _generate(self, request, context, done) -> Iterator[common_pb2.GenerationChunk]:
+        """The call's chunks; `done()` runs before the last one is sent, so a router that
+        admits the next request on that slot at once finds it free."""
         request_id = request.request_id or self._core.next_request_id()
         try:
             call = call_from_proto(request, self._tokenizer, request_id)
@@ -142,9 +191,13 @@ class EngineServicer(engine_pb2_grpc.EngineServicer):
             context.abort(code, str(error))
         context.add_callback(handle.cancel)
         detokenizer = StreamDetokenizer(self._tokenizer)
+        unfinished = call.num_samples
         try:
             for output in handle.outputs(OUTPUT_TIMEOUT_SECONDS):
                 text = detokenizer.piece(output.sample_index, output.token_ids, output.finished)
+                unfinished -= output.finished
+                if not unfinished:
+                    done()
                 yield chunk_from_output(output, text)
         except (
             EngineStoppedError,
@@ -182,13 +235,15 @@ class EngineServicer(engine_pb2_grpc.EngineServicer):
 
 def create_engine_server(
     address: str, core: EngineCore, tokenizer: Tokenizer, max_workers: int = 64
-) -> tuple[grpc.Server, health.HealthServicer, int]:
-    """Serve Engine + health on `address` (port 0 picks one); returns server, health, port."""
+) -> tuple[grpc.Server, health.HealthServicer, int, EngineServicer]:
+    """Serve Engine + health on `address` (port 0 picks one); returns server, health, port and
+    the Engine servicer."""
     server = grpc.server(
         futures.ThreadPoolExecutor(max_workers=max_workers, thread_name_prefix="engine-grpc"),
         options=GRPC_MESSAGE_OPTIONS,
     )
-    engine_pb2_grpc.add_EngineServicer_to_server(EngineServicer(core, tokenizer), server)
+    servicer = EngineServicer(core, tokenizer)
+    engine_pb2_grpc.add_EngineServicer_to_server(servicer, server)
     health_servicer = health.HealthServicer()
     health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
     for name in ("", SERVICE_NAME):
@@ -197,4 +252,4 @@ def create_engine_server(
     if port == 0:
         raise OSError(f"could not bind the engine to {address}")
     server.start()
-    return server, health_servicer, port
+    return server, health_servicer, port, servicer

@@ -2,7 +2,6 @@
 
 Parameters that would change what a client gets and that the engine does not do (tool calls,
 structured output, logit bias, echo, suffix, best_of) are refused by name, never ignored.
-`tools` themselves reach the model's chat template; no answer is parsed into `tool_calls`.
 """
 
 from __future__ import annotations
@@ -24,12 +23,11 @@ Body = CompletionRequest | ChatCompletionRequest
 
 def refuse_unsupported(body: Body) -> None:
     """InvalidRequestError naming the first parameter the engine cannot honour."""
-    choice = body.tool_choice
-    if choice is not None and choice != "none":
+    # Tool definitions reach the model through its chat template, and its answer comes back as
+    # text: a choice that demands a parsed tool call cannot be honoured.
+    if body.tool_choice not in (None, "none", "auto"):
         raise InvalidRequestError(
-            "tool_choice",
-            'tool calls are not parsed or run: only "none" (tools reach the chat template, '
-            "the answer is text)",
+            "tool_choice", 'tool calls are not parsed; only "auto" (text answers) or "none"'
         )
     if body.response_format and body.response_format.get("type", "text") != "text":
         kind = body.response_format.get("type")
@@ -56,7 +54,10 @@ def completion_prompt(body: CompletionRequest, backend: GenerateBackend) -> list
 
 def chat_prompt(body: ChatCompletionRequest, backend: GenerateBackend) -> list[int]:
     messages = [m.model_dump(exclude_none=True) for m in body.messages]
-    return render_chat(messages, backend.tokenizer, tools=body.tools)
+    for message in messages:  # OpenAI's newer name for the system role
+        if message["role"] == "developer":
+            message["role"] = "system"
+    return render_chat(messages, backend.tokenizer, tools=body.tools)  # the template shows them
 
 
 def top_logprobs(body: Body) -> int | None:

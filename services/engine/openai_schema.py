@@ -104,8 +104,7 @@ class ChatMessage(BaseModel):
 
     model_config = ConfigDict(extra="ignore")
 
-    # Any name: the model's chat template decides which roles it knows (400 naming the role).
-    role: ShortText = Field(description="system, user, assistant, tool, or one the template knows")
+    role: Literal["system", "developer", "user", "assistant", "tool"]
     content: Text | list[TextPart] | None = None
     name: ShortText | None = None
     tool_calls: list[dict[str, Any]] | None = None  # earlier turns' calls, for the template

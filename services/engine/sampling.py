@@ -21,6 +21,7 @@ from .sampling_params import (
 )
 
 __all__ = [
+    "NON_FINITE_LOGITS",
     "SAMPLING_EPS",
     "RowResult",
     "SampleFailure",
@@ -31,6 +32,8 @@ __all__ = [
     "sample_batch",
     "sample_token",
 ]
+
+NON_FINITE_LOGITS = "the model's logits hold NaN or +inf for this sequence"
 
 
 def make_generator(params: SamplingParams, device: torch.device | str = "cpu") -> torch.Generator:
@@ -89,7 +92,7 @@ def sample_batch(
     results: list[RowResult] = []
     for i, p in enumerate(params):
         if bad[i]:
-            results.append(SampleFailure("the model's logits hold NaN or +inf for this sequence"))
+            results.append(SampleFailure(NON_FINITE_LOGITS))
             continue
         if i in scores:
             try:

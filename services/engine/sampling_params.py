@@ -61,6 +61,11 @@ class SamplingParams:
         return self.temperature < SAMPLING_EPS
 
     @property
+    def plain_greedy(self) -> bool:
+        """Greedy with nothing to apply or report: the batch's argmax on the device will do."""
+        return self.greedy and not self.penalized and self.logprobs is None
+
+    @property
     def penalized(self) -> bool:
         return bool(self.presence_penalty or self.frequency_penalty) or (
             self.repetition_penalty != 1.0

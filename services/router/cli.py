@@ -105,6 +105,12 @@ def register(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
         help="cap on one forwarded engine call (default: the client's deadline, or none)",
     )
     parser.add_argument(
+        "--stream-idle-seconds",
+        type=float,
+        default=120.0,
+        help="an engine stream silent this long is cancelled and the rank taken for failed",
+    )
+    parser.add_argument(
         "--grace-seconds",
         type=float,
         default=25.0,
@@ -136,6 +142,7 @@ def router_config(args: argparse.Namespace):
         max_call_seconds=args.max_call_seconds,
         lease_seconds=args.lease_seconds,
         redis_timeout_seconds=args.redis_timeout_seconds,
+        stream_idle_seconds=args.stream_idle_seconds,
         metrics_port=None if args.metrics_port < 0 else args.metrics_port,
         **extra,
     )

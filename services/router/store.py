@@ -163,6 +163,14 @@ class LocalStore:
     def release(self, rank_id: str, request_id: str) -> None:
         self._reservations.get(rank_id, {}).pop(request_id, None)
 
+    @_locked
+    def expire_pins(self, now: float) -> int:
+        """Forget pins whose time is up; returns how many."""
+        expired = [conv for conv, (_, expires_at) in self._pins.items() if expires_at <= now]
+        for conv in expired:
+            del self._pins[conv]
+        return len(expired)
+
     # Used by FailoverStore to mirror and to resync Redis.
     @_locked
     def set_pin(self, conversation_id: str, rank_id: str, expires_at: float) -> None:

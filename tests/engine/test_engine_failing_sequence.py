@@ -71,3 +71,27 @@ def test_a_tiny_temperature_is_greedy(core):
     clean = run_together(core, good_calls())
     plain = run_together(core, [GenerateCall("ref", tuple(range(70, 85)), greedy(8))])
     assert tokens_of(clean["tiny"]) == tokens_of(plain["ref"])
+
+
+def test_non_finite_logits_fail_their_row_alone_on_the_greedy_device_path(core):
+    """An all-greedy batch takes its argmax on the device; a row whose logits hold NaN must fail
+    there too, not come back as whatever index argmax picks."""
+    clean = run_together(core, good_calls()[:2])
+    prompt = (9, 8, 7)
+
+    def poison_rows(_module, _inputs, logits):
+        # The row of the request whose prompt is `prompt`: its first step's last logits row is
+        # the batch's last (it was submitted last); later steps see it only if it survived.
+        if logits.shape[0] == 3:
+            logits = logits.clone()
+            logits[-1, 5] = float("nan")
+        return logits
+
+    hook = core.compute.model.register_forward_hook(poison_rows)
+    try:
+        mixed = run_together(core, [*good_calls()[:2], GenerateCall("bad", prompt, greedy(8))])
+    finally:
+        hook.remove()
+    assert isinstance(mixed["bad"], SequenceFailedError)
+    for call in good_calls()[:2]:
+        assert tokens_of(mixed[call.request_id]) == tokens_of(clean[call.request_id])
