@@ -120,11 +120,14 @@ class DecodeRunner:
         """The smallest bucket that holds `batch` sequences."""
         return next(b for b in self.buckets if b >= batch)
 
-    def run(self, chunks: Sequence) -> tuple[torch.Tensor, torch.Tensor]:
-        """Logits `[batch, vocab]` (fp32) and greedy tokens `[batch]` of a decode step."""
+    def run(self, chunks: Sequence, feed=None) -> tuple[torch.Tensor, torch.Tensor]:
+        """Logits `[batch, vocab]` (fp32) and greedy tokens `[batch]` of a decode step.
+        `feed` (device tokens, row per chunk or -1): input tokens still on the device."""
         batch = len(chunks)
         padded = self.bucket(batch)
         width = self._load(chunks, padded)
+        if feed is not None:
+            self._feed(feed, batch)
         if self.capture:
             graph = self.graphs.get(padded) or self._capture(padded)
             if graph is not None:
@@ -180,6 +183,14 @@ class DecodeRunner:
             scratch.copy_(self._host_tables[group][: padded * width], non_blocking=True)
             self.page_tables[group][:padded, :width].copy_(scratch.view(padded, width))
         return widths
+
+    def _feed(self, feed, batch: int) -> None:
+        """Input tokens of rows whose token the step before sampled, gathered on the device."""
+        previous, rows = feed
+        source = torch.tensor(rows, dtype=torch.int64).to(self.meta.device, non_blocking=True)
+        tokens = self.meta[TOKENS, :batch]
+        gathered = previous[source.clamp(min=0)]
+        tokens.copy_(torch.where(source >= 0, gathered, tokens))
 
     # -- device side -----------------------------------------------------------------------------
 
