@@ -142,11 +142,6 @@ class PoolPlan:
     demand: Mapping[str, int]
     pool_pages: Mapping[str, int]
 
-    @property
-    def fits_peak(self) -> bool:
-        """True if every pool holds its peak (plus its null page)."""
-        return all(self.pool_pages[name] > need for name, need in self.demand.items())
-
 
 def peak_demand(
     step: TypicalStep, life_cycles: Sequence[LifeCycle], block_size: int

@@ -24,7 +24,7 @@ from .engine_config import EngineConfig
 from .generation import default_dtype
 from .kv_budget import kv_budget, probe_device_memory
 from .kv_setup import build_kv, open_kv_tiers
-from .sampling import sample_batch
+from .sampling import NON_FINITE_LOGITS, RowResult, SampleFailure, sample_batch
 from .scheduler import ScheduledChunk
 from .weights import build_model, load_checkpoint
 
@@ -76,13 +76,13 @@ class TorchCompute:
             self.model, cache, self.attention, self.config.max_batch_size, mode == "auto"
         )
 
-    def execute(self, chunks: Sequence[ScheduledChunk]) -> list[int | None]:
+    def execute(self, chunks: Sequence[ScheduledChunk]) -> list[RowResult | None]:
         """Forward every chunk in one batch; sample the rows whose chunk reaches the end."""
         return self.launch(chunks)()
 
     def launch(
         self, chunks: Sequence[ScheduledChunk], feed: tuple[torch.Tensor, list[int]] | None = None
-    ) -> Callable[[], list[int | None]]:
+    ) -> Callable[[], list[RowResult | None]]:
         """Queue the step on the device; the returned call waits for its tokens (`execute`'s
         result). Host work that needs no token values can run in between. `feed`: the device
         tokens of the step before and, per chunk, the row whose token is its input (-1: none);
@@ -99,22 +99,29 @@ class TorchCompute:
             inputs = [SequenceChunk(c.new_tokens, c.start, c.page_ids) for c in chunks]
             logits = self.model(ForwardBatch.build(inputs, self.cache), self.cache, self.attention)
         rows = [i for i, c in enumerate(chunks) if c.samples]
-        if rows and all(chunks[i].sequence.sampling.greedy for i in rows):
-            # The whole batch's argmax on the device, then one copy of B ints to the host.
-            picked = self._to_host(greedy if greedy is not None else logits.argmax(dim=-1))
+        if rows and all(chunks[i].sequence.sampling.plain_greedy for i in rows):
+            # The whole batch's argmax on the device, then one copy of B ints to the host; a row
+            # whose logits hold NaN or +inf comes back as -1 and fails alone.
+            top = greedy if greedy is not None else logits.argmax(dim=-1)
+            bad = (torch.isnan(logits) | torch.isposinf(logits)).any(dim=-1)
+            picked = self._to_host(torch.where(bad, -1, top))
 
-            def finish() -> list[int | None]:
+            def finish() -> list[RowResult | None]:
                 return self._place(len(chunks), rows, picked())
 
+            # What a next step planned ahead reads as its input tokens (always valid ids: a
+            # failed row's sequence is gone before that step's tokens are read).
             finish.device_tokens = greedy  # None off the graph path: nothing to feed from
             return finish
-        tokens: list[int | None] = [None] * len(chunks)
+        tokens: list[RowResult | None] = [None] * len(chunks)
         if rows:
             sequences = [chunks[i].sequence for i in rows]
             sampled = sample_batch(
                 logits[rows],
                 [s.sampling for s in sequences],
                 [s.generator for s in sequences],
+                [s.prompt for s in sequences],
+                [s.output for s in sequences],
             )
             for row, token in zip(rows, sampled, strict=True):
                 tokens[row] = token
@@ -143,10 +150,11 @@ class TorchCompute:
         return read
 
     @staticmethod
-    def _place(count: int, rows: list[int], picked: list[int]) -> list[int | None]:
-        tokens: list[int | None] = [None] * count
+    def _place(count: int, rows: list[int], picked: list[int]) -> list[RowResult | None]:
+        tokens: list[RowResult | None] = [None] * count
         for row in rows:
-            tokens[row] = picked[row]
+            token = picked[row]
+            tokens[row] = token if token >= 0 else SampleFailure(NON_FINITE_LOGITS)
         return tokens
 
 

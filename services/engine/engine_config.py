@@ -1,15 +1,7 @@
 """What one engine rank runs with: model, slots, step budget, reuse policy, KV pool size.
 
-`load_engine_config` reads the operator's `engine.yaml` (snake_case keys, unknown ones kept out):
-
-    model: {name: tiny, path: "", config: {}}
-    max_batch_size: 8
-    reuse: {policy: per_conversation, max_num_turns: 2, checkpoint: true,
-            keep_root: false, keep_branch_points: 0}
-    kv_tiers: {gpu_memory_fraction: 0.9, host_gib: 0, host_pages: null,
-               disk: {enabled: false, dir: ..., gib: 32, pages: null, prefetch_num_reqs: 4}}
-    engine: {page_size: 16, max_num_batched_tokens: 256, kv_pages: null, seed: 0,
-             device: auto, cpu_kv_gib: 4, retained_conversations: null, ...}
+`load_engine_config` reads the operator's `engine.yaml`; engine_yaml.py holds its typed layout
+(an unknown key is an error naming it).
 """
 
 from __future__ import annotations
@@ -18,8 +10,6 @@ import dataclasses
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
-
-import yaml
 
 ROLES = ("both", "context", "generation")
 DECODE_GRAPH_MODES = ("auto", "static", "off")
@@ -88,6 +78,10 @@ class EngineConfig:
     handoff_hold_seconds: float = 30.0
     handoff_timeout_seconds: float = 10.0
     handoff_transports: tuple[str, ...] = ("grpc", "disk")
+    # From the operator's engine.yaml: ranks this pod runs (rank i on the base ports + i, on GPU
+    # i) and a cap on the served model's context.
+    ranks_per_pod: int = 1
+    max_model_len: int | None = None
     extra: dict[str, Any] = field(default_factory=dict, compare=False)
 
     def __post_init__(self) -> None:
@@ -130,6 +124,14 @@ class EngineConfig:
             )
         if self.sim_time_scale < 0:
             raise ValueError(f"sim_time_scale must be >= 0, got {self.sim_time_scale}")
+        if not 0 < self.gpu_memory_fraction <= 1:
+            raise ValueError(
+                f"gpu_memory_fraction must be in (0, 1], got {self.gpu_memory_fraction}"
+            )
+        if self.ranks_per_pod < 1:
+            raise ValueError(f"ranks_per_pod must be >= 1, got {self.ranks_per_pod}")
+        if (self.max_model_len or 1) < 1:
+            raise ValueError(f"max_model_len must be >= 1, got {self.max_model_len}")
         if self.max_num_turns < 1:
             raise ValueError(f"max_num_turns must be >= 1, got {self.max_num_turns}")
         if self.keep_branch_points < 0:
@@ -141,71 +143,14 @@ class EngineConfig:
 
 
 def engine_config_from_dict(data: dict[str, Any]) -> EngineConfig:
-    """Map the operator's engine.yaml layout onto EngineConfig."""
-    model = data.get("model") or {}
-    reuse = data.get("reuse") or {}
-    tiers = data.get("kv_tiers") or {}
-    values: dict[str, Any] = dict(data.get("engine") or {})
-    if isinstance(model, str):
-        values["model"] = model
-    else:
-        if model.get("name"):
-            values["model"] = model["name"]
-        if model.get("path"):
-            values["model_path"] = model["path"]
-    if "max_batch_size" in data:
-        values["max_batch_size"] = int(data["max_batch_size"])
-    if "policy" in reuse:
-        values["reuse_policy"] = reuse["policy"]
-    if "max_num_turns" in reuse:
-        values["max_num_turns"] = int(reuse["max_num_turns"])
-    if "checkpoint" in reuse:
-        values["checkpoint"] = bool(reuse["checkpoint"])
-    if "keep_root" in reuse:
-        values["keep_root"] = bool(reuse["keep_root"])
-    if "keep_branch_points" in reuse:
-        values["keep_branch_points"] = int(reuse["keep_branch_points"])
-    values.update(_tier_values(tiers))
-    known = {f.name for f in dataclasses.fields(EngineConfig)} - {"extra"}
-    unknown = {k: v for k, v in values.items() if k not in known}
-    return EngineConfig(**{k: v for k, v in values.items() if k in known}, extra=unknown)
+    """Map the operator's engine.yaml layout onto EngineConfig (engine_yaml.py's typed model)."""
+    from .engine_yaml import engine_config_from_dict as parse
 
-
-# engine.yaml `kv_tiers` keys -> EngineConfig fields (`disk.*` inside the disk block).
-TIER_KEYS = {
-    "gpu_memory_fraction": "gpu_memory_fraction",
-    "host_gib": "host_kv_gib",
-    "host_pages": "host_kv_pages",
-}
-DISK_KEYS = {
-    "enabled": "disk_tier_enabled",
-    "dir": "disk_tier_dir",
-    "gib": "disk_kv_gib",
-    "pages": "disk_kv_pages",
-    "prefetch_num_reqs": "disk_prefetch_num_reqs",
-}
-
-
-def _tier_values(tiers: dict[str, Any]) -> dict[str, Any]:
-    """`kv_tiers: {host_gib, host_pages, disk: {enabled, dir, gib, pages, prefetch_num_reqs}}`."""
-    disk = tiers.get("disk") or {}
-    values = {field: tiers[key] for key, field in TIER_KEYS.items() if tiers.get(key) is not None}
-    values.update(
-        {field: disk[key] for key, field in DISK_KEYS.items() if disk.get(key) is not None}
-    )
-    if not disk.get("enabled", True):
-        # NOTE: the dir stays unset too: the hand-off's disk transport keys on it alone.
-        values.pop("disk_tier_dir", None)
-        values["disk_tier_enabled"] = False
-    return values
+    return parse(data)
 
 
 def load_engine_config(path: str | Path) -> EngineConfig:
-    """Read an engine.yaml; a missing file is an error that names the path."""
-    path = Path(path)
-    if not path.is_file():
-        raise FileNotFoundError(f"engine config {path} does not exist")
-    data = yaml.safe_load(path.read_text()) or {}
-    if not isinstance(data, dict):
-        raise ValueError(f"engine config {path} must be a mapping, got {type(data).__name__}")
-    return engine_config_from_dict(data)
+    """Read an engine.yaml; a missing file, an unknown key or a bad value names the path."""
+    from .engine_yaml import load_engine_config as load
+
+    return load(path)

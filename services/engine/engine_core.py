@@ -32,6 +32,7 @@ from .engine_request import (
     GenerateCall,
     InvalidRequestError,
     SampleOutput,
+    SequenceFailedError,
     Usage,
 )
 from .kv_events import BlockEvent, BlockTokens
@@ -39,6 +40,7 @@ from .lookahead import InflightStep, can_look_ahead, feed_rows, mark_pending
 from .metrics import EngineMetrics
 from .request_handle import RequestHandle
 from .sampling import make_generator
+from .sampling_params import SampledToken, SampleFailure, TokenLogprob
 from .scheduler import ScheduledChunk, Scheduler
 from .sequence import Sequence
 
@@ -64,7 +66,7 @@ class EngineCore:
         self.compute = compute or make_compute(config)
         self.model_config = self.compute.model_config
         self.metrics = metrics or EngineMetrics()
-        self._clock = self.clock = clock
+        self.clock = clock
         self._sink = kv_event_sink
         self._events: list[KVEvent] = []
         self._block_tokens = BlockTokens(config.page_size)
@@ -108,7 +110,7 @@ class EngineCore:
         self.role.close()
         self.manager.tiers.close()  # the disk prefetch worker
         for handle in list(self._handles.values()):
-            handle._put(EngineStoppedError(f"request {handle.call.request_id}: engine stopped"))
+            handle.put(EngineStoppedError(f"request {handle.call.request_id}: engine stopped"))
         self._handles.clear()
 
     @property
@@ -253,9 +255,9 @@ class EngineCore:
 
     def _add(self, call: GenerateCall, handle: RequestHandle) -> None:
         if call.request_id in self._handles:
-            handle._put(InvalidRequestError("request_id", f"{call.request_id!r} is running"))
+            handle.put(InvalidRequestError("request_id", f"{call.request_id!r} is running"))
             return
-        now = self._clock()
+        now = self.clock()
         sequences: list[Sequence] = []
         for index in range(call.num_samples):
             sampling = call.sampling
@@ -272,7 +274,7 @@ class EngineCore:
                 parent=sequences[0] if sequences else None,
             )
             self.scheduler.add(sequence)
-            self._block_tokens.extend(sequence.key, call.prompt_token_ids)
+            self._block_tokens.extend(sequence.key, call.prompt_token_ids, call.extra_key)
             sequences.append(sequence)
         self._handles[call.request_id] = handle
         self._sequences[call.request_id] = sequences
@@ -282,7 +284,7 @@ class EngineCore:
     def new_sequence(self, call: GenerateCall) -> Sequence:
         """A single-sample sequence for `call`, not yet known to the scheduler."""
         generator = None if call.sampling.greedy else make_generator(call.sampling, "cpu")
-        return Sequence(f"{call.request_id}#0", call, 0, call.sampling, generator, self._clock())
+        return Sequence(f"{call.request_id}#0", call, 0, call.sampling, generator, self.clock())
 
     def detach(self, request_id: str) -> RequestHandle:
         """Forget a request but keep its pages (its KV is handed off); returns its handle."""
@@ -298,13 +300,13 @@ class EngineCore:
         call = sequence.call
         if call.request_id in self._handles:
             raise InvalidRequestError("request_id", f"{call.request_id!r} is already running")
-        now = self._clock()
+        now = self.clock()
         sequence.admitted = True
         sequence.cached_tokens = reused_tokens
         sequence.output.extend(tokens)
         sequence.first_token_at = sequence.last_token_at = now
         self.manager.append_tokens(sequence.key, tokens)
-        self._block_tokens.extend(sequence.key, [*call.prompt_token_ids, *tokens])
+        self._block_tokens.extend(sequence.key, [*call.prompt_token_ids, *tokens], call.extra_key)
         self.scheduler.adopt(sequence)
         self.scheduler.context_ended(sequence)
         self.drain.context_ended(sequence.conversation_id)
@@ -336,6 +338,8 @@ class EngineCore:
         # Commits need no token values: they run while the device computes the step.
         for chunk in chunks:
             sequence = chunk.sequence
+            if sequence.finished:
+                continue
             self.manager.commit(sequence.key, chunk.start + len(chunk.new_tokens))
             if not sequence.context_done and chunk.samples:
                 self.scheduler.context_ended(sequence)
@@ -346,10 +350,17 @@ class EngineCore:
             self._inflight = mark_pending(chunks, finish)
             return
         tokens = finish()
-        now = self._clock()
+        now = self.clock()
         for chunk, token in zip(chunks, tokens, strict=True):
-            if token is not None:
-                self._emit(chunk.sequence, token, now)
+            sequence = chunk.sequence
+            if sequence.finished:  # a sibling sample failed earlier in this step
+                continue
+            if isinstance(token, SampleFailure):  # this request fails alone; the batch goes on
+                self._fail_request(sequence.call.request_id, token.message)
+            elif isinstance(token, SampledToken):
+                self._emit(sequence, token.token, now, token.logprobs)
+            elif token is not None:
+                self._emit(sequence, token, now)
 
     def _look_ahead(self) -> bool:
         waiting = not self._commands.empty()
@@ -359,12 +370,25 @@ class EngineCore:
         """Read the step in flight's tokens and emit them."""
         inflight, self._inflight = self._inflight, None
         tokens = inflight.finish()
-        now = self._clock()
+        now = self.clock()
         for chunk, token, index in zip(inflight.chunks, tokens, inflight.indices, strict=True):
-            if token is not None and index is not None:
-                self._emit(chunk.sequence, token, now, index)
+            sequence = chunk.sequence
+            if index is None or sequence.finished:
+                continue
+            if isinstance(token, SampleFailure):
+                del sequence.output[index:]
+                self._fail_request(sequence.call.request_id, token.message)
+            elif token is not None:
+                self._emit(sequence, token, now, index=index)
 
-    def _emit(self, sequence: Sequence, token: int, now: float, index: int | None = None) -> None:
+    def _emit(
+        self,
+        sequence: Sequence,
+        token: int,
+        now: float,
+        logprob: TokenLogprob | None = None,
+        index: int | None = None,
+    ) -> None:
         """Hand out one sampled token; `index`: it replaces that PENDING one of the output."""
         self.manager.append_tokens(sequence.key, [token])
         self._block_tokens.extend(sequence.key, [token])
@@ -380,13 +404,20 @@ class EngineCore:
             sequence.itl_total += now - (sequence.last_token_at or now)
         sequence.last_token_at = now
         reason = ""
-        if sequence.sampling.is_stop(token):
+        stop_check = sequence.call.stop_check
+        if sequence.sampling.is_stop(token) or (stop_check and stop_check(sequence.output)):
             reason = "stop"
         elif len(sequence.output) >= sequence.sampling.max_tokens:
             reason = "length"
         usage = self._usage(sequence) if reason else None
         output = SampleOutput(
-            sequence.call.request_id, sequence.sample_index, (token,), bool(reason), reason, usage
+            sequence.call.request_id,
+            sequence.sample_index,
+            (token,),
+            bool(reason),
+            reason,
+            usage,
+            (logprob,) if logprob is not None else (),
         )
         if not reason and self.role.after_first_token(sequence, output):
             return
@@ -398,9 +429,9 @@ class EngineCore:
             if all(s.finished for s in self._sequences[sequence.call.request_id]):
                 self._sequences.pop(sequence.call.request_id)
                 handle = self._handles.pop(sequence.call.request_id)
-                handle._put(output)
+                handle.put(output)
                 return
-        self._handles[sequence.call.request_id]._put(output)
+        self._handles[sequence.call.request_id].put(output)
 
     def _usage(self, sequence: Sequence) -> Usage:
         steps = max(1, len(sequence.output) - 1)
@@ -435,6 +466,13 @@ class EngineCore:
         self.metrics.preemptions.inc(self.scheduler.preemptions - self._counted_preemptions)
         self._counted_preemptions = self.scheduler.preemptions
 
+    def _fail_request(self, request_id: str, reason: str) -> None:
+        log.warning("request %s failed: %s", request_id, reason)
+        handle = self._handles.get(request_id)
+        if handle is not None:
+            handle.put(SequenceFailedError(f"request {request_id}: {reason}"))
+        self._remove(request_id)
+
     def _retained_pages(self) -> int:
         """Retained pages, recounted at most every RETAINED_RECOUNT_SECONDS while sequences
         run: the count walks every retained page, which at batch 256 costs more than a decode
@@ -447,5 +485,5 @@ class EngineCore:
 
     def _fail_all(self, error: BaseException) -> None:
         for request_id, handle in list(self._handles.items()):
-            handle._put(EngineStoppedError(f"request {request_id}: engine step failed: {error}"))
+            handle.put(EngineStoppedError(f"request {request_id}: engine step failed: {error}"))
             self._remove(request_id)

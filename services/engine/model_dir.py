@@ -74,6 +74,10 @@ def register(subparsers) -> None:
         "model-dir",
         help="write config.json + a byte tokenizer.json (for --model-path of sim ranks, peers), "
         "or with --arch a tiny random Hugging Face checkpoint that `kvfleet up` serves",
+        description="Write a model directory: without --arch, a preset's config.json and a byte "
+        "tokenizer.json without weights, for --model-path of sim ranks and of peer routers; with "
+        "--arch, a tiny random Hugging Face checkpoint (sharded safetensors, tokenizer with a chat "
+        "template) that `kvfleet up --model-path` serves.",
     )
     parser.add_argument("path", help="directory to write (created if missing)")
     parser.add_argument("--model", default="tiny", help="preset shape (tiny, 1b, 8b)")

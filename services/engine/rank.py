@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 import socket
+import time
 from dataclasses import dataclass
 
 import grpc
@@ -57,12 +58,13 @@ class EngineRank:
         self.http: HttpServer | None = None
         self._metrics_http = None
         self.metrics_port: int | None = None
+        self._terminating = False  # SIGTERM: report draining whatever the pod's mark says
 
     def start(self) -> EngineRank:
         """Start the core, the servers and (with a router address) registration."""
         a = self.addresses
         self.core.start()
-        self.grpc_server, self._health, self.grpc_port = create_engine_server(
+        self.grpc_server, self._health, self.grpc_port, self.engine_servicer = create_engine_server(
             f"{a.host}:{a.grpc_port}", self.core, self.tokenizer
         )
         if a.http_port is not None:
@@ -107,10 +109,24 @@ class EngineRank:
             self._metrics_http.server_close()
         self.core.stop()
 
+    def drain_and_stop(self, drain_seconds: float, poll_seconds: float = 0.2) -> None:
+        """Leave gracefully (SIGTERM): report draining so the router pins nothing new here and
+        the retained prefixes reach the shared disk, let running and queued requests finish for
+        up to `drain_seconds`, then stop."""
+        self._terminating = True
+        self.read_draining()  # the next heartbeat (about a second) tells the router
+        deadline = time.monotonic() + drain_seconds
+        while time.monotonic() < deadline:
+            load = self.core.load()
+            if load.running + load.queued == 0:
+                break
+            time.sleep(poll_seconds)
+        self.stop(grace=max(0.5, min(2.0, deadline - time.monotonic())))
+
     def read_draining(self) -> bool:
         """The pod's drain mark now (each heartbeat reads it); the core hears of every change
         and, on its own thread, flushes the retained prefixes to the shared disk tier."""
-        draining = self.podinfo.draining()
+        draining = self._terminating or self.podinfo.draining()
         self.core.set_draining(draining)
         return draining
 

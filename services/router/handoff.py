@@ -25,6 +25,7 @@ from kvfleet.proto import common_pb2, engine_pb2, router_pb2
 from kvfleet.services.router.engine_outcomes import Outcome, full_backoff, outcome_of
 from kvfleet.services.router.errors import EngineRejected, RankUnavailable
 from kvfleet.services.router.model import Admission, PendingRequest
+from kvfleet.services.router.stream_watch import IDLE_REASON, AbandonedStream, watched_chunks
 
 log = logging.getLogger(__name__)
 
@@ -67,8 +68,15 @@ class HandoffForwarder:
     """Runs the generation half of a turn; the router servicer calls it after a hand-off."""
 
     def __init__(
-        self, runtime, channels, clock: Callable[[], float], wait_for_admission, call_timeout
+        self,
+        runtime,
+        channels,
+        clock: Callable[[], float],
+        wait_for_admission,
+        call_timeout,
+        watch,
     ) -> None:
+        self._watch = watch
         self._call_timeout = call_timeout  # context -> timeout of a forwarded call (None: none)
         self._runtime = runtime
         self._channels = channels
@@ -113,6 +121,10 @@ class HandoffForwarder:
                 if outcome is Outcome.RANK_GONE:
                     self._runtime.rank_failed(rank_id, error.details() or "")
                     reason = f"{error.code().name} {error.details()}"
+            except AbandonedStream as error:
+                reason = str(error)
+                if error.reason == IDLE_REASON:
+                    self._runtime.rank_failed(rank_id, reason)
             finally:
                 self._runtime.finish(admission)
             if not reason:  # no room on that generation rank: queue again after a pause
@@ -147,6 +159,7 @@ class HandoffForwarder:
             num_samples=1,
             kv_source_address=context_admission.rank.address,
             handoff_token_ids=list(handoff.token_ids),
+            cache_salt=request.cache_salt,
         )
         if request.HasField("prompt_token_ids"):
             engine_request.prompt_token_ids.CopyFrom(request.prompt_token_ids)
@@ -156,7 +169,7 @@ class HandoffForwarder:
         call = stub.Generate(engine_request, timeout=self._call_timeout(context))
         context.add_callback(call.cancel)
         finished = False
-        for chunk in call:
+        for chunk in watched_chunks(self._watch, admission.rank.rank_id, call):
             if chunk.HasField("usage"):
                 # The turn's reuse and first token are the context rank's.
                 chunk.usage.cached_tokens = handoff.usage.cached_tokens

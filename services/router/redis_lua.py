@@ -8,8 +8,8 @@ keys they derive from the prefix, so they suit one Redis (or a primary), not Red
 """
 
 # KEYS: ranks, res:<rank>, pin:<conv>, rank_pins:<rank>
-# ARGV: rank, field, slots, conversation ('' = no pin), ttl_ms, expires_at
-# Returns 1 admitted, 0 no room, -1 unknown rank.
+# ARGV: rank, field, slots, conversation ('' = no pin), ttl_ms, expires_at, now
+# Returns 1 admitted, 0 no room, -1 unknown rank. Expired entries of rank_pins go on the way.
 TRY_ADMIT = """
 local info = redis.call('HGET', KEYS[1], ARGV[1])
 if not info then return -1 end
@@ -21,6 +21,7 @@ redis.call('HSET', KEYS[2], ARGV[2], ARGV[3])
 if ARGV[4] ~= '' then
   redis.call('SET', KEYS[3], ARGV[1], 'PX', ARGV[5])
   redis.call('ZADD', KEYS[4], ARGV[6], ARGV[4])
+  redis.call('ZREMRANGEBYSCORE', KEYS[4], '-inf', '(' .. ARGV[7])
 end
 return 1
 """

@@ -117,12 +117,21 @@ class RedisStore:
             slots,
             conversation_id,
             max(1, int(pin_ttl * 1000)),
-            now + pin_ttl,
+            repr(now + pin_ttl),
+            repr(now),
         ]
         return int(self._try_admit(keys=keys, args=args)) == 1
 
     def release(self, rank_id: str, request_id: str) -> None:
         self.client.hdel(self._res_key(rank_id), self._field(request_id))
+
+    def expire_pins(self, now: float) -> int:
+        """Trim expired conversations from every rank's rank_pins (the pins expire by TTL)."""
+        ranks = self.client.hkeys(self._ranks_key)
+        pipe = self.client.pipeline(transaction=False)
+        for rank_id in ranks:
+            pipe.zremrangebyscore(self._rank_pins_key(rank_id), "-inf", f"({now!r}")
+        return sum(pipe.execute())
 
     def ping(self) -> bool:
         """True when Redis answers."""

@@ -53,7 +53,10 @@ class RouterRuntime:
         recover_every_seconds: float = 0.5,
         generation_queue: AdmissionQueue | None = None,
         resync_grace_seconds: float | None = None,
+        pin_sweep_seconds: float = 10.0,
     ) -> None:
+        self.pin_sweep_seconds = pin_sweep_seconds  # how often expired pins are dropped
+        self._last_pin_sweep = 0.0
         self.resync_grace_seconds = resync_grace_seconds  # None: one heartbeat timeout
         self.queue = queue
         # Disaggregation: a turn admitted on a context rank is placed again, on a generation
@@ -74,6 +77,8 @@ class RouterRuntime:
         self._poke = threading.Event()  # something changed: run a pass now
         self._stop_event = threading.Event()
         self._draining_lock = threading.Lock()
+        # Called with a rank id whenever this router removes a rank (its calls are cancelled).
+        self.removal_listeners: list[Callable[[str], None]] = []
         self._tickets: dict[str, Ticket] = {}
         self._draining: set[str] = set()  # ranks last heard draining (for the log only)
         self._stopped = False
@@ -160,7 +165,12 @@ class RouterRuntime:
         self.prefix_index.clear(rank_id)
         self.metrics.ranks_removed.inc()
         log.warning("rank %s removed (%s); %d pins released", rank_id, reason, released)
+        self._removed(rank_id)
         self._poke.set()
+
+    def _removed(self, rank_id: str) -> None:
+        for listener in self.removal_listeners:
+            listener(rank_id)
 
     def ranks(self) -> dict[str, RankSlots]:
         """Every rank with its slots now."""
@@ -208,6 +218,11 @@ class RouterRuntime:
     def _housekeeping(self) -> None:
         now = self._clock()
         self.last_housekeeping_at = now
+        if now - self._last_pin_sweep >= self.pin_sweep_seconds:
+            self._last_pin_sweep = now
+            expire = getattr(self.store, "expire_pins", None)
+            if expire is not None:
+                expire(now)
         if self.degraded:
             return
         if self._in_resync_grace(now):
@@ -218,6 +233,7 @@ class RouterRuntime:
             self.prefix_index.clear(rank_id)
             self.metrics.ranks_removed.inc()
             log.warning("rank %s removed: no heartbeat", rank_id)
+            self._removed(rank_id)
 
     def _admit(self, queue: AdmissionQueue) -> None:
         result = queue.run_pass(degraded=self.degraded)

@@ -11,6 +11,7 @@ from functools import partial
 
 import grpc
 from kvfleet.proto import common_pb2, engine_pb2, engine_pb2_grpc, router_pb2, router_pb2_grpc
+from kvfleet.proto.limits import GRPC_MESSAGE_OPTIONS
 from kvfleet.services.router.deadlines import call_timeout
 from kvfleet.services.router.engine_outcomes import Outcome, full_backoff, outcome_of
 from kvfleet.services.router.errors import (
@@ -24,6 +25,12 @@ from kvfleet.services.router.errors import (
 from kvfleet.services.router.handoff import HandoffForwarder, as_first_token, is_handoff
 from kvfleet.services.router.model import Admission, PendingRequest, RankInfo, RankLoad, Role
 from kvfleet.services.router.runtime import RouterRuntime
+from kvfleet.services.router.stream_watch import (
+    IDLE_REASON,
+    AbandonedStream,
+    StreamWatch,
+    watched_chunks,
+)
 from kvfleet.services.router.validation import RequestLimits, validate
 
 log = logging.getLogger(__name__)
@@ -52,7 +59,7 @@ class EngineChannels:
     def stub(self, address: str) -> engine_pb2_grpc.EngineStub:
         with self._lock:
             if address not in self._stubs:
-                channel = grpc.insecure_channel(address)
+                channel = grpc.insecure_channel(address, options=GRPC_MESSAGE_OPTIONS)
                 self._channels.append(channel)
                 self._stubs[address] = engine_pb2_grpc.EngineStub(channel)
             return self._stubs[address]
@@ -74,9 +81,11 @@ class RouterServicer(router_pb2_grpc.RouterServicer):
         channels: EngineChannels,
         limits: RequestLimits,
         clock: Callable[[], float],
+        watch: StreamWatch,
         max_call_seconds: float | None = None,
     ) -> None:
         self._runtime = runtime
+        self._watch = watch
         self._channels = channels
         self._limits = limits
         self._clock = clock
@@ -84,7 +93,7 @@ class RouterServicer(router_pb2_grpc.RouterServicer):
         self._in_flight: set[str] = set()
         self._in_flight_lock = threading.Lock()
         self._handoff = HandoffForwarder(
-            runtime, channels, clock, self._wait_for_admission, self._call_timeout
+            runtime, channels, clock, self._wait_for_admission, self._call_timeout, self._watch
         )
 
     def _call_timeout(self, context) -> float | None:
@@ -153,6 +162,10 @@ class RouterServicer(router_pb2_grpc.RouterServicer):
             except TruncatedStream as error:
                 reason = str(error)
                 self._runtime.rank_failed(rank_id, reason)
+            except AbandonedStream as error:
+                reason = str(error)
+                if error.reason == IDLE_REASON:  # a hung engine; a removed one is gone already
+                    self._runtime.rank_failed(rank_id, reason)
             finally:
                 self._runtime.finish(admission)
             if not reason:  # the rank was full: queue again after a short pause
@@ -236,6 +249,7 @@ class RouterServicer(router_pb2_grpc.RouterServicer):
             sampling=request.sampling,
             max_tokens=request.max_tokens,
             num_samples=admission.request.slots,
+            cache_salt=request.cache_salt,
         )
         if request.HasField("prompt_token_ids"):
             engine_request.prompt_token_ids.CopyFrom(request.prompt_token_ids)
@@ -246,7 +260,7 @@ class RouterServicer(router_pb2_grpc.RouterServicer):
         context.add_callback(call.cancel)
         rank_id = admission.rank.rank_id
         finished = 0
-        for chunk in call:
+        for chunk in watched_chunks(self._watch, rank_id, call):
             placement = admission.placement.value if first else ""
             first = False
             finished += chunk.finished

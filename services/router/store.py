@@ -16,8 +16,8 @@ from typing import Protocol
 from kvfleet.services.router.model import RankInfo, RankLoad, RankSlots
 
 
-class StoreIntegrityError(AssertionError):
-    """The store's counts do not add up."""
+class StoreIntegrityError(RuntimeError):
+    """The store's counts do not add up (a bug, never bad input)."""
 
 
 @dataclass(frozen=True)
@@ -162,6 +162,14 @@ class LocalStore:
     @_locked
     def release(self, rank_id: str, request_id: str) -> None:
         self._reservations.get(rank_id, {}).pop(request_id, None)
+
+    @_locked
+    def expire_pins(self, now: float) -> int:
+        """Forget pins whose time is up; returns how many."""
+        expired = [conv for conv, (_, expires_at) in self._pins.items() if expires_at <= now]
+        for conv in expired:
+            del self._pins[conv]
+        return len(expired)
 
     # Used by FailoverStore to mirror and to resync Redis.
     @_locked

@@ -23,6 +23,8 @@ IMPORT_NAMES = {
     "torch": "torch",
     "safetensors": "safetensors",
     "tokenizers": "tokenizers",
+    "jinja2": "jinja2",
+    "huggingface-hub": "huggingface_hub",
     "fastapi": "fastapi",
     "uvicorn": "uvicorn",
     "kopf": "kopf",

@@ -32,6 +32,11 @@ class FakeEngine(engine_pb2_grpc.EngineServicer):
         # Set by a test: Generate fails with this status (`fail_times` calls; None: every one).
         self.fail_with: grpc.StatusCode | None = None
         self.fail_times: int | None = None
+        # Set by a test: after this many chunks a call hangs (sends nothing) until `release`.
+        self.hang_after: int | None = None
+        self.release = threading.Event()
+        self._beating = threading.Event()
+        self._beating.set()
         self.generate_calls = 0
         self.max_batch_size = max_batch_size
         self.delay = delay
@@ -39,6 +44,7 @@ class FakeEngine(engine_pb2_grpc.EngineServicer):
         self.max_in_flight = 0
         self.served: list[str] = []
         self.first_chunk_sent = threading.Event()
+        self.hanging = threading.Event()  # a call is hanging (see hang_after)
         self._lock = threading.Lock()
         self._stop = threading.Event()
         self._server = grpc.server(futures.ThreadPoolExecutor(max_workers=32))
@@ -66,10 +72,17 @@ class FakeEngine(engine_pb2_grpc.EngineServicer):
                 return
             last = request.prompt_token_ids.ids[-1] if request.prompt_token_ids.ids else 0
             prompt_len = len(request.prompt_token_ids.ids) or len(request.prompt_text)
+            sent = 0
             for sample in range(slots):
                 for i in range(request.max_tokens):
+                    if self.hang_after is not None and sent >= self.hang_after:
+                        self.hanging.set()
+                        while not (self.release.wait(0.05) or self._stop.is_set()):
+                            if not context.is_active():
+                                return
                     if self._stop.wait(self.delay) or not context.is_active():
                         return
+                    sent += 1
                     done = i == request.max_tokens - 1
                     usage = (
                         common_pb2.Usage(
@@ -118,6 +131,8 @@ class FakeEngine(engine_pb2_grpc.EngineServicer):
 
         def beat() -> None:
             while not self._stop.wait(heartbeat_interval):
+                if not self._beating.is_set():
+                    continue
                 try:
                     load = router_pb2.RankLoad(free_slots=self.max_batch_size - self.in_flight)
                     reply = registry.Heartbeat(
@@ -131,6 +146,10 @@ class FakeEngine(engine_pb2_grpc.EngineServicer):
 
         self._heartbeats = threading.Thread(target=beat, daemon=True)
         self._heartbeats.start()
+
+    def stop_heartbeats(self) -> None:
+        """Go silent to the router while still serving (a rank cut off from it)."""
+        self._beating.clear()
 
     def kill(self) -> None:
         """Stop serving at once (streams break) and stop heartbeating."""
