@@ -12,6 +12,7 @@ from engine_testkit import (
     final,
     greedy,
     make_core,
+    pages_in_use,
     shared_compute,
     tokens_of,
     wait_until,
@@ -19,7 +20,7 @@ from engine_testkit import (
 from kvfleet.services.engine.batch import ForwardBatch, SequenceChunk
 from kvfleet.services.engine.cuda_graphs import DecodeRunner, batch_buckets, is_decode_step
 from kvfleet.services.engine.engine_config import EngineConfig
-from kvfleet.services.engine.engine_request import GenerateCall
+from kvfleet.services.engine.engine_request import GenerateCall, SequenceFailedError
 
 STATIC = TEST_CONFIG.with_changes(decode_graphs="static")
 EAGER = TEST_CONFIG.with_changes(decode_graphs="off")
@@ -195,3 +196,45 @@ def test_cancel_while_a_step_is_in_flight_leaves_the_core_clean():
                               .outputs(60))) == rest  # fmt: skip
     finally:
         alone.stop()
+
+
+def test_non_finite_row_of_a_step_planned_ahead_fails_its_request_alone():
+    """The failing row's next step is already in flight when its tokens are read: that request
+    fails, the others' tokens match a clean run, and no page stays held."""
+    prompts = [tuple(range(3 + 40 * c, 23 + 40 * c)) for c in range(3)]
+
+    def serve(poison_at: int | None):
+        core = make_core(STATIC.with_changes(reuse_policy="per_request"), storage="graphs-nan")
+        padded_steps = []
+
+        def poison(_module, _inputs, logits):
+            if logits.shape[0] == 4:  # a decode step of the three, padded to bucket 4
+                padded_steps.append(1)
+                if len(padded_steps) == poison_at:
+                    logits = logits.clone()
+                    logits[1, 5] = float("nan")
+            return logits
+
+        hook = core.compute.model.register_forward_hook(poison)
+        try:
+            handles = [
+                core.submit(GenerateCall(f"n{c}", p, greedy(10), f"n{c}"))
+                for c, p in enumerate(prompts)
+            ]
+            results = []
+            for handle in handles:
+                try:
+                    results.append(tokens_of(list(handle.outputs(60))))
+                except SequenceFailedError as error:
+                    results.append(error)
+            core.check_integrity()
+            core.call_on_core(core.compute.cache.check_integrity)
+            assert pages_in_use(core) == {"full": 0, "window": 0}
+            return results
+        finally:
+            hook.remove()
+            core.stop()
+
+    clean, mixed = serve(None), serve(3)
+    assert isinstance(mixed[1], SequenceFailedError)
+    assert mixed[0] == clean[0] and mixed[2] == clean[2]
