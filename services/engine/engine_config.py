@@ -71,6 +71,8 @@ class EngineConfig:
     decode_graphs: str = "auto"
     # On CUDA: RMSNorm, RoPE and SwiGLU's product each as one torch.compile kernel (fused.py).
     fused_ops: bool = True
+    # Plan the next decode step while the current one runs on the device (lookahead.py).
+    overlap_decode: bool = True
     # Disaggregation (kvfleet.services.disagg): how long a context rank keeps a parked
     # request's KV, how long a receiver waits for it, and the transports it tries in order.
     handoff_hold_seconds: float = 30.0
