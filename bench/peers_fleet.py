@@ -181,6 +181,8 @@ def kvfleet_router(fleet: Fleet, settings: RankSettings, ranks: int, policy: str
         str(rank_port),
         "--metrics-port",
         "-1",
+        "--http-port",
+        "-1",
         "--affinity",
         policy,
     ]

@@ -82,6 +82,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "--cpu-kv-gib", type=float, default=None, help="CPU: the device KV's cap (default 4)"
     )
     parser.add_argument(
+        "--dtype", default=None, help="weights: auto (the checkpoint's), float32, bfloat16, float16"
+    )
+    parser.add_argument(
         "--compute-backend", default=None, help="torch (the model) or sim (cost model, no tensors)"
     )
     parser.add_argument(
@@ -104,6 +107,7 @@ def engine_config_from_args(args: argparse.Namespace):
         max_num_batched_tokens=args.max_num_batched_tokens,
         kv_pages=args.kv_pages,
         device=args.device,
+        dtype=getattr(args, "dtype", None),
         gpu_memory_fraction=getattr(args, "gpu_memory_fraction", None),
         cpu_kv_gib=getattr(args, "cpu_kv_gib", None),
         # getattr: namespaces built without the sim flags (older callers) keep the file's values

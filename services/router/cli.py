@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import argparse
 import os
+from collections.abc import Callable
+from typing import Any
 
 
 def default_replica_id() -> str | None:
@@ -15,8 +17,8 @@ def default_replica_id() -> str | None:
     return None
 
 
-def register(subparsers: argparse._SubParsersAction) -> None:
-    """Add the `router` subcommand."""
+def register(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
+    """Add the `router` subcommand (the fleet layer adds the HTTP front: `run`'s `front`)."""
     parser = subparsers.add_parser(
         "router",
         help="run the router (gRPC, Redis pins, metrics)",
@@ -45,6 +47,16 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     )
     parser.add_argument("--tls-cert-file", default=None, help="PEM chain: TLS on the gRPC port")
     parser.add_argument("--tls-key-file", default=None, help="PEM key of --tls-cert-file")
+    parser.add_argument(
+        "--http-port",
+        type=int,
+        default=8000,
+        help="OpenAI API and GET /health over this router; 0: a free one; -1: none",
+    )
+    parser.add_argument("--model", default="tiny", help="the model name the OpenAI API serves")
+    parser.add_argument(
+        "--model-path", default=None, help="checkpoint dir whose tokenizer the OpenAI API uses"
+    )
     parser.add_argument(
         "--redis-url", default=None, help="redis://HOST:6379/0; without it all state is in-process"
     )
@@ -137,6 +149,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         help="on SIGTERM, time for streams to finish (below the pod's grace)",
     )
     parser.set_defaults(func=run)
+    return parser
 
 
 def router_config(args: argparse.Namespace):
@@ -179,8 +192,13 @@ def router_config(args: argparse.Namespace):
     )
 
 
-def run(args: argparse.Namespace) -> int:
-    """Start the router and serve until SIGTERM/SIGINT; 2 when a port cannot be bound."""
+# Starts the OpenAI HTTP front for (args, router gRPC port); returns something to `stop()`.
+FrontStarter = Callable[[argparse.Namespace, int], Any]
+
+
+def run(args: argparse.Namespace, front: FrontStarter | None = None) -> int:
+    """Start the router (and, with `front` and --http-port >= 0, its HTTP front) and serve
+    until SIGTERM/SIGINT; 2 when a port cannot be bound."""
     import logging
     import signal
     import sys
@@ -210,9 +228,21 @@ def run(args: argparse.Namespace) -> int:
         f"metrics port {server.metrics_port}",
         flush=True,
     )
+    http = None
+    if front is not None and args.http_port >= 0:
+        try:
+            http = front(args, port)
+        except OSError as error:  # FileNotFoundError included: no tokenizer.json
+            print(f"kvfleet router: {error}; --http-port 0 picks a free port, -1 serves no HTTP",
+                  file=sys.stderr, flush=True)  # fmt: skip
+            server.stop(0)
+            return 2
+        print(f"router OpenAI API on http port {http.port}", flush=True)
     stop = threading.Event()
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda *_: stop.set())
     stop.wait()
-    server.stop(args.grace_seconds)
+    server.stop(args.grace_seconds)  # /health turns 503 at once; streams get the grace
+    if http is not None:
+        http.stop()
     return 0

@@ -37,6 +37,8 @@ def start_router(redis_url: str, prefix: str, *extra: str) -> RouterProcess:
             "-1",
             "--rank-port",
             "0",
+            "--http-port",
+            "-1",
             "--redis-url",
             redis_url,
             "--redis-prefix",
