@@ -72,7 +72,8 @@ class EngineConfig:
     # On CUDA: RMSNorm, RoPE and SwiGLU's product each as one torch.compile kernel (fused.py).
     fused_ops: bool = True
     # Plan the next decode step while the current one runs on the device (lookahead.py).
-    overlap_decode: bool = True
+    # Off by default: the same-run A/B on the H200 measured it slower (docs/engine-gpu.md).
+    overlap_decode: bool = False
     # Disaggregation (kvfleet.services.disagg): how long a context rank keeps a parked
     # request's KV, how long a receiver waits for it, and the transports it tries in order.
     handoff_hold_seconds: float = 30.0
