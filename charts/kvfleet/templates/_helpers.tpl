@@ -67,4 +67,7 @@ app.kubernetes.io/managed-by: {{ .Release.Service }}
 - apiGroups: ["", "events.k8s.io"]
   resources: ["events"]
   verbs: ["create"]
+- apiGroups: ["kopf.dev"]
+  resources: ["kopfpeerings"]
+  verbs: ["get", "list", "watch", "patch"]
 {{- end }}
