@@ -26,7 +26,8 @@ from pathlib import Path
 from kvfleet.services.engine.config import preset
 from kvfleet.services.engine.model_dir import write_model_dir
 from kvfleet.services.replay.http_target import OpenAICompletionsTarget
-from kvfleet.services.replay.target import TARGET_FACTORIES, TargetOptions
+from kvfleet.services.replay.target import TARGET_FACTORIES
+from kvfleet.services.replay.target_types import TargetOptions
 from rich.console import Console
 from rich.table import Table
 

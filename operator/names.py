@@ -12,7 +12,6 @@ API_VERSION = f"{GROUP}/{VERSION}"
 
 FLEET_LABEL = f"{GROUP}/fleet"
 COMPONENT_LABEL = f"{GROUP}/component"
-SPEC_HASH_ANNOTATION = f"{GROUP}/spec-hash"
 CONFIG_HASH_ANNOTATION = f"{GROUP}/config-hash"
 DRAINING_ANNOTATION = f"{GROUP}/draining"
 

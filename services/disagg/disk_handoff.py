@@ -14,7 +14,7 @@ from kvfleet.kvstore.tiers.disk_files import DiskFiles
 from kvfleet.kvstore.tiers.layout import KVLayout
 
 from .blocks import NO_HASH, KVBlock
-from .transports import FetchRequest, TransportError
+from .transport_types import FetchRequest, TransportError
 
 log = logging.getLogger(__name__)
 

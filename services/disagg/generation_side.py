@@ -23,7 +23,7 @@ from kvfleet.kvstore.block_pool import NULL_PAGE
 
 from .blocks import NO_HASH, CorruptBlockError, KVBlock, install_blocks, kv_layout
 from .context_side import prompt_hashes
-from .transports import FetchRequest, HandoffTransport, TransportError
+from .transport_types import FetchRequest, HandoffTransport, TransportError
 
 log = logging.getLogger(__name__)
 
@@ -119,7 +119,9 @@ class GenerationSide:
                 f"{call.sampling.max_tokens} to generate"
             )
         sequence = core.new_sequence(call)
-        manager.add_request(sequence.key, call.prompt_token_ids, call.conversation_id)
+        manager.add_request(
+            sequence.key, call.prompt_token_ids, call.conversation_id, call.extra_key
+        )
         if not self._room(sequence.key):
             manager.finish_request(sequence.key)
             raise HandoffNoRoom(

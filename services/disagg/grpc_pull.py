@@ -9,7 +9,7 @@ import grpc
 from kvfleet.proto import engine_pb2, engine_pb2_grpc
 
 from .blocks import KVBlock
-from .transports import FetchRequest, TransportError
+from .transport_types import FetchRequest, TransportError
 
 
 def block_to_proto(block: KVBlock, life_cycles: Sequence[str]) -> engine_pb2.KvBlockData:

@@ -14,13 +14,14 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable
 
-from kvfleet.services.engine.kv_setup import disk_tier_root
+from kvfleet.services.core.model_disk import model_disk_root
 
 from .blocks import kv_layout
 from .context_side import HANDOFF_REASON, ContextSide
 from .disk_handoff import DiskHandoff
 from .generation_side import GenerationSide
-from .transports import TransportContext, build_transports
+from .transport_types import TransportContext
+from .transports import build_transports
 
 log = logging.getLogger(__name__)
 
@@ -30,7 +31,10 @@ def handoff_disk_root(core) -> str:
     are the tier's block files, so a rank's tier can match them too."""
     if not core.config.disk_tier_dir:
         return ""
-    return disk_tier_root(core.model_config, core.config)
+    config = core.config
+    return model_disk_root(
+        config.disk_tier_dir, core.model_config.name, config.model_path, config.seed
+    )
 
 
 class AggregatedRole:

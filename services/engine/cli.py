@@ -11,16 +11,25 @@ import threading
 
 def register(subparsers: argparse._SubParsersAction) -> None:
     parser = subparsers.add_parser(
-        "engine", help="run one engine rank (gRPC Engine, OpenAI HTTP, /metrics)"
+        "engine",
+        help="run one engine rank (gRPC Engine, OpenAI HTTP, /metrics)",
+        description="Run one engine rank: the gRPC Engine service, the OpenAI HTTP API and "
+        "/metrics; with --router it registers and heartbeats. Flags left out keep the "
+        "--config file's values (else the engine's defaults).",
     )
-    parser.add_argument("--role", choices=("both", "context", "generation"), default=None)
+    parser.add_argument(
+        "--role",
+        choices=("both", "context", "generation"),
+        default=None,
+        help="disaggregation role (default: both)",
+    )
     parser.add_argument("--host", default="0.0.0.0", help="bind address")
     parser.add_argument(
         "--advertise-host",
         default=os.environ.get("POD_IP"),
         help="host the router dials (default: $POD_IP, else this host's address)",
     )
-    parser.add_argument("--grpc-port", type=int, default=50061)
+    parser.add_argument("--grpc-port", type=int, default=50061, help="gRPC Engine; 0: free")
     parser.add_argument("--http-port", type=int, default=8000, help="-1: no HTTP API")
     parser.add_argument("--metrics-port", type=int, default=9401, help="-1: no /metrics")
     parser.add_argument("--router", default=None, help="HOST:PORT of the router to register with")
@@ -42,13 +51,31 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument(
         "--disk-kv-gib", type=float, default=None, help="this rank's share of the disk tier"
     )
-    parser.add_argument("--disk-prefetch-num-reqs", type=int, default=None)
+    parser.add_argument(
+        "--disk-prefetch-num-reqs",
+        type=int,
+        default=None,
+        help="queued requests whose disk blocks are onboarded to host before admission",
+    )
     parser.add_argument("--model", default=None, help="preset name (tiny, 1b, 8b)")
     parser.add_argument("--model-path", default=None, help="local checkpoint directory")
-    parser.add_argument("--max-batch-size", type=int, default=None)
-    parser.add_argument("--max-num-batched-tokens", type=int, default=None)
+    parser.add_argument("--max-batch-size", type=int, default=None, help="slots (sequences)")
+    parser.add_argument(
+        "--max-num-batched-tokens", type=int, default=None, help="step token budget"
+    )
     parser.add_argument("--kv-pages", type=int, default=None, help="pages per KV pool")
-    parser.add_argument("--device", default=None)
+    parser.add_argument(
+        "--device", default=None, help="auto (default: CUDA when present, else CPU), cpu, cuda[:N]"
+    )
+    parser.add_argument(
+        "--gpu-memory-fraction",
+        type=float,
+        default=None,
+        help="CUDA: the share of the GPU's memory for weights, activations and KV (default 0.9)",
+    )
+    parser.add_argument(
+        "--cpu-kv-gib", type=float, default=None, help="CPU: the device KV's cap (default 4)"
+    )
     parser.add_argument(
         "--compute-backend", default=None, help="torch (the model) or sim (cost model, no tensors)"
     )
@@ -72,6 +99,8 @@ def engine_config_from_args(args: argparse.Namespace):
         max_num_batched_tokens=args.max_num_batched_tokens,
         kv_pages=args.kv_pages,
         device=args.device,
+        gpu_memory_fraction=getattr(args, "gpu_memory_fraction", None),
+        cpu_kv_gib=getattr(args, "cpu_kv_gib", None),
         # getattr: namespaces built without the sim flags (older callers) keep the file's values
         compute_backend=getattr(args, "compute_backend", None),
         sim_time_scale=getattr(args, "sim_time_scale", None),

@@ -25,9 +25,10 @@ import xxhash
 from kvfleet.kvstore.tiers.build import TierConfig, build_tiers
 from kvfleet.kvstore.tiers.metrics import DISK, HOST
 from kvfleet.kvstore.tiers.stack import KVTiers
-from kvfleet.services.replay.sim_config import ModelShape, load_sim_config
-from kvfleet.services.replay.sim_costs import CostModel, StepWork
+from kvfleet.services.core.cost_figures import ModelShape, load_hardware
+from kvfleet.services.core.cost_model import CostModel, StepWork
 
+from .compute_types import resolve_model_config
 from .config import ModelConfig
 from .engine_config import EngineConfig
 from .kv_setup import kv_layout, kvstore_config, tier_config
@@ -71,13 +72,11 @@ class SimCompute:
     name = "sim"
 
     def __init__(self, config: EngineConfig, sleep: Callable[[float], None] = time.sleep) -> None:
-        from .compute import resolve_model_config  # compute.py imports this module
-
         self.config = config
         self.model_config = resolve_model_config(config)
         self.store_config = kvstore_config(self.model_config, config)
         path = Path(config.sim_costs_path) if config.sim_costs_path else None
-        hardware = load_sim_config(path).hardware
+        hardware = load_hardware(path)
         self.costs = CostModel.from_figures(
             cost_shape(self.model_config), hardware, config.page_size
         )

@@ -12,6 +12,8 @@ from pathlib import Path
 from typing import Any
 
 ROLES = ("both", "context", "generation")
+DECODE_GRAPH_MODES = ("auto", "static", "off")
+DTYPES = ("auto", "float32", "bfloat16", "float16")
 
 
 @dataclass(frozen=True)
@@ -20,8 +22,12 @@ class EngineConfig:
 
     model: str = "tiny"
     model_path: str = ""
+    # Weights' dtype: "auto" is the checkpoint's torch_dtype (bf16 on GPU / fp32 on CPU for a
+    # preset), else one of DTYPES.
+    dtype: str = "auto"
     seed: int = 0
-    device: str = "cpu"
+    # auto: CUDA when torch sees a GPU, else CPU (warned when a GPU was asked for: device.py)
+    device: str = "auto"
     attention_backend: str = "auto"
     compute_backend: str = "torch"
     # The `sim` compute backend (compute_sim.py): hardware figures of this sim_costs.yaml
@@ -32,7 +38,13 @@ class EngineConfig:
     max_batch_size: int = 8
     max_num_batched_tokens: int = 256
     page_size: int = 16
-    kv_pages: int | None = None  # per life cycle pool; None: sized by kvstore's plan_pools
+    kv_pages: int | None = None  # per life cycle pool; None: sized by the KV budget (kv_budget.py)
+    # The device KV's budget: on CUDA this fraction of the GPU's memory less what is in use, the
+    # weights and an activation reserve; on CPU at most cpu_kv_gib. Pools never exceed the peak.
+    gpu_memory_fraction: float = 0.9
+    cpu_kv_gib: float = 4.0
+    # Conversations whose retained turns the pools are sized for (None: one per slot).
+    retained_conversations: int | None = None
     # Pages of named pools ((life cycle, pages) pairs, or a mapping in engine.yaml); they
     # override kv_pages / plan_pools for those pools (a simulator arm's exact split).
     kv_pool_pages: tuple[tuple[str, int], ...] = ()
@@ -53,17 +65,20 @@ class EngineConfig:
     disk_kv_pages: int | None = None
     disk_prefetch_num_reqs: int = 4
     torch_threads: int = 1
+    # Decode steps through static buffers per batch-size bucket (cuda_graphs.py): "auto"
+    # replays them as CUDA graphs on CUDA and runs plain eager steps elsewhere, "static" runs
+    # the static-buffer path without capture (on any device), "off" never uses it.
+    decode_graphs: str = "auto"
+    # On CUDA: RMSNorm, RoPE and SwiGLU's product each as one torch.compile kernel (fused.py).
+    fused_ops: bool = True
     # Disaggregation (kvfleet.services.disagg): how long a context rank keeps a parked
     # request's KV, how long a receiver waits for it, and the transports it tries in order.
     handoff_hold_seconds: float = 30.0
     handoff_timeout_seconds: float = 10.0
     handoff_transports: tuple[str, ...] = ("grpc", "disk")
     # From the operator's engine.yaml: ranks this pod runs (rank i on the base ports + i, on GPU
-    # i), the served model's dtype ("": the device's default) and a cap on its context.
+    # i) and a cap on the served model's context.
     ranks_per_pod: int = 1
-    # The share of the GPU's memory the device KV may be sized from (kv_tiers in engine.yaml).
-    gpu_memory_fraction: float = 0.9
-    dtype: str = ""
     max_model_len: int | None = None
     extra: dict[str, Any] = field(default_factory=dict, compare=False)
 
@@ -71,6 +86,22 @@ class EngineConfig:
         for name in ("max_batch_size", "max_num_batched_tokens", "page_size", "torch_threads"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
+        if self.decode_graphs not in DECODE_GRAPH_MODES:
+            raise ValueError(
+                f"decode_graphs must be one of {DECODE_GRAPH_MODES}, got {self.decode_graphs!r}"
+            )
+        if self.dtype not in DTYPES:
+            raise ValueError(f"dtype must be one of {DTYPES}, got {self.dtype!r}")
+        if not 0 < self.gpu_memory_fraction <= 1:
+            raise ValueError(
+                f"gpu_memory_fraction must be in (0, 1], got {self.gpu_memory_fraction}"
+            )
+        if self.cpu_kv_gib <= 0:
+            raise ValueError(f"cpu_kv_gib must be > 0, got {self.cpu_kv_gib}")
+        if (self.retained_conversations or 0) < 0:
+            raise ValueError(
+                f"retained_conversations must be >= 0, got {self.retained_conversations}"
+            )
         if self.role not in ROLES:
             raise ValueError(f"role must be one of {ROLES}, got {self.role!r}")
         if self.kv_pages is not None and self.kv_pages < 2:
@@ -91,10 +122,6 @@ class EngineConfig:
             )
         if self.sim_time_scale < 0:
             raise ValueError(f"sim_time_scale must be >= 0, got {self.sim_time_scale}")
-        if not 0 < self.gpu_memory_fraction <= 1:
-            raise ValueError(
-                f"gpu_memory_fraction must be in (0, 1], got {self.gpu_memory_fraction}"
-            )
         if self.ranks_per_pod < 1:
             raise ValueError(f"ranks_per_pod must be >= 1, got {self.ranks_per_pod}")
         if (self.max_model_len or 1) < 1:

@@ -6,7 +6,6 @@ import logging
 import socket
 import time
 from dataclasses import dataclass
-from pathlib import Path
 
 import grpc
 from prometheus_client import start_http_server
@@ -20,7 +19,7 @@ from .metrics import EngineMetrics
 from .openai_http import build_app
 from .podinfo import PodInfo
 from .router_link import RouterLink
-from .tokenizer import load_tokenizer
+from .tokenizer import tokenizer_for_model
 from .worker_http import WorkerInfo, add_worker_routes
 
 log = logging.getLogger(__name__)
@@ -49,7 +48,7 @@ class EngineRank:
         self.addresses = addresses
         # The downward API's view of this pod (None: not in Kubernetes, never draining).
         self.podinfo = PodInfo(podinfo_dir)
-        self.tokenizer = load_tokenizer(_tokenizer_path(config))
+        self.tokenizer = tokenizer_for_model(config.model_path)
         self.metrics = EngineMetrics()
         self.link: RouterLink | None = None
         self.core = EngineCore(config, metrics=self.metrics, kv_event_sink=self._publish)
@@ -65,7 +64,7 @@ class EngineRank:
         """Start the core, the servers and (with a router address) registration."""
         a = self.addresses
         self.core.start()
-        self.grpc_server, self._health, self.grpc_port = create_engine_server(
+        self.grpc_server, self._health, self.grpc_port, self.engine_servicer = create_engine_server(
             f"{a.host}:{a.grpc_port}", self.core, self.tokenizer
         )
         if a.http_port is not None:
@@ -147,13 +146,6 @@ class EngineRank:
     def _publish(self, events) -> None:
         if self.link is not None:
             self.link.publish(events)
-
-
-def _tokenizer_path(config: EngineConfig) -> str | None:
-    if not config.model_path:
-        return None
-    path = Path(config.model_path) / "tokenizer.json"
-    return str(path) if path.is_file() else None
 
 
 def _default_host(bind_host: str) -> str:

@@ -110,7 +110,7 @@ class LiveTwin:
     rank's kvstore and the router's reservations."""
 
     def __init__(self, sim: SimConfig, settings: TwinSettings | None = None) -> None:
-        from kvfleet.services.engine.fleet import EmbeddedFleet, FleetConfig
+        from kvfleet.services.fleet.embedded import EmbeddedFleet, FleetConfig
 
         self.settings = settings or TwinSettings()
         self.engine = engine_config(sim, self.settings)

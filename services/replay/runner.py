@@ -11,7 +11,7 @@ from .measures import ReplayMeasures, compute_measures
 from .model import Conversation, Turn
 from .oracle import summarise
 from .records import RequestRecord
-from .target import Target
+from .target_types import Target
 from .tokens import TokenSynthesizer
 
 

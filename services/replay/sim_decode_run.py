@@ -9,8 +9,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from kvfleet.services.core.cost_model import CostModel, StepWork
+
 from .sim_clock import ScheduledEvent
-from .sim_costs import CostModel, StepWork
 from .sim_request import SimRequest
 
 

@@ -23,6 +23,7 @@ import itertools
 
 from kvfleet.kvstore.events import KVEvent
 from kvfleet.kvstore.manager import KVCacheManager
+from kvfleet.services.core.cost_model import CostModel
 from kvfleet.services.router.admission import GENERATION_ROLES, AdmissionConfig, AdmissionQueue
 from kvfleet.services.router.handoff import GENERATION_PIN_SUFFIX
 from kvfleet.services.router.model import Admission, PendingRequest, RankInfo, RankLoad, Role
@@ -31,7 +32,6 @@ from kvfleet.services.router.store import LocalStore, StoreIntegrityError
 
 from .sim_clock import ScheduledEvent, VirtualClock
 from .sim_config import FleetOptions, SimConfig
-from .sim_costs import CostModel
 from .sim_handoff import HandoffStats, Reservation, page_bytes_of
 from .sim_prefix_feed import PrefixFeed
 from .sim_rank import SimRank

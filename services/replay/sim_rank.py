@@ -1,6 +1,6 @@
 """One simulated engine rank: a real KVCacheManager, continuous batching, a cost model for time.
 
-Scheduling is the engine's own step rule (`services/engine/step_planner.py`, shared with
+Scheduling is the engine's own step rule (`services/core/step_planner.py`, shared with
 `services/engine/scheduler.py`): running requests first (a decode token each, or the next
 prefill chunk), then waiting requests first come first served while the token budget lasts;
 short of pages, release the oldest retained conversation to the LRU, then preempt the newest
@@ -20,11 +20,11 @@ from collections.abc import Callable
 
 from kvfleet.kvstore.manager import KVCacheManager
 from kvfleet.kvstore.tiers.metrics import DISK, HOST
-from kvfleet.services.engine.step_planner import StepPlanner
+from kvfleet.services.core.cost_model import CostModel
+from kvfleet.services.core.step_planner import StepPlanner
 from kvfleet.services.router.model import Role
 
 from .sim_clock import VirtualClock
-from .sim_costs import CostModel
 from .sim_decode_run import DecodeRun, plan_decode_run
 from .sim_handoff import HandoffSide, ReservedCallback
 from .sim_request import SimRequest

@@ -1,4 +1,4 @@
-"""What the load driver drives, and the registry that opens one from a `--target` spec.
+"""The registry that opens a target from a `--target` spec (types: `target_types.py`).
 
 A target serves `generate(conversation_id, tokens, max_tokens)`; turns of one conversation share
 the id so that a router can keep them on one rank. Factories are registered per scheme: `http`
@@ -7,73 +7,7 @@ the id so that a router can keep them on one rank. Factories are registered per 
 
 from __future__ import annotations
 
-import asyncio
-import time
-from collections.abc import Callable
-from dataclasses import dataclass
-from typing import Protocol
-
-from .records import Generation
-
-
-class Clock(Protocol):
-    """The time a target's generations are stamped with, and the driver's pacing waits."""
-
-    def now(self) -> float:
-        """Seconds on this clock."""
-        ...
-
-    async def sleep(self, seconds: float) -> None:
-        """Wait `seconds` on this clock."""
-        ...
-
-
-class WallClock:
-    """Real time (`time.perf_counter`)."""
-
-    def now(self) -> float:
-        """Seconds of `time.perf_counter`."""
-        return time.perf_counter()
-
-    async def sleep(self, seconds: float) -> None:
-        """`asyncio.sleep`, skipping non-positive waits."""
-        if seconds > 0:
-            await asyncio.sleep(seconds)
-
-
-class Target(Protocol):
-    """Something that generates completions for token prompts."""
-
-    clock: Clock
-
-    async def generate(
-        self, conversation_id: str, tokens: list[int], max_tokens: int
-    ) -> Generation:
-        """Generate `max_tokens` tokens after `tokens`; raise TargetError on failure."""
-        ...
-
-    async def aclose(self) -> None:
-        """Release connections."""
-        ...
-
-
-class TargetError(RuntimeError):
-    """A target failed one request."""
-
-
-class TargetUnavailable(ValueError):
-    """A `--target` spec names no target that can be opened here."""
-
-
-@dataclass(frozen=True)
-class TargetOptions:
-    """Settings shared by every target kind."""
-
-    model: str = "kvfleet"
-    request_timeout_s: float = 600.0
-
-
-TargetFactory = Callable[[str, TargetOptions], Target]
+from .target_types import Target, TargetFactory, TargetOptions, TargetUnavailable
 
 
 def _open_http(spec: str, options: TargetOptions) -> Target:

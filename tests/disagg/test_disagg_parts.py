@@ -6,12 +6,8 @@ import pytest
 import torch
 from kvfleet.services.disagg.blocks import NO_HASH, KVBlock, kv_layout, read_pages, write_pages
 from kvfleet.services.disagg.disk_handoff import DiskHandoff
-from kvfleet.services.disagg.transports import (
-    FetchRequest,
-    TransportContext,
-    TransportError,
-    build_transports,
-)
+from kvfleet.services.disagg.transport_types import FetchRequest, TransportContext, TransportError
+from kvfleet.services.disagg.transports import build_transports
 from kvfleet.services.engine import PagedKVCache
 from kvfleet.services.engine.config import preset
 from kvfleet.services.router.admission import (

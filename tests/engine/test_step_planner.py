@@ -8,8 +8,8 @@ from kvfleet.kvstore.config import KVStoreConfig
 from kvfleet.kvstore.life_cycles import FullLifeCycle
 from kvfleet.kvstore.manager import KVCacheManager
 from kvfleet.kvstore.policies import PerConversation, PerRequest
+from kvfleet.services.core.retained_order import RetainedConversations
 from kvfleet.services.engine.engine_request import GenerateCall
-from kvfleet.services.engine.retained_order import RetainedConversations
 from kvfleet.services.engine.sampling import SamplingParams
 from kvfleet.services.engine.scheduler import Scheduler
 from kvfleet.services.engine.sequence import Sequence

@@ -11,6 +11,7 @@ import pytest
 from kvfleet.kvstore.tiers.metrics import DISK, HOST
 from kvfleet.proto import common_pb2, engine_pb2, engine_pb2_grpc
 from kvfleet.services.cli import build_parser
+from kvfleet.services.core.cost_model import StepWork
 from kvfleet.services.engine.cli import engine_config_from_args
 from kvfleet.services.engine.compute import make_compute
 from kvfleet.services.engine.compute_sim import SimCompute, step_work
@@ -20,7 +21,6 @@ from kvfleet.services.engine.engine_request import GenerateCall
 from kvfleet.services.engine.rank import EngineRank, RankAddresses
 from kvfleet.services.engine.sampling import SamplingParams
 from kvfleet.services.engine.scheduler import ScheduledChunk
-from kvfleet.services.replay.sim_costs import StepWork
 from peers_testkit import SIM_CONFIG
 
 

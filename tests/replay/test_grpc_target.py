@@ -14,7 +14,8 @@ from kvfleet.services.replay.driver import DriverOptions
 from kvfleet.services.replay.grpc_target import RouterGenerateTarget
 from kvfleet.services.replay.readers import filter_max_model_len
 from kvfleet.services.replay.runner import run_arm
-from kvfleet.services.replay.target import TargetError, open_target
+from kvfleet.services.replay.target import open_target
+from kvfleet.services.replay.target_types import TargetError
 from kvfleet.services.replay.tokens import TokenSynthesizer
 from kvfleet.services.router.admission import AdmissionConfig
 from kvfleet.services.router.server import RouterConfig, create_server

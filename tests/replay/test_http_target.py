@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 from kvfleet.services.replay.http_target import CONVERSATION_HEADER, OpenAICompletionsTarget
-from kvfleet.services.replay.target import TargetError
+from kvfleet.services.replay.target_types import TargetError
 from replay_cache_server import running_server
 
 

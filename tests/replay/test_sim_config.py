@@ -6,13 +6,13 @@ from pathlib import Path
 
 import pytest
 from kvfleet.kvstore.life_cycles import FullLifeCycle, WindowLifeCycle
+from kvfleet.services.core.cost_model import CostModel, StepWork
 from kvfleet.services.replay.sim_config import (
     FleetOptions,
     SimConfigError,
     load_sim_config,
     parse_sim_spec,
 )
-from kvfleet.services.replay.sim_costs import CostModel, StepWork
 
 
 def test_spec_parts() -> None:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 from kvfleet.services.replay.claude_code import read_claude_code
 from kvfleet.services.replay.readers import filter_max_model_len
-from kvfleet.services.replay.target import TargetError
+from kvfleet.services.replay.target_types import TargetError
 from replay_paths import CLAUDE_CODE
 from sim_workloads import growing_conversation, replay_sim
 

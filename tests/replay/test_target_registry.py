@@ -4,12 +4,8 @@ from __future__ import annotations
 
 import pytest
 from kvfleet.services.replay.http_target import OpenAICompletionsTarget
-from kvfleet.services.replay.target import (
-    TARGET_FACTORIES,
-    TargetUnavailable,
-    open_target,
-    target_scheme,
-)
+from kvfleet.services.replay.target import TARGET_FACTORIES, open_target, target_scheme
+from kvfleet.services.replay.target_types import TargetUnavailable
 
 
 def test_scheme_of_specs() -> None:

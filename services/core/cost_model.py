@@ -25,7 +25,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 from dataclasses import dataclass
 
-from .sim_config import Hardware, ModelShape
+from .cost_figures import Hardware, ModelShape
 
 
 @dataclass(frozen=True)

@@ -1,0 +1,117 @@
+"""The figures a step's cost is computed from: the model's shape and the rank's hardware.
+
+Both the `sim` compute backend (an engine rank without tensors) and the fleet simulator price
+steps with them, so they live below both. Defaults come from the packaged `sim_costs.yaml`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, fields
+from importlib import resources
+from pathlib import Path
+from typing import Any
+
+import yaml
+from kvfleet.kvstore.life_cycles import (
+    FullLifeCycle,
+    PrivateLifeCycle,
+    StateLifeCycle,
+    WindowLifeCycle,
+)
+
+DEFAULTS_RESOURCE = "sim_costs.yaml"
+
+# kind -> life cycle class, for the YAML's `model.life_cycles` entries.
+LIFE_CYCLE_KINDS: dict[str, type] = {
+    "full": FullLifeCycle,
+    "window": WindowLifeCycle,
+    "private": PrivateLifeCycle,
+    "state": StateLifeCycle,
+}
+
+
+class SimConfigError(ValueError):
+    """A simulator setting is missing, unknown or out of range."""
+
+
+@dataclass(frozen=True)
+class ModelShape:
+    """What the cost model needs of the model: sizes and the kvstore life cycles."""
+
+    name: str
+    params_billion: float
+    layers: int
+    query_heads: int
+    kv_heads: int
+    head_dim: int
+    dtype_bytes: int
+    life_cycles: tuple[dict[str, Any], ...] = ({"kind": "full", "name": "full"},)
+
+    def build_life_cycles(self) -> tuple:
+        """The kvstore life cycle objects of `life_cycles`."""
+        built = []
+        for entry in self.life_cycles:
+            params = dict(entry)
+            params.pop("layers", None)  # the hand-off's page bytes only (`page_bytes`)
+            kind = params.pop("kind", None)
+            if kind not in LIFE_CYCLE_KINDS:
+                raise SimConfigError(
+                    f"model.life_cycles: kind {kind!r} not in {sorted(LIFE_CYCLE_KINDS)}"
+                )
+            if "offsets_from_end" in params:
+                params["offsets_from_end"] = tuple(params["offsets_from_end"])
+            built.append(LIFE_CYCLE_KINDS[kind](**params))
+        return tuple(built)
+
+    def page_bytes(self, block_size: int) -> dict[str, int]:
+        """KV bytes of one page per life cycle: its layers (an entry's `layers`, else the
+        model's layers split evenly between the entries) x K and V x kv heads x head dim."""
+        named = [entry.get("layers") for entry in self.life_cycles]
+        given = sum(layers for layers in named if layers is not None)
+        unnamed = sum(1 for layers in named if layers is None)
+        if given > self.layers or (unnamed and given == self.layers):
+            raise SimConfigError(
+                f"model.life_cycles: layers {named} do not fit in the model's {self.layers}"
+            )
+        share = (self.layers - given) // unnamed if unnamed else 0
+        per_layer = 2 * self.kv_heads * self.head_dim * self.dtype_bytes * block_size
+        return {
+            entry["name"]: (entry.get("layers") or share) * per_layer for entry in self.life_cycles
+        }
+
+
+@dataclass(frozen=True)
+class Hardware:
+    """Throughput figures of one rank's accelerator and links."""
+
+    matmul_tflops: float
+    attention_tflops: float
+    weights_read_tb_s: float
+    decode_kv_read_tb_s: float
+    host_link_gb_s: float
+    disk_read_gb_s: float
+    step_overhead_ms: float
+    handoff_link_gb_s: float = 50.0  # context -> generation rank KV transfer
+
+    def __post_init__(self) -> None:
+        for item in fields(self):
+            value = getattr(self, item.name)
+            if value < 0 or (value == 0 and item.name != "step_overhead_ms"):
+                raise SimConfigError(f"hardware.{item.name}: {value} must be > 0")
+
+
+def default_figures() -> dict[str, Any]:
+    """The packaged `sim_costs.yaml` as plain data (sections model, hardware, fleet)."""
+    return yaml.safe_load(resources.files(__package__).joinpath(DEFAULTS_RESOURCE).read_text())
+
+
+def load_hardware(path: Path | None = None) -> Hardware:
+    """The packaged hardware figures, with `hardware:` of the YAML at `path` over them."""
+    raw = default_figures()["hardware"]
+    if path is not None:
+        extra = yaml.safe_load(Path(path).read_text()) or {}
+        raw = {**raw, **(extra.get("hardware") or {})}
+    try:
+        return Hardware(**raw)
+    except TypeError as error:
+        raise SimConfigError(f"hardware: {error}") from error
