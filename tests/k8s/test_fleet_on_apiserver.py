@@ -218,3 +218,48 @@ async def test_deleting_the_fleet_deletes_its_children(api, operator):
 
     await wait_for(gone)
     assert operator.lines == []
+
+
+async def test_scale_subresource_sizes_a_pool_and_drains_before_scale_in(api, operator):
+    """`kubectl scale kvfleetpool` (HPA, KEDA) must size the pool through the operator: up at
+    once, down only after the leaving rank was marked draining for drainSeconds."""
+    spec = example_spec()
+    spec["drainSeconds"] = 3
+    namespace, name = await new_fleet(api, spec)
+    await all_children(api, namespace, name)
+    apps, custom, core = api["apps"], api["custom"], api["core"]
+    pool = f"{name}-generation"
+
+    def sts_replicas() -> int:
+        return apps.read_namespaced_stateful_set(pool, namespace).spec.replicas
+
+    def scale(replicas: int) -> None:
+        custom.patch_namespaced_custom_object_scale(
+            GROUP, VERSION, namespace, "kvfleetpools", pool, {"spec": {"replicas": replicas}}
+        )
+
+    scale(3)
+    await wait_for(lambda: sts_replicas() == 3)
+    status = await wait_for(
+        lambda: custom.get_namespaced_custom_object_scale(
+            GROUP, VERSION, namespace, "kvfleetpools", pool
+        )["status"]
+    )
+    assert status["selector"] == f"kvfleet.dev/fleet={name},kvfleet.dev/component=engine-generation"
+    await wait_for(lambda: make_pods_ready(core, namespace, f"kvfleet.dev/fleet={name}") >= 5)
+    scale(1)
+
+    def draining() -> list[str]:
+        pods = core.list_namespaced_pod(
+            namespace, label_selector="kvfleet.dev/component=engine-generation"
+        )
+        return sorted(
+            p.metadata.name
+            for p in pods.items
+            if (p.metadata.annotations or {}).get("kvfleet.dev/draining") == "true"
+        )
+
+    assert await wait_for(draining) == [f"{pool}-1", f"{pool}-2"]
+    assert sts_replicas() == 3  # the leaving ranks still serve while they drain
+    await wait_for(lambda: sts_replicas() == 1)
+    assert operator.lines == []

@@ -13,7 +13,7 @@ from chart_tools import documents, helm
 from kvfleet.operator.children import render_children
 from kvfleet.operator.names import FleetRef
 from kvfleet.operator.spec import FleetSpec, parse_spec
-from operator_testkit import CHART_DIR, EXAMPLE_FLEET, crd_schema
+from operator_testkit import CHART_DIR, EXAMPLE_FLEET, POOL_CRD_PATH, crd_schema, load_crd
 
 KUBERNETES_VERSION = "1.32.0"
 VALUE_SETS = {
@@ -125,11 +125,15 @@ def test_rendered_children_are_valid_kubernetes():
     children = render_children(
         FleetRef("coder", "kvfleet", "uid"), spec, {"context": 1, "generation": 2}
     )
+    pool_schema = load_crd(POOL_CRD_PATH)["spec"]["versions"][0]["schema"]["openAPIV3Schema"]
     for child in children:
-        kubernetes_validate.validate(child, KUBERNETES_VERSION, strict=True)
+        if child["kind"] == "KVFleetPool":  # the chart's own kind: its CRD's schema
+            jsonschema.Draft4Validator(pool_schema).validate(child)
+        else:
+            kubernetes_validate.validate(child, KUBERNETES_VERSION, strict=True)
     kinds = {child["kind"] for child in children}
-    assert {"Secret", "NetworkPolicy", "PodDisruptionBudget", "StatefulSet"} <= kinds
-    assert len(children) == 16
+    assert {"Secret", "NetworkPolicy", "PodDisruptionBudget", "StatefulSet", "KVFleetPool"} <= kinds
+    assert len(children) == 18
 
 
 def test_replicas_elect_a_leader_through_peering():
