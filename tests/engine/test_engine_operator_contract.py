@@ -259,3 +259,31 @@ def test_sigterm_drain_lets_running_requests_finish(router, tmp_path):
     assert outputs[-1].finished
     assert sum(len(o.token_ids) for o in outputs) == 120
     assert rank.read_draining() is True  # whatever the pod's annotations say
+
+
+def _router_parser():
+    import argparse
+
+    from kvfleet.services.router.cli import register as register_router
+
+    parser = argparse.ArgumentParser()
+    register_router(parser.add_subparsers())
+    return parser
+
+
+def _router_has_http_port() -> bool:
+    router = _router_parser()._subparsers._group_actions[0].choices["router"]
+    return "--http-port" in router._option_string_actions
+
+
+@pytest.mark.skipif(
+    not _router_has_http_port(), reason="the router's --http-port (OpenAI front) is not here yet"
+)
+def test_rendered_router_args_parse_with_the_router_cli():
+    """A flag the router does not know crashes every router pod at start."""
+    from kvfleet.operator.names import FleetRef
+    from kvfleet.operator.render_router import router_args
+
+    args = router_args(FleetRef("f", "ns", "uid"), _operator_spec())
+    parsed = _router_parser().parse_args(args[1:])
+    assert parsed.replica_id == "$(POD_NAME)"  # expanded by the kubelet
