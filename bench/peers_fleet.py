@@ -22,6 +22,17 @@ import yaml
 
 HOST = "127.0.0.1"
 BIN = Path(sys.executable).parent
+# Where console scripts may be: this interpreter's bin, then the bin of every virtual
+# environment on sys.path (a worktree's .venv reaches the shared one's packages through a .pth).
+SCRIPT_DIRS = (BIN, *(Path(p).parents[2] / "bin" for p in sys.path if p.endswith("site-packages")))
+
+
+def script(name: str) -> Path:
+    """The console script `name` from the first of SCRIPT_DIRS that has it (else BIN/name)."""
+    found = shutil.which(name, path=os.pathsep.join(str(d) for d in SCRIPT_DIRS))
+    return Path(found) if found else BIN / name
+
+
 START_TIMEOUT_S = 60.0
 
 
@@ -215,7 +226,7 @@ def sglang_router(fleet: Fleet, settings: RankSettings, ranks: int, policy: str)
 
 def vllm_router(fleet: Fleet, settings: RankSettings, ranks: int, policy: str) -> str:
     """vllm-router over HTTP workers; token-id prompts (its cache_aware renders them)."""
-    return f"http://{_peer_router(fleet, settings, ranks, [str(BIN / 'vllm-router')], policy)}"
+    return f"http://{_peer_router(fleet, settings, ranks, [str(script('vllm-router'))], policy)}"
 
 
 DYNAMO_PYTHON = Path(__file__).resolve().parents[1] / ".venv-dynamo" / "bin" / "python"
@@ -264,4 +275,4 @@ ROUTER_NEEDS = {
 
 def router_available(router: str) -> bool:
     """True when the router's executable is installed in this environment."""
-    return shutil.which(ROUTER_NEEDS[router], path=str(BIN)) is not None
+    return script(ROUTER_NEEDS[router]).exists()
