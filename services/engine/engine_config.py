@@ -4,7 +4,7 @@
 
     model: {name: tiny, path: "", config: {}}
     max_batch_size: 8
-    reuse: {policy: per_conversation, max_num_turns: 2, checkpoint: true,
+    reuse: {policy: per_conversation, max_num_turns: 5, checkpoint: true,
             keep_root: false, keep_branch_points: 0}
     kv_tiers: {gpu_memory_fraction: 0.9, host_gib: 0, host_pages: null,
                disk: {enabled: false, dir: ..., gib: 32, pages: null, prefetch_num_reqs: 4}}
@@ -46,7 +46,7 @@ class EngineConfig:
     # override kv_pages / plan_pools for those pools (a simulator arm's exact split).
     kv_pool_pages: tuple[tuple[str, int], ...] = ()
     reuse_policy: str = "per_conversation"
-    max_num_turns: int = 2
+    max_num_turns: int = 5
     keep_root: bool = False  # per_conversation: also keep the first turn's endpoints
     keep_branch_points: int = 0  # per_conversation: branch endpoints a conversation keeps
     checkpoint: bool = True
