@@ -51,9 +51,10 @@ ARMS: dict[str, dict[str, str]] = {
     "strict": {**STRICT, "reuse_policy": "per_request", "checkpoint": "off"},
     "strict+turns5 (sized)": {**TURNS_5, "checkpoint": "off"},
     "+ckpt": {**TURNS_5, "checkpoint": "on"},
-    "+ckpt+host": {**TURNS_5, "checkpoint": "on"},
+    # strict 30 s, per_conversation 5 turns, checkpoint: what a fleet gets by default.
+    "shipped defaults + host": {},
 }
-HOST_ARM = "+ckpt+host"
+HOST_ARM = "shipped defaults + host"
 
 
 def session_files(half: str, limit: int | None = None) -> list[Path]:
