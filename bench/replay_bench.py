@@ -22,7 +22,7 @@ from kvfleet.services.replay.driver import DriverOptions, LoadDriver
 from kvfleet.services.replay.model import Turn
 from kvfleet.services.replay.oracle import summarise
 from kvfleet.services.replay.records import Generation
-from kvfleet.services.replay.target_types import WallClock
+from kvfleet.services.replay.target_types import TargetInfo, WallClock
 from kvfleet.services.replay.tokens import TokenSynthesizer
 from rich.console import Console
 from rich.table import Table
@@ -62,6 +62,9 @@ class InstantTarget:
 
     def __init__(self) -> None:
         self.clock = WallClock()
+
+    async def describe(self) -> TargetInfo:
+        return TargetInfo()
 
     async def generate(self, conversation_id: str, tokens: list[int], max_tokens: int):
         now = self.clock.now()

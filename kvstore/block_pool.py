@@ -38,8 +38,8 @@ class PoolExhaustedError(RuntimeError):
     """More pages were asked of a pool than it could free; callers check `can_take` first."""
 
 
-class IntegrityError(AssertionError):
-    """A pool's counts or ref counts disagree with its holders."""
+class IntegrityError(RuntimeError):
+    """A pool's counts or ref counts disagree with its holders (a bug, never bad input)."""
 
 
 class BlockPool:

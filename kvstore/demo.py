@@ -15,9 +15,14 @@ MAX_CONTEXT = 2048 + 1500 * 2 + 96
 
 def register(subparsers: argparse._SubParsersAction) -> None:
     """Add the `demo` subcommand."""
-    parser = subparsers.add_parser("demo", help="run a synthetic agent conversation (kvstore)")
-    parser.add_argument("--conversations", type=int, default=3)
-    parser.add_argument("--block-size", type=int, default=16)
+    parser = subparsers.add_parser(
+        "demo",
+        help="run a synthetic agent conversation (kvstore)",
+        description="Show the KV store alone: synthetic agent conversations turn by turn "
+        "(append, resend, rewrite the tail) and the prefix each turn reuses.",
+    )
+    parser.add_argument("--conversations", type=int, default=3, help="conversations to run")
+    parser.add_argument("--block-size", type=int, default=16, help="tokens per KV block")
     parser.set_defaults(func=run_demo)
 
 

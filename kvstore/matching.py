@@ -20,19 +20,6 @@ Locate = Callable[[str, int], str | None]
 Found = Callable[[int], bool]
 
 
-def cached_run(pool: BlockPool, hashes: Sequence[int], limit: int) -> int:
-    """How many of the first `limit` blocks are cached in `pool`, counted from the start."""
-    return _run(lambda block_hash: pool.lookup(block_hash) is not None, hashes, limit)
-
-
-def can_resume(
-    pool: BlockPool, life_cycle: LifeCycle, hashes: Sequence[int], k: int, block_size: int
-) -> bool:
-    """True if every block `life_cycle` needs to resume at block `k` is cached."""
-    found = _finder(pool, None)
-    return _resumable(found, life_cycle, hashes, k, block_size)
-
-
 def match_prompt(
     hashes: Sequence[int],
     prompt_len: int,

@@ -29,9 +29,12 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import NamedTuple
+from typing import TYPE_CHECKING, NamedTuple
 
 from kvfleet.kvstore.life_cycles import LifeCycle
+
+if TYPE_CHECKING:
+    from kvfleet.kvstore.policies import ReusePolicy
 
 
 @dataclass(frozen=True)
@@ -64,6 +67,37 @@ class TypicalStep:
                 f"need 0 <= branch_records <= retained_turns, got {self.branch_records} and "
                 f"{self.retained_turns}"
             )
+
+
+def rank_typical_step(
+    num_slots: int,
+    max_context_tokens: int,
+    chunk_tokens: int,
+    retained_conversations: int,
+    policy: ReusePolicy,
+    checkpoint: bool = True,
+) -> TypicalStep:
+    """The step a rank's pools are sized for (the engine and the simulator both call this):
+    every slot resident at the longest context, plus the retained turns of
+    `retained_conversations` conversations between turns (none when the policy retains none;
+    root and branch records count among the turns, and residents then keep a branch window).
+
+    NOTE: a conversation's retained turns share its full-attention prefix, so each turn counts
+    1/turns of the longest context on whole-prefix pools (a conversation's turns together hold
+    one context), and its own endpoint (and checkpoint) windows on window pools.
+    """
+    turns = policy.retained_turns
+    branches = int(policy.keep_branch_points)
+    return TypicalStep(
+        num_slots=num_slots,
+        max_context_tokens=max_context_tokens,
+        chunk_tokens=chunk_tokens,
+        retained_turns=retained_conversations * turns,
+        checkpoint=checkpoint,
+        full_tokens_per_retained_turn=max_context_tokens // max(1, turns),
+        branch_points=branches > 0,
+        branch_records=retained_conversations * branches,
+    )
 
 
 def _blocks(tokens: int, block_size: int) -> int:
@@ -117,11 +151,6 @@ class PoolPlan:
 
     demand: Mapping[str, int]
     pool_pages: Mapping[str, int]
-
-    @property
-    def fits_peak(self) -> bool:
-        """True if every pool holds its peak (plus its null page)."""
-        return all(self.pool_pages[name] > need for name, need in self.demand.items())
 
 
 def peak_demand(

@@ -7,7 +7,12 @@ import argparse
 
 def register(subparsers: argparse._SubParsersAction) -> None:
     """Add the `operator` subcommand."""
-    parser = subparsers.add_parser("operator", help="run the KVFleet operator (kopf)")
+    parser = subparsers.add_parser(
+        "operator",
+        help="run the KVFleet operator (kopf)",
+        description="Run the kopf operator that turns KVFleet resources into a router, engine "
+        "pools, volumes and a Redis, and scales the pools from the fleet's metrics.",
+    )
     scope = parser.add_mutually_exclusive_group()
     scope.add_argument(
         "--namespace", action="append", default=[], help="watch this namespace (repeatable)"

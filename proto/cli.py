@@ -16,5 +16,10 @@ def regenerate(_args: argparse.Namespace | None = None) -> int:
 
 def register(subparsers: argparse._SubParsersAction) -> None:
     """Add the `proto` subcommand."""
-    parser = subparsers.add_parser("proto", help="regenerate the gRPC code from proto/*.proto")
+    parser = subparsers.add_parser(
+        "proto",
+        help="regenerate the gRPC code from proto/*.proto",
+        description="Regenerate the *_pb2.py, *_pb2_grpc.py and *.pyi files next to "
+        "proto/*.proto (importing kvfleet.proto does this when they are missing or stale).",
+    )
     parser.set_defaults(func=regenerate)

@@ -47,12 +47,6 @@ class DeviceKV:
             for name, layers in layout.layers.items()
         }
 
-    def kv_for_layer(self, layer: int) -> tuple[torch.Tensor, torch.Tensor]:
-        """K and V of `layer`, each `[num_pages, page_size, kv_heads, head_dim]` (views)."""
-        name, index = self.layout.layer_slot(layer)
-        pages = self._storage[name][index]
-        return pages[0], pages[1]
-
     def storage(self, life_cycle: str) -> torch.Tensor:
         """The whole allocation of one life cycle (for copies and tests)."""
         return self._storage[life_cycle]

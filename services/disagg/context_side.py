@@ -87,7 +87,7 @@ class ContextSide:
         self.holds.park(hold)
         self.metrics.parked.inc()
         if self._writer is None:
-            handle._put(output)
+            handle.put(output)
             return
         hashes = prompt_hashes(hold.prompt, self.block_size)
         blocks = self._gather(hold, hashes, 0, skip=self.disk.has)
@@ -166,4 +166,4 @@ class ContextSide:
             self.metrics.bytes.labels("sent", "disk").inc(written)
         except OSError as error:
             log.warning("request %s: disk write-through failed: %s", request_id, error)
-        handle._put(output)
+        handle.put(output)

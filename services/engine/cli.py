@@ -11,16 +11,25 @@ import threading
 
 def register(subparsers: argparse._SubParsersAction) -> None:
     parser = subparsers.add_parser(
-        "engine", help="run one engine rank (gRPC Engine, OpenAI HTTP, /metrics)"
+        "engine",
+        help="run one engine rank (gRPC Engine, OpenAI HTTP, /metrics)",
+        description="Run one engine rank: the gRPC Engine service, the OpenAI HTTP API and "
+        "/metrics; with --router it registers and heartbeats. Flags left out keep the "
+        "--config file's values (else the engine's defaults).",
     )
-    parser.add_argument("--role", choices=("both", "context", "generation"), default=None)
+    parser.add_argument(
+        "--role",
+        choices=("both", "context", "generation"),
+        default=None,
+        help="disaggregation role (default: both)",
+    )
     parser.add_argument("--host", default="0.0.0.0", help="bind address")
     parser.add_argument(
         "--advertise-host",
         default=os.environ.get("POD_IP"),
         help="host the router dials (default: $POD_IP, else this host's address)",
     )
-    parser.add_argument("--grpc-port", type=int, default=50061)
+    parser.add_argument("--grpc-port", type=int, default=50061, help="gRPC Engine; 0: free")
     parser.add_argument("--http-port", type=int, default=8000, help="-1: no HTTP API")
     parser.add_argument("--metrics-port", type=int, default=9401, help="-1: no /metrics")
     parser.add_argument("--router", default=None, help="HOST:PORT of the router to register with")
@@ -31,18 +40,42 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         help="downward API volume with the pod's annotations (kvfleet.dev/draining)",
     )
     parser.add_argument("--config", default=None, help="engine.yaml (the operator's layout)")
+    parser.add_argument(
+        "--drain-seconds",
+        type=float,
+        default=30.0,
+        help="on SIGTERM, let running requests finish for up to this long before stopping",
+    )
     parser.add_argument("--disk-tier-dir", default=None, help="the shared disk KV tier's folder")
     parser.add_argument("--host-kv-gib", type=float, default=None, help="host KV tier size")
     parser.add_argument(
         "--disk-kv-gib", type=float, default=None, help="this rank's share of the disk tier"
     )
-    parser.add_argument("--disk-prefetch-num-reqs", type=int, default=None)
+    parser.add_argument(
+        "--disk-prefetch-num-reqs",
+        type=int,
+        default=None,
+        help="queued requests whose disk blocks are onboarded to host before admission",
+    )
     parser.add_argument("--model", default=None, help="preset name (tiny, 1b, 8b)")
     parser.add_argument("--model-path", default=None, help="local checkpoint directory")
-    parser.add_argument("--max-batch-size", type=int, default=None)
-    parser.add_argument("--max-num-batched-tokens", type=int, default=None)
+    parser.add_argument("--max-batch-size", type=int, default=None, help="slots (sequences)")
+    parser.add_argument(
+        "--max-num-batched-tokens", type=int, default=None, help="step token budget"
+    )
     parser.add_argument("--kv-pages", type=int, default=None, help="pages per KV pool")
-    parser.add_argument("--device", default=None)
+    parser.add_argument(
+        "--device", default=None, help="auto (default: CUDA when present, else CPU), cpu, cuda[:N]"
+    )
+    parser.add_argument(
+        "--gpu-memory-fraction",
+        type=float,
+        default=None,
+        help="CUDA: the share of the GPU's memory for weights, activations and KV (default 0.9)",
+    )
+    parser.add_argument(
+        "--cpu-kv-gib", type=float, default=None, help="CPU: the device KV's cap (default 4)"
+    )
     parser.add_argument(
         "--compute-backend", default=None, help="torch (the model) or sim (cost model, no tensors)"
     )
@@ -66,6 +99,8 @@ def engine_config_from_args(args: argparse.Namespace):
         max_num_batched_tokens=args.max_num_batched_tokens,
         kv_pages=args.kv_pages,
         device=args.device,
+        gpu_memory_fraction=getattr(args, "gpu_memory_fraction", None),
+        cpu_kv_gib=getattr(args, "cpu_kv_gib", None),
         # getattr: namespaces built without the sim flags (older callers) keep the file's values
         compute_backend=getattr(args, "compute_backend", None),
         sim_time_scale=getattr(args, "sim_time_scale", None),
@@ -79,6 +114,7 @@ def engine_config_from_args(args: argparse.Namespace):
 
 def run(args: argparse.Namespace) -> int:
     from .config import PRESETS
+    from .pod_ranks import pod_ranks
     from .rank import EngineRank, RankAddresses
 
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
@@ -94,12 +130,26 @@ def run(args: argparse.Namespace) -> int:
         rank_id=args.rank_id or os.uname().nodename,
         advertise_host=args.advertise_host,
     )
-    rank = EngineRank(config, addresses, podinfo_dir=args.podinfo_dir).start()
-    ports = f"grpc {rank.grpc_port}, http {rank.http_port}, metrics {rank.metrics_port}"
-    print(f"engine {addresses.rank_id} ({config.role}, model {config.model}): {ports}", flush=True)
+    ranks = []
+    for rank_config, rank_addresses in pod_ranks(config, addresses):
+        rank = EngineRank(rank_config, rank_addresses, podinfo_dir=args.podinfo_dir).start()
+        ranks.append(rank)
+        ports = f"grpc {rank.grpc_port}, http {rank.http_port}, metrics {rank.metrics_port}"
+        print(
+            f"engine {rank_addresses.rank_id} ({config.role}, model {config.model}): {ports}",
+            flush=True,
+        )
     stop = threading.Event()
     for signum in (signal.SIGINT, signal.SIGTERM):
         signal.signal(signum, lambda *_: stop.set())
     stop.wait()
-    rank.stop()
+    # SIGTERM (a pod deletion, an eviction, a roll): drain within the pod's grace period, the
+    # ranks side by side so the budget is not spent once per rank.
+    leaving = [
+        threading.Thread(target=rank.drain_and_stop, args=(args.drain_seconds,)) for rank in ranks
+    ]
+    for thread in leaving:
+        thread.start()
+    for thread in leaving:
+        thread.join()
     return 0

@@ -6,8 +6,9 @@ The registry (`compute.py`) and its members (`TorchCompute` there, `SimCompute` 
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Sequence
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol
 
 from kvfleet.kvstore.config import KVStoreConfig
 from kvfleet.kvstore.tiers.stack import KVTiers
@@ -17,6 +18,9 @@ from .engine_config import EngineConfig
 from .scheduler import ScheduledChunk
 from .weights import config_from_file
 
+if TYPE_CHECKING:
+    from .sampling import RowResult
+
 
 class ComputeBackend(Protocol):
     """Runs one step; owns the model and the K/V bytes (never the page tables)."""
@@ -25,8 +29,9 @@ class ComputeBackend(Protocol):
     model_config: ModelConfig
     store_config: KVStoreConfig
 
-    def execute(self, chunks: Sequence[ScheduledChunk]) -> list[int | None]:
-        """Run `chunks` as one batch; a sampled token for each chunk that samples, else None."""
+    def execute(self, chunks: Sequence[ScheduledChunk]) -> list[RowResult | None]:
+        """Run `chunks` as one batch; for each chunk that samples a token (int), a
+        SampledToken (logprobs asked) or a SampleFailure (that sequence alone fails), else None."""
         ...
 
     def open_tiers(self) -> KVTiers | None:
@@ -35,7 +40,12 @@ class ComputeBackend(Protocol):
 
 
 def resolve_model_config(config: EngineConfig) -> ModelConfig:
-    """The model's shape: from the checkpoint's config.json, else the named preset."""
+    """The model's shape: from the checkpoint's config.json, else the named preset; a
+    `max_model_len` caps its context (so the KV pools are sized for that, not the maximum)."""
     if config.model_path:
-        return config_from_file(f"{config.model_path}/config.json")
-    return preset(config.model)
+        shape = config_from_file(f"{config.model_path}/config.json")
+    else:
+        shape = preset(config.model)
+    if config.max_model_len and config.max_model_len < shape.max_position:
+        shape = dataclasses.replace(shape, max_position=config.max_model_len)
+    return shape

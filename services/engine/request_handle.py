@@ -46,5 +46,6 @@ class RequestHandle:
         if not self.done:
             self._cancel(self.call.request_id)
 
-    def _put(self, item: SampleOutput | BaseException) -> None:
+    def put(self, item: SampleOutput | BaseException) -> None:
+        """The engine side (core thread): queue an output, or the error that ends the request."""
         self._outputs.put(item)

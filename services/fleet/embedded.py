@@ -12,12 +12,13 @@ import uuid
 from dataclasses import dataclass, field
 
 from kvfleet.services.engine.engine_config import EngineConfig
-from kvfleet.services.engine.http_backends import RouterBackend
+from kvfleet.services.engine.http_backends import RouterBackend, model_card
 from kvfleet.services.engine.http_server import HttpServer
 from kvfleet.services.engine.openai_http import build_app
 from kvfleet.services.engine.rank import EngineRank, RankAddresses
-from kvfleet.services.engine.tokenizer import load_tokenizer
 from kvfleet.services.router.admission import AdmissionConfig
+
+from .metrics import FleetMetrics, serve_fleet_metrics
 
 log = logging.getLogger(__name__)
 
@@ -35,6 +36,7 @@ class FleetConfig:
     http_port: int = 0
     redis_url: str | None = DEFAULT_REDIS_URL  # None: never try Redis
     admission: AdmissionConfig = field(default_factory=AdmissionConfig)  # affinity, wait bound
+    metrics_port: int | None = None  # one /metrics page for router and ranks; None: none
 
 
 def redis_answers(url: str, timeout: float = 0.5) -> bool:
@@ -64,6 +66,8 @@ class EmbeddedFleet:
         self.router_port: int | None = None
         self.http: HttpServer | None = None
         self._backend: RouterBackend | None = None
+        self._metrics_http = None
+        self.metrics_port: int | None = None
 
     @property
     def router_address(self) -> str:
@@ -87,10 +91,15 @@ class EmbeddedFleet:
                 host=c.host, router=self.router_address, rank_id=f"rank-{index}"
             )
             self.ranks.append(EngineRank(c.engine, addresses).start())
-        tokenizer = load_tokenizer(None)
-        names = (c.engine.model, "kvfleet")
-        self._backend = RouterBackend(self.router_address, tokenizer, names)
+        first = self.ranks[0]  # every rank runs the same model
+        card = model_card(first.core.model_config)
+        self._backend = RouterBackend(self.router_address, first.tokenizer, first.model_names, card)
         self.http = HttpServer(build_app(self._backend), c.host, c.http_port).start()
+        if c.metrics_port is not None:
+            ranks = {rank.addresses.rank_id: rank.metrics.registry for rank in self.ranks}
+            collector = FleetMetrics(self.router.metrics.registry, ranks)
+            self._metrics_http = serve_fleet_metrics(collector, c.host, c.metrics_port)
+            self.metrics_port = self._metrics_http.server_port
         deadline = time.monotonic() + timeout
         for rank in self.ranks:
             if not rank.link.registered.wait(max(0.0, deadline - time.monotonic())):
@@ -98,7 +107,10 @@ class EmbeddedFleet:
         return self
 
     def stop(self) -> None:
-        """Stop the HTTP front, the ranks, the router; delete this fleet's Redis keys."""
+        """Stop /metrics, the HTTP front, the ranks, the router; delete this fleet's Redis keys."""
+        if self._metrics_http is not None:
+            self._metrics_http.shutdown()
+            self._metrics_http.server_close()
         if self.http is not None:
             self.http.stop()
         if self._backend is not None:

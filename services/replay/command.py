@@ -1,4 +1,9 @@
-"""`kvfleet replay TRACE... --target SPEC`: replay agent traces and measure prefix reuse."""
+"""`kvfleet replay TRACE... --target SPEC`: replay agent traces and measure prefix reuse.
+
+Before replaying, each target is asked for its model (`describe`): the vocabulary the
+synthesised token ids must stay below and the context that turns must fit (turns that do not
+are dropped, and a run with nothing left says so and exits 2). Command-line values win.
+"""
 
 from __future__ import annotations
 
@@ -20,12 +25,15 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         description="Replay Claude Code session files (.json, or a directory of them) and "
         "Mooncake traces (.jsonl) as concurrent sessions; print a table, write --json.",
     )
-    parser.add_argument("traces", nargs="+", type=Path, metavar="TRACE")
+    parser.add_argument(
+        "traces", nargs="+", type=Path, metavar="TRACE", help="trace files or directories"
+    )
     parser.add_argument(
         "--target",
         action="append",
         required=True,
-        help="http://HOST:PORT, grpc://HOST:PORT or sim; repeat to compare arms",
+        help="http://HOST:PORT[/v1], grpc://HOST:PORT or sim[:FILE.yaml][?k=v&...]; "
+        "repeat to compare arms",
     )
     parser.add_argument("--arm", action="append", default=None, help="name per --target")
     parser.add_argument("--json", type=Path, default=None, help="write the measures here")
@@ -36,15 +44,31 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     )
     parser.add_argument("--stagger", type=float, default=1.0, help="seconds between session starts")
     parser.add_argument("--seed", type=int, default=0, help="seed of the synthesised tokens")
-    parser.add_argument("--max-model-len", type=int, default=None, help="drop longer turns")
+    parser.add_argument(
+        "--max-model-len",
+        type=int,
+        default=None,
+        help="drop turns whose prompt + output is longer (default: the targets' context)",
+    )
     parser.add_argument("--limit", type=int, default=None, help="replay the first N conversations")
-    parser.add_argument("--vocab-size", type=int, default=DEFAULT_VOCAB_SIZE)
+    parser.add_argument(
+        "--vocab-size",
+        type=int,
+        default=None,
+        help=f"token ids are below it (default: the target's, else {DEFAULT_VOCAB_SIZE})",
+    )
     parser.add_argument("--model", default="kvfleet", help="model name sent to the target")
     parser.add_argument("--request-timeout", type=float, default=600.0, help="seconds")
     parser.add_argument(
         "--shared-system-prefix",
         action="store_true",
         help="map every Claude Code session's tools+system blocks onto one common chain",
+    )
+    parser.add_argument(
+        "--give-up-after",
+        type=int,
+        default=8,
+        help="stop when this many requests failed before any succeeded; 0: never",
     )
     parser.add_argument("--no-progress", action="store_true", help="hide the progress bar")
     parser.set_defaults(func=run)
@@ -69,20 +93,27 @@ def replay_config(args: argparse.Namespace) -> dict[str, Any]:
 
 
 def run(args: argparse.Namespace) -> int:
-    """Run the replay; exit status 1 when any request failed, 2 on a bad trace or target."""
+    """Run the replay; exit status 1 when any request failed (or the first ones all did), 2 on
+    a bad trace or target, or when no turn fits the model."""
     from rich.console import Console
 
     from .claude_code import TraceFormatError
     from .plots import write_plots
     from .report import print_report
-    from .target_types import TargetUnavailable
+    from .target_types import TargetError, TargetUnavailable
 
     arms = _arm_names(args)
     try:
         results = asyncio.run(_replay(args, arms))
-    except (TargetUnavailable, TraceFormatError, FileNotFoundError) as error:
+    except (TargetUnavailable, TargetError, TraceFormatError, FileNotFoundError) as error:
         print(f"kvfleet replay: {error}", file=sys.stderr)
         return 2
+    except NothingToReplay as error:  # an empty workload is a setup error, not a result
+        print(f"kvfleet replay: {error}", file=sys.stderr)
+        return 2
+    except ArmStopped as error:
+        print(f"kvfleet replay: {error}", file=sys.stderr)
+        return 1
     print_report({r.name: r.measures for r in results}, Console())
     if args.json is not None:
         payload: dict[str, Any] = (
@@ -104,6 +135,14 @@ def run(args: argparse.Namespace) -> int:
     return 1 if failed else 0
 
 
+class NothingToReplay(ValueError):
+    """Reading and filtering left no turn to send."""
+
+
+class ArmStopped(RuntimeError):
+    """An arm stopped early because its first requests all failed."""
+
+
 def _arm_names(args: argparse.Namespace) -> list[str]:
     if args.arm is None:
         return list(args.target)
@@ -115,38 +154,68 @@ def _arm_names(args: argparse.Namespace) -> list[str]:
 async def _replay(args: argparse.Namespace, arms: list[str]) -> list[Any]:
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TimeElapsedColumn
 
-    from .driver import DriverOptions
-    from .readers import ReadOptions, filter_max_model_len, read_traces
+    from .driver import AllRequestsFailed, DriverOptions
     from .runner import run_arm
     from .target import open_target
     from .target_types import TargetOptions
     from .tokens import TokenSynthesizer
 
+    targets = [open_target(s, TargetOptions(args.model, args.request_timeout)) for s in args.target]
+    try:
+        infos = [await target.describe() for target in targets]
+        conversations, max_model_len = _workload(args, infos)
+        options = DriverOptions(args.sessions, args.time_scale, args.stagger, args.give_up_after)
+        total = sum(c.request_count() for c in conversations)
+        config = {**replay_config(args), "max_model_len": max_model_len}
+        results = []
+        for name, spec, target, info in zip(arms, args.target, targets, infos, strict=True):
+            vocab = args.vocab_size or info.vocab_size or DEFAULT_VOCAB_SIZE
+            columns = ("{task.description}", BarColumn(), MofNCompleteColumn(), TimeElapsedColumn())
+            with Progress(*columns, disable=args.no_progress) as progress:
+                task = progress.add_task(f"replay {name}", total=total)
+                try:
+                    result = await run_arm(
+                        name,
+                        target,
+                        conversations,
+                        TokenSynthesizer(args.seed, vocab),
+                        options,
+                        {**config, "target": spec, "arm": name, "vocab_size": vocab},
+                        on_record=lambda _record, task=task: progress.advance(task),
+                    )
+                except AllRequestsFailed as error:
+                    raise ArmStopped(f"{name}: stopped, {error}") from error
+            results.append(result)
+        return results
+    finally:
+        for target in targets:
+            await target.aclose()
+
+
+def _workload(args: argparse.Namespace, infos: list[Any]) -> tuple[list[Any], int | None]:
+    """The conversations to replay and the context they were filtered to (None: unfiltered).
+
+    The tightest context of the targets applies to every arm, so arms replay the same turns.
+    """
+    from .readers import ReadOptions, filter_max_model_len, read_traces
+
     conversations = read_traces(args.traces, ReadOptions(args.shared_system_prefix))
-    if args.max_model_len is not None:
-        conversations = filter_max_model_len(conversations, args.max_model_len)
+    reported = [info.max_model_len for info in infos if info.max_model_len]
+    max_model_len = args.max_model_len or (min(reported) if reported else None)
+    if max_model_len is not None:
+        before = sum(c.request_count() for c in conversations)
+        conversations = filter_max_model_len(conversations, max_model_len)
+        after = sum(c.request_count() for c in conversations)
+        source = "--max-model-len" if args.max_model_len else "the target's context"
+        if not conversations:
+            raise NothingToReplay(
+                f"none of the {before} turns fits in {max_model_len} tokens ({source}): "
+                "nothing to replay; serve a model with a longer context (kvfleet up "
+                "--compute-backend sim --model 8b) or raise --max-model-len"
+            )
+        if after < before:
+            dropped = f"{before - after} of {before} turns are longer than {max_model_len} tokens"
+            print(f"kvfleet replay: {dropped} ({source}) and are left out", file=sys.stderr)
     if args.limit is not None:
         conversations = conversations[: args.limit]
-    options = DriverOptions(args.sessions, args.time_scale, args.stagger)
-    total = sum(c.request_count() for c in conversations)
-    config = replay_config(args)
-    results = []
-    for name, spec in zip(arms, args.target, strict=True):
-        target = open_target(spec, TargetOptions(args.model, args.request_timeout))
-        columns = ("{task.description}", BarColumn(), MofNCompleteColumn(), TimeElapsedColumn())
-        with Progress(*columns, disable=args.no_progress) as progress:
-            task = progress.add_task(f"replay {name}", total=total)
-            try:
-                result = await run_arm(
-                    name,
-                    target,
-                    conversations,
-                    TokenSynthesizer(args.seed, args.vocab_size),
-                    options,
-                    {**config, "target": spec, "arm": name},
-                    on_record=lambda _record, task=task: progress.advance(task),
-                )
-            finally:
-                await target.aclose()
-        results.append(result)
-    return results
+    return conversations, max_model_len

@@ -5,7 +5,8 @@ from a shared queue, one after another. Within a conversation a turn is sent `th
 time_scale` after the previous turn finished (0: at once), and not before the sub-agents
 spawned since that turn have finished. Sub-agents run as concurrent users, each starting its
 trace delay (scaled) after the parent's previous turn. The driver only reads the workload; its
-record list has one writer, `_send`.
+record list has one writer, `_send`. When the first `give_up_after` requests all fail (a wrong
+target, prompts the model cannot take) it stops at once rather than pacing through the trace.
 """
 
 from __future__ import annotations
@@ -28,11 +29,14 @@ class DriverOptions:
     sessions: int = 8
     time_scale: float = 1.0
     stagger_s: float = 1.0
+    give_up_after: int = 0  # failures before any success that stop the run; 0: never stop
     stop_s: float | None = None  # no turn is sent this long after the start (a measured window)
 
     def __post_init__(self) -> None:
         if self.sessions < 1:
             raise ValueError(f"sessions={self.sessions} must be >= 1")
+        if self.give_up_after < 0:
+            raise ValueError(f"give_up_after={self.give_up_after} must be >= 0")
         if self.stop_s is not None and self.stop_s <= 0:
             raise ValueError(f"stop_s={self.stop_s} must be > 0")
         if self.time_scale < 0 or self.stagger_s < 0:
@@ -42,6 +46,15 @@ class DriverOptions:
 
 
 RecordSink = Callable[[RequestRecord], None]
+
+
+class AllRequestsFailed(RuntimeError):
+    """The first requests of a run all failed; `last_error` is the latest one's message."""
+
+    def __init__(self, failures: int, last_error: str) -> None:
+        super().__init__(f"the first {failures} requests all failed; the last: {last_error}")
+        self.failures = failures
+        self.last_error = last_error
 
 
 class LoadDriver:
@@ -60,15 +73,28 @@ class LoadDriver:
         self.on_record = on_record
         self._records: list[RequestRecord] = []
         self._start = 0.0
+        self._succeeded = 0
+        self._tasks: list[asyncio.Task[None]] = []  # sessions and sub-agents, to cancel
 
     async def run(self, conversations: Sequence[Conversation]) -> list[RequestRecord]:
-        """Replay every conversation; returns the records in completion order."""
+        """Replay every conversation; returns the records in completion order.
+
+        Raises AllRequestsFailed (the sessions cancelled) when the first requests all failed.
+        """
         self._records = []
+        self._succeeded = 0
         clock = self.target.clock
         self._start = clock.now()
         queue = deque(conversations)
         slots = min(self.options.sessions, len(queue))
-        await asyncio.gather(*(self._session(slot, queue) for slot in range(slots)))
+        self._tasks = [asyncio.create_task(self._session(slot, queue)) for slot in range(slots)]
+        try:
+            await asyncio.gather(*self._tasks[:slots])
+        except AllRequestsFailed:
+            for task in self._tasks:
+                task.cancel()
+            await asyncio.gather(*self._tasks, return_exceptions=True)
+            raise
         return list(self._records)
 
     async def _session(self, slot: int, queue: deque[Conversation]) -> None:
@@ -101,6 +127,7 @@ class LoadDriver:
             for delay_s, child in step.children:
                 start = previous_finish + delay_s * scale
                 children.append(asyncio.create_task(self._child(child, start)))
+                self._tasks.append(children[-1])
         if children:
             await asyncio.gather(*children)
 
@@ -148,3 +175,7 @@ class LoadDriver:
         self._records.append(record)
         if self.on_record is not None:
             self.on_record(record)
+        self._succeeded += record.ok
+        failures = len(self._records) - self._succeeded
+        if not self._succeeded and failures == self.options.give_up_after:
+            raise AllRequestsFailed(failures, record.error or "")

@@ -11,7 +11,7 @@ import grpc
 from kvfleet.proto import common_pb2, router_pb2, router_pb2_grpc
 
 from .records import Generation
-from .target_types import TargetError, WallClock
+from .target_types import TargetError, TargetInfo, WallClock
 
 SCHEME = "grpc://"
 
@@ -39,6 +39,10 @@ class RouterGenerateTarget:
             sampling=common_pb2.SamplingParams(temperature=0.0),
             max_tokens=max_tokens,
         )
+
+    async def describe(self) -> TargetInfo:
+        """Nothing: the router's API does not describe the ranks' model (pass --vocab-size)."""
+        return TargetInfo()
 
     async def generate(
         self, conversation_id: str, tokens: list[int], max_tokens: int

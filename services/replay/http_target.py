@@ -1,5 +1,7 @@
 """The `http://HOST:PORT` target: OpenAI `/v1/completions` with streaming.
 
+The base URL may end in `/v1` (what `kvfleet up` and most servers print) or not.
+
 The prompt goes as a list of token ids (the API allows it). TTFT is the first streamed chunk
 with a choice; reused tokens are `usage.prompt_tokens_details.cached_tokens` of the final usage
 chunk (`stream_options.include_usage`). The conversation id goes in `user` and in the
@@ -15,7 +17,7 @@ from typing import Any
 import httpx
 
 from .records import Generation
-from .target_types import TargetError, WallClock
+from .target_types import TargetError, TargetInfo, WallClock
 
 CONVERSATION_HEADER = "X-Conversation-Id"
 
@@ -36,10 +38,29 @@ class OpenAICompletionsTarget:
         self.clock = WallClock()
         self.model = model
         self._client = httpx.AsyncClient(
-            base_url=base_url.rstrip("/"),
+            base_url=server_root(base_url),
             timeout=httpx.Timeout(timeout_s),
             limits=httpx.Limits(max_connections=max_connections),
         )
+
+    async def describe(self) -> TargetInfo:
+        """`vocab_size` and `max_model_len` of this model's `/v1/models` entry (vLLM and
+        kvfleet publish the context length; kvfleet also the vocabulary), where given."""
+        try:
+            response = await self._client.get("/v1/models")
+        except httpx.HTTPError as error:
+            raise TargetError(f"GET /v1/models failed: {error!r}") from error
+        if response.status_code != 200:
+            return TargetInfo()  # a server without the listing tells nothing
+        try:
+            entries = [e for e in response.json().get("data") or [] if isinstance(e, dict)]
+        except (ValueError, AttributeError):
+            return TargetInfo()
+        entry = next((e for e in entries if e.get("id") == self.model), None)
+        if entry is None:
+            known = [e.get("id") for e in entries]
+            raise TargetError(f"model {self.model!r} (--model) is not served here; known: {known}")
+        return TargetInfo(_positive(entry.get("vocab_size")), _positive(entry.get("max_model_len")))
 
     def request_body(self, conversation_id: str, tokens: list[int], max_tokens: int) -> dict:
         """The JSON body of one completion request."""
@@ -88,6 +109,16 @@ class OpenAICompletionsTarget:
     async def aclose(self) -> None:
         """Close the connection pool."""
         await self._client.aclose()
+
+
+def server_root(base_url: str) -> str:
+    """`http://h:p/v1` and `http://h:p/` both mean the server at `http://h:p`."""
+    root = base_url.rstrip("/")
+    return root[: -len("/v1")] if root.endswith("/v1") else root
+
+
+def _positive(value: Any) -> int | None:
+    return value if isinstance(value, int) and value > 0 else None
 
 
 def _event(line: str) -> dict[str, Any] | None:

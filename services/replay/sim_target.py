@@ -14,7 +14,7 @@ from .records import Generation
 from .sim_clock import VirtualClock
 from .sim_config import SimConfig, load_sim_config, parse_sim_spec
 from .sim_fleet import SimFleet
-from .target_types import TargetError, TargetOptions
+from .target_types import TargetError, TargetInfo, TargetOptions
 
 
 class SimTarget:
@@ -24,6 +24,10 @@ class SimTarget:
         self.config = config
         self.clock = VirtualClock()
         self.fleet = SimFleet(config, self.clock)
+
+    async def describe(self) -> TargetInfo:
+        """Any token id will do (blocks are hashed, not embedded); the context is the fleet's."""
+        return TargetInfo(max_model_len=self.config.fleet.max_context_tokens)
 
     async def generate(
         self, conversation_id: str, tokens: list[int], max_tokens: int

@@ -40,10 +40,22 @@ class WallClock:
             await asyncio.sleep(seconds)
 
 
+@dataclass(frozen=True)
+class TargetInfo:
+    """What a target says of its model; None where it does not say."""
+
+    vocab_size: int | None = None  # token ids sent must be below it
+    max_model_len: int | None = None  # prompt + output tokens one request may have
+
+
 class Target(Protocol):
     """Something that generates completions for token prompts."""
 
     clock: Clock
+
+    async def describe(self) -> TargetInfo:
+        """The model's vocabulary and context, as far as the target tells them."""
+        ...
 
     async def generate(
         self, conversation_id: str, tokens: list[int], max_tokens: int

@@ -3,20 +3,53 @@
 from __future__ import annotations
 
 import argparse
+import os
+
+
+def default_replica_id() -> str | None:
+    """The pod's name when known: a restarted pod clears what its last run reserved."""
+    if os.environ.get("POD_NAME"):
+        return os.environ["POD_NAME"]
+    if os.environ.get("KUBERNETES_SERVICE_HOST") and os.environ.get("HOSTNAME"):
+        return os.environ["HOSTNAME"]
+    return None
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
     """Add the `router` subcommand."""
-    parser = subparsers.add_parser("router", help="run the router (gRPC, Redis pins, metrics)")
+    parser = subparsers.add_parser(
+        "router",
+        help="run the router (gRPC, Redis pins, metrics)",
+        description="Run the router: the gRPC Router and RankRegistry services, conversation "
+        "pins and slot reservations in Redis (in-process without --redis-url), /metrics.",
+    )
     parser.add_argument("--host", default="0.0.0.0", help="address to bind")
-    parser.add_argument("--grpc-port", type=int, default=50051, help="0 picks a free port")
-    parser.add_argument("--metrics-port", type=int, default=9400, help="-1: no /metrics")
+    parser.add_argument("--grpc-port", type=int, default=50051, help="gRPC port; 0: a free one")
+    parser.add_argument("--metrics-port", type=int, default=9400, help="/metrics port; -1: none")
     parser.add_argument(
         "--redis-url", default=None, help="redis://HOST:6379/0; without it all state is in-process"
     )
     parser.add_argument("--redis-prefix", default="kvfleet", help="key prefix (one per fleet)")
-    parser.add_argument("--router-id", default=None, help="names this replica's reservations")
-    parser.add_argument("--affinity", choices=("strict", "lenient"), default="strict")
+    parser.add_argument(
+        "--replica-id",
+        "--router-id",
+        dest="replica_id",
+        default=default_replica_id(),
+        help="names this replica's reservations; stable across restarts "
+        "(default: $POD_NAME, $HOSTNAME in Kubernetes, else random)",
+    )
+    parser.add_argument(
+        "--lease-seconds",
+        type=float,
+        default=10.0,
+        help="a killed replica's reservations are released within about 1.3 x this",
+    )
+    parser.add_argument(
+        "--affinity",
+        choices=("strict", "lenient"),
+        default="strict",
+        help="strict: a pinned turn waits (bounded) for its rank; lenient: any free rank",
+    )
     parser.add_argument(
         "--max-wait-passes",
         type=int,
@@ -35,13 +68,38 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         default="load",
         help="how new conversations are placed",
     )
-    parser.add_argument("--pin-ttl-seconds", type=float, default=3600.0)
-    parser.add_argument("--heartbeat-timeout-seconds", type=float, default=10.0)
+    parser.add_argument(
+        "--pin-ttl-seconds", type=float, default=3600.0, help="a conversation's pin lifetime"
+    )
+    parser.add_argument(
+        "--heartbeat-timeout-seconds",
+        type=float,
+        default=10.0,
+        help="a rank silent this long is removed",
+    )
+    parser.add_argument(
+        "--redis-timeout-seconds",
+        type=float,
+        default=1.0,
+        help="socket timeout of each Redis call (past it the router serves from local state)",
+    )
     parser.add_argument(
         "--max-queue-seconds",
         type=float,
         default=600.0,
         help="a request waiting longer fails with RESOURCE_EXHAUSTED",
+    )
+    parser.add_argument(
+        "--max-call-seconds",
+        type=float,
+        default=None,
+        help="cap on one forwarded engine call (default: the client's deadline, or none)",
+    )
+    parser.add_argument(
+        "--stream-idle-seconds",
+        type=float,
+        default=120.0,
+        help="an engine stream silent this long is cancelled and the rank taken for failed",
     )
     parser.add_argument(
         "--grace-seconds",
@@ -52,16 +110,11 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser.set_defaults(func=run)
 
 
-def run(args: argparse.Namespace) -> int:
-    """Start the router and serve until SIGTERM/SIGINT."""
-    import logging
-    import signal
-    import threading
-
+def router_config(args: argparse.Namespace):
+    """The `RouterConfig` the command line asks for."""
     from kvfleet.services.router.admission import AdmissionConfig
-    from kvfleet.services.router.server import RouterConfig, create_server
+    from kvfleet.services.router.server import RouterConfig
 
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s %(message)s")
     admission = AdmissionConfig(
         affinity=args.affinity,
         placement=args.placement,
@@ -70,16 +123,39 @@ def run(args: argparse.Namespace) -> int:
         pin_ttl_seconds=args.pin_ttl_seconds,
         heartbeat_timeout_seconds=args.heartbeat_timeout_seconds,
     )
-    extra = {"router_id": args.router_id} if args.router_id else {}
-    config = RouterConfig(
+    extra = {"router_id": args.replica_id} if args.replica_id else {}
+    return RouterConfig(
         admission=admission,
         redis_url=args.redis_url,
         redis_prefix=args.redis_prefix,
         max_queue_seconds=args.max_queue_seconds,
+        max_call_seconds=args.max_call_seconds,
+        lease_seconds=args.lease_seconds,
+        redis_timeout_seconds=args.redis_timeout_seconds,
+        stream_idle_seconds=args.stream_idle_seconds,
         metrics_port=None if args.metrics_port < 0 else args.metrics_port,
         **extra,
     )
-    server, port = create_server(f"{args.host}:{args.grpc_port}", config)
+
+
+def run(args: argparse.Namespace) -> int:
+    """Start the router and serve until SIGTERM/SIGINT; 2 when a port cannot be bound."""
+    import logging
+    import signal
+    import sys
+    import threading
+
+    from kvfleet.services.router.server import create_server
+
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s %(message)s")
+    config = router_config(args)
+    try:
+        server, port = create_server(f"{args.host}:{args.grpc_port}", config)
+    except (OSError, RuntimeError) as error:  # grpc raises RuntimeError when it cannot bind
+        ports = f"--grpc-port {args.grpc_port} or --metrics-port {args.metrics_port}"
+        print(f"kvfleet router: could not listen on {args.host} ({ports}): {error}; choose "
+              "free ports (0 picks one)", file=sys.stderr, flush=True)  # fmt: skip
+        return 2
     print(f"router listening on port {port} metrics port {server.metrics_port}", flush=True)
     stop = threading.Event()
     for sig in (signal.SIGTERM, signal.SIGINT):

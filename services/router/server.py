@@ -13,14 +13,17 @@ import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 from kvfleet.proto import router_pb2, router_pb2_grpc
+from kvfleet.proto.limits import GRPC_MESSAGE_OPTIONS
 from kvfleet.services.router.admission import GENERATION_ROLES, AdmissionConfig, AdmissionQueue
 from kvfleet.services.router.failover_store import FailoverStore
 from kvfleet.services.router.metrics import RouterMetrics
 from kvfleet.services.router.prefix_index import PrefixIndex
 from kvfleet.services.router.redis_store import RedisStore
+from kvfleet.services.router.replica_lease import ReplicaLease
 from kvfleet.services.router.runtime import RouterRuntime
 from kvfleet.services.router.service import EngineChannels, RankRegistryServicer, RouterServicer
 from kvfleet.services.router.store import AdmissionStore, LocalStore
+from kvfleet.services.router.stream_watch import StreamWatch
 from kvfleet.services.router.validation import RequestLimits
 from prometheus_client import start_http_server
 
@@ -41,8 +44,18 @@ class RouterConfig:
     redis_url: str | None = None
     redis_prefix: str = "kvfleet"
     redis_timeout_seconds: float = 1.0
+    redis_retry_seconds: float = 0.5  # while degraded, how often Redis is tried again
+    # Reservations of a replica whose lease lapsed (killed) are released by the others.
+    lease_seconds: float = 10.0
+    # After a resync, how long no rank counts as silent (None: one heartbeat timeout).
+    resync_grace_seconds: float | None = None
+    pin_sweep_seconds: float = 10.0  # how often expired pins leave memory and rank_pins sets
     router_id: str = field(default_factory=lambda: uuid.uuid4().hex[:12])
     max_queue_seconds: float = 600.0
+    # Cap on one forwarded engine call (None: the client's deadline alone, or none).
+    max_call_seconds: float | None = None
+    # An engine stream silent this long is cancelled and its rank taken for failed.
+    stream_idle_seconds: float = 120.0
     tick_seconds: float = 0.05
     max_workers: int = 256
     metrics_port: int | None = None  # None: no /metrics endpoint; 0: any free port
@@ -58,8 +71,12 @@ class RouterServer:
         channels: EngineChannels,
         metrics: RouterMetrics,
         health_servicer: health.HealthServicer,
+        lease: ReplicaLease | None = None,
+        watch: StreamWatch | None = None,
     ) -> None:
+        self._watch = watch
         self.grpc_server = grpc_server
+        self.lease = lease
         self.runtime = runtime
         self.metrics = metrics
         self._channels = channels
@@ -80,6 +97,10 @@ class RouterServer:
         self._health.enter_graceful_shutdown()
         self.grpc_server.stop(grace).wait(timeout=(grace or 0) + 5)
         self.runtime.stop()
+        if self._watch is not None:
+            self._watch.stop()
+        if self.lease is not None:
+            self.lease.stop()
         self._channels.close()
         if self._metrics_http is not None:
             self._metrics_http.shutdown()
@@ -126,14 +147,23 @@ def create_server(
         clock,
         config.max_queue_seconds,
         config.tick_seconds,
+        config.redis_retry_seconds,
         generation_queue=generation_queue,
+        resync_grace_seconds=config.resync_grace_seconds,
+        pin_sweep_seconds=config.pin_sweep_seconds,
     )
     channels = EngineChannels()
+    watch = StreamWatch(config.stream_idle_seconds, lambda: set(runtime.ranks())).start()
+    runtime.removal_listeners.append(watch.rank_removed)
     grpc_server = grpc.server(
-        futures.ThreadPoolExecutor(max_workers=config.max_workers, thread_name_prefix="router-grpc")
+        futures.ThreadPoolExecutor(
+            max_workers=config.max_workers, thread_name_prefix="router-grpc"
+        ),
+        options=GRPC_MESSAGE_OPTIONS,
     )
     router_pb2_grpc.add_RouterServicer_to_server(
-        RouterServicer(runtime, channels, config.limits, clock), grpc_server
+        RouterServicer(runtime, channels, config.limits, clock, watch, config.max_call_seconds),
+        grpc_server,
     )
     router_pb2_grpc.add_RankRegistryServicer_to_server(
         RankRegistryServicer(runtime, config.admission.heartbeat_timeout_seconds / 3), grpc_server
@@ -148,9 +178,12 @@ def create_server(
     port = grpc_server.add_insecure_port(address)
     if port == 0:
         raise OSError(f"could not bind the router to {address}")
+    lease = None
+    if isinstance(store, FailoverStore):
+        lease = ReplicaLease(store, config.lease_seconds).start()
     runtime.start()
     grpc_server.start()
-    server = RouterServer(grpc_server, runtime, channels, metrics, health_servicer)
+    server = RouterServer(grpc_server, runtime, channels, metrics, health_servicer, lease, watch)
     if config.metrics_port is not None:
         server.serve_metrics(config.metrics_port)
     log.info(

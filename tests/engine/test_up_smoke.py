@@ -16,12 +16,13 @@ def test_up_smoke_runs_two_turns_through_both_apis_and_exits_zero():
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
     result = subprocess.run(
         [sys.executable, "-m", "kvfleet.services.cli", "up", "--smoke",
-         "--router-port", "0", "--http-port", "0"],
+         "--router-port", "0", "--http-port", "0", "--metrics-port", "0"],
         cwd=REPO, env=env, capture_output=True, text=True, timeout=120,
     )  # fmt: skip
     assert result.returncode == 0, result.stdout + result.stderr
     out = result.stdout
     assert "router: grpc://127.0.0.1:" in out and "OpenAI base URL: http://127.0.0.1:" in out
+    assert "metrics: http://127.0.0.1:" in out
     assert "grpc turn 2" in out and "http turn 2" in out and "smoke: ok" in out
     assert "stopped." in out
 
@@ -34,7 +35,7 @@ def test_up_on_a_busy_port_exits_two_and_names_the_port():
         port = busy.getsockname()[1]
         result = subprocess.run(
             [sys.executable, "-m", "kvfleet.services.cli", "up", "--smoke",
-             "--router-port", "0", "--http-port", str(port)],
+             "--router-port", "0", "--http-port", str(port), "--metrics-port", "0"],
             cwd=REPO, env={**os.environ, "OMP_NUM_THREADS": "1"}, capture_output=True,
             text=True, timeout=120,
         )  # fmt: skip

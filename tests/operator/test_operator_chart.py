@@ -115,4 +115,6 @@ def test_rendered_children_are_valid_kubernetes():
     )
     for child in children:
         kubernetes_validate.validate(child, KUBERNETES_VERSION, strict=True)
-    assert len(children) == 10
+    kinds = {child["kind"] for child in children}
+    assert {"Secret", "NetworkPolicy", "PodDisruptionBudget", "StatefulSet"} <= kinds
+    assert len(children) == 16

@@ -94,7 +94,8 @@ async def test_scaling_a_pool_patches_only_that_statefulset(k8s, operator):
     await eventually(lambda: live(k8s, STS, "f2-generation")["spec"]["replicas"] == 5)
     patched = [(r.resource.plural, r.name) for r in list(k8s["patch"])[before:]]
     child_patches = [(plural, name) for plural, name in patched if plural != "kvfleets"]
-    assert child_patches == [("statefulsets", "f2-generation")]
+    # (the timer may converge the same change too: still that StatefulSet only)
+    assert set(child_patches) == {("statefulsets", "f2-generation")}
     assert live(k8s, STS, "f2-context")["spec"]["replicas"] == 1
     check_children_owned(k8s, "f2", "uid-2")
 

@@ -58,4 +58,8 @@ def test_switching_to_external_redis_deletes_managed_redis():
         for a in plan_children(after, applied(before))
         if a.verb == "delete"
     ]
-    assert sorted(deletes) == [("deployments", "f-redis"), ("services", "f-redis")]
+    assert sorted(deletes) == [
+        ("deployments", "f-redis"),
+        ("networkpolicies", "f-redis"),
+        ("services", "f-redis"),
+    ]

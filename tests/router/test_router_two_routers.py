@@ -3,9 +3,7 @@
 from __future__ import annotations
 
 import itertools
-import re
 import subprocess
-import sys
 import threading
 
 import grpc
@@ -14,43 +12,15 @@ import redis
 from kvfleet.proto import common_pb2, router_pb2, router_pb2_grpc
 from kvfleet.services.router.redis_store import RedisStore
 from router_fake_engine import SHARED_REDIS_URL, FakeEngine, wait_until
+from router_process import start_router as start_process
 
 CONVERSATIONS = 12
 TURNS = 3
 
 
 def start_router(prefix: str) -> tuple[subprocess.Popen, int]:
-    process = subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "kvfleet.services.cli",
-            "router",
-            "--host",
-            "127.0.0.1",
-            "--grpc-port",
-            "0",
-            "--metrics-port",
-            "-1",
-            "--redis-url",
-            SHARED_REDIS_URL,
-            "--redis-prefix",
-            prefix,
-            "--max-wait-passes",
-            "1000",
-            "--max-wait-seconds",
-            "30",
-        ],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.DEVNULL,
-        text=True,
-    )
-    line = process.stdout.readline()
-    match = re.search(r"port (\d+)", line)
-    if match is None:
-        process.kill()
-        raise RuntimeError(f"router did not print its port: {line!r}")
-    return process, int(match.group(1))
+    wait = ("--max-wait-passes", "1000", "--max-wait-seconds", "30")
+    return start_process(SHARED_REDIS_URL, prefix, *wait)
 
 
 @pytest.fixture

@@ -1,0 +1,117 @@
+"""The static-buffer decode path (what CUDA graphs replay) on CPU: bucket padding, the eager
+fallback, and greedy output identical to the plain eager step, with and without prefix cache."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+import torch
+from engine_testkit import TEST_CONFIG, greedy, make_core, shared_compute, tokens_of
+from kvfleet.services.engine.batch import ForwardBatch, SequenceChunk
+from kvfleet.services.engine.cuda_graphs import DecodeRunner, batch_buckets, is_decode_step
+from kvfleet.services.engine.engine_config import EngineConfig
+from kvfleet.services.engine.engine_request import GenerateCall
+
+STATIC = TEST_CONFIG.with_changes(decode_graphs="static")
+EAGER = TEST_CONFIG.with_changes(decode_graphs="off")
+
+
+def test_buckets_end_at_max_batch_and_pad_up():
+    assert batch_buckets(4) == (1, 2, 4)
+    assert batch_buckets(100) == (1, 2, 4, 8, 16, 24, 32, 48, 64, 96, 100)
+    assert batch_buckets(256)[-1] == 256
+
+
+def test_unknown_mode_is_refused_naming_the_field():
+    with pytest.raises(ValueError, match="decode_graphs"):
+        EngineConfig(decode_graphs="always")
+
+
+class _Chunk:
+    def __init__(self, token, start, pages):
+        self.new_tokens, self.start, self.page_ids = (token,), start, pages
+
+
+def test_padded_decode_matches_plain_forward_and_keeps_null_page_zero():
+    """Three sequences padded to bucket 4: same logits as the unpadded eager forward; the pad
+    row's K/V must not reach the null page."""
+    compute = shared_compute(EAGER, storage="graphs-unit")
+    compute.open_tiers()
+    cache, model = compute.cache, compute.model
+    rng = random.Random(3)
+    chunks, next_page = [], 1
+    for length in (5, 40, 70):
+        pages = list(range(next_page, next_page + -(-(length + 1) // cache.page_size)))
+        next_page += len(pages)
+        chunk_pages = dict.fromkeys(cache.num_pages, tuple(pages))
+        prompt = [rng.randrange(256) for _ in range(length)]
+        model(ForwardBatch.build([SequenceChunk(prompt, 0, chunk_pages)], cache), cache,
+              compute.attention)  # fmt: skip
+        chunks.append(_Chunk(rng.randrange(256), length, chunk_pages))
+    runner = DecodeRunner(model, cache, compute.attention, max_batch=4, capture=True)
+    assert not runner.capture  # CPU: the same buffers, run eagerly
+    assert runner.fits(chunks) and runner.bucket(len(chunks)) == 4
+    inputs = [SequenceChunk(c.new_tokens, c.start, c.page_ids) for c in chunks]
+    expected = model(ForwardBatch.build(inputs, cache), cache, compute.attention)
+    logits, tokens = runner.run(chunks)
+    assert logits.shape == expected.shape
+    torch.testing.assert_close(logits, expected, rtol=1e-5, atol=1e-5)
+    assert tokens.tolist() == expected.argmax(dim=-1).tolist()
+    cache.check_integrity()
+
+
+def test_prefill_and_oversized_batches_take_the_eager_path():
+    compute = shared_compute(EAGER, storage="graphs-unit")
+    runner = DecodeRunner(compute.model, compute.cache, compute.attention, 2, capture=False)
+    one = _Chunk(1, 3, {})
+    assert is_decode_step([one]) and runner.fits([one, one])
+    assert not runner.fits([one, one, one])  # past the last bucket
+    assert not is_decode_step([_Chunk(1, 3, {}), type("C", (), {"new_tokens": (1, 2)})()])
+    assert not is_decode_step([])
+
+
+def _serve(config: EngineConfig, storage: str, turns: int) -> list[list[int]]:
+    """Three conversations at once (batch 3 pads to 4), each turn resending the last plus its
+    output; the outputs of every turn, in order."""
+    core = make_core(config, storage=storage)
+    rng = random.Random(11)
+    prompts = [[rng.randrange(256) for _ in range(30 + 25 * c)] for c in range(3)]
+    outputs = []
+    try:
+        for turn in range(turns):
+            handles = [
+                core.submit(GenerateCall(f"c{c}-t{turn}", tuple(p), greedy(12), f"c{c}"))
+                for c, p in enumerate(prompts)
+            ]
+            for c, handle in enumerate(handles):
+                out = tokens_of(list(handle.outputs(60)))
+                outputs.append(out)
+                prompts[c] = prompts[c] + out + [rng.randrange(256) for _ in range(9)]
+        core.check_integrity()
+        core.call_on_core(core.compute.cache.check_integrity)
+    finally:
+        core.stop()
+    return outputs
+
+
+@pytest.mark.parametrize("policy", ["per_conversation", "per_request"])
+def test_greedy_output_identical_with_and_without_static_decode(policy):
+    """Padding, slots or page tables built wrong would change the tokens."""
+    static = _serve(STATIC.with_changes(reuse_policy=policy), f"graphs-static-{policy}", 3)
+    eager = _serve(EAGER.with_changes(reuse_policy=policy), f"graphs-eager-{policy}", 3)
+    assert static == eager
+
+
+def test_static_decode_runs_in_the_serving_path():
+    compute = shared_compute(STATIC, storage="graphs-path")
+    core = make_core(STATIC, storage="graphs-path")
+    calls = []
+    original = compute.decode.run
+    try:
+        compute.decode.run = lambda chunks: calls.append(len(chunks)) or original(chunks)
+        out = list(core.submit(GenerateCall("r", (1, 2, 3), greedy(4), "c")).outputs(30))
+    finally:
+        core.stop()
+    assert len(tokens_of(out)) == 4
+    assert calls == [1, 1, 1]  # the first token comes from the prefill step
