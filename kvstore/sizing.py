@@ -28,7 +28,7 @@ cannot keep even one long conversation's prefix.
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, NamedTuple
 
 from kvfleet.kvstore.life_cycles import LifeCycle
@@ -201,7 +201,7 @@ def lone_floors(
     """The pages (null page included) each pool needs for one conversation alone on the rank:
     one request at the longest context next to its previous turn's whole prefix (a turn that
     rewrites its prompt recomputes a prefix the previous one still holds), as far as
-    `total_pages` goes.
+    `total_pages` goes; none (2 each) when it cannot hold even that request alone.
 
     Pools whose peak does not grow with the context (window, state) get theirs first: they
     are small, and a proportional split under pressure would otherwise starve the pools that
@@ -219,11 +219,14 @@ def lone_floors(
     growing = [lc.name for lc in life_cycles if lc.kind in CONTEXT_SIZED_KINDS]
     bounded = [name for name in need if name not in growing]
     floors = {name: 2 for name in need}
+    alone = peak_demand(replace(lone, retained_turns=0), life_cycles, block_size)
+    if total_pages < sum(need[name] for name in bounded) + sum(alone[n] + 1 for n in growing):
+        return floors  # not even one request at the longest context fits: no floor helps
     room = total_pages - 2 * len(need)
     for name in bounded:
-        floors[name] += min(room, need[name] - 2)
+        floors[name] += min(room, max(0, need[name] - 2))
         room -= floors[name] - 2
-    wanted = {name: need[name] - 2 for name in growing}
+    wanted = {name: max(0, need[name] - 2) for name in growing}
     if room >= sum(wanted.values()):
         for name in growing:
             floors[name] += wanted[name]
