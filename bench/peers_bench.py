@@ -42,7 +42,14 @@ from rich.console import Console
 from rich.table import Table
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from peers_fleet import ROUTER_NEEDS, ROUTERS, Fleet, RankSettings, router_available
+from peers_fleet import (
+    ROUTER_NEEDS,
+    ROUTERS,
+    SERVED_MODEL,
+    Fleet,
+    RankSettings,
+    router_available,
+)
 from sim_bench import session_files
 
 TRACES = Path(__file__).resolve().parents[1] / ".." / "shared" / "traces" / "claude_code_weka"
@@ -140,7 +147,7 @@ def replay(spec: str, arm: str, out: Path, args: argparse.Namespace) -> dict:
         "--vocab-size",
         str(TEXT_VOCAB),
         "--model",
-        "kvfleet",
+        SERVED_MODEL,
         "--request-timeout",
         "300",
         "--no-progress",
@@ -245,9 +252,11 @@ def main() -> None:
                         skipped[name] = f"{ROUTER_NEEDS[router]} is not installed (extra 'peers')"
                         continue
                     try:
-                        results.setdefault(name, []).append(run_arm(name, settings, run_args, root))
+                        measures = run_arm(name, settings, run_args, root)
                     except (RuntimeError, TimeoutError) as error:
                         skipped[name] = str(error)
+                        continue
+                    results.setdefault(name, []).append(measures)
             print_table(results, regime, args)
     for name, why in skipped.items():
         print(f"skipped {name}: {why}")

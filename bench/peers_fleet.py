@@ -34,6 +34,7 @@ def script(name: str) -> Path:
 
 
 START_TIMEOUT_S = 60.0
+SERVED_MODEL = "tiny"  # the ranks' model name, which their OpenAI endpoints check
 
 
 def free_port() -> int:
@@ -54,11 +55,11 @@ class RankSettings:
     max_num_batched_tokens: int = 8192
     sim_time_scale: float = 1.0
     reuse_policy: str = "per_conversation"
-    max_num_turns: int = 2
+    max_num_turns: int = 5  # the engine's default
 
     def engine_yaml(self) -> dict:
         return {
-            "model": {"name": "tiny", "path": str(self.model_dir)},
+            "model": {"name": SERVED_MODEL, "path": str(self.model_dir)},
             "max_batch_size": self.max_batch_size,
             "reuse": {"policy": self.reuse_policy, "max_num_turns": self.max_num_turns},
             "engine": {

@@ -3,7 +3,8 @@
 Each session starts at a sampled turn (seeded), warmed by the turn before it (sent first, not
 measured); `--concurrency` sessions run at once with their real think times, a finished one
 replaced by the next, so ranks run at `max_batch_size`; turns arriving in the measured window
-(`--window-min` simulated minutes after the first warm-up turns are done) are measured. Arms:
+(`--window-min` simulated minutes, opening `--warmup-min` after the start in every arm, once
+the first sessions' warm-up turns are done) are measured. Arms:
 the baseline (lenient affinity, per_request, no checkpoint, no host tier), each change alone,
 and all of them (the shipped defaults plus a host tier). Columns: the design's (req/s, output
 tok/s over the window; prefix reuse, later turns with no reuse, TTFT p50/p90 of the measured
@@ -68,6 +69,7 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--gpu-pages", type=int, default=12800, help="per rank (H200, 8B)")
     parser.add_argument("--host-pages", type=int, default=12800, help="per rank, host arms")
     parser.add_argument("--window-min", type=float, default=30.0)
+    parser.add_argument("--warmup-min", type=float, default=5.0, help="before the window opens")
     parser.add_argument("--stagger", type=float, default=1.0)
     parser.add_argument("--max-model-len", type=int, default=131072)
     parser.add_argument("--seed", type=int, default=1)
@@ -95,28 +97,16 @@ async def run_one(name, fleet, conversations, warm, args) -> dict:
     target = SimTarget(load_sim_config(args.model, fleet))
     window_s = args.window_min * 60
     started = time.perf_counter()
-    # Warm-up: the first sessions' warm turns; the window starts when they are all done.
-    options = DriverOptions(args.concurrency, 1.0, args.stagger, stop_s=None)
+    # The window opens at the same time in every arm (`--warmup-min`), after the first
+    # sessions' warm-up turns; no turn is sent after it closes.
+    start = args.warmup_min * 60
+    options = DriverOptions(args.concurrency, 1.0, args.stagger, stop_s=start + window_s)
     driver = LoadDriver(target, TokenSynthesizer(args.seed, 32000), options)
-    first_warm = {c.conversation_id for c in conversations[: args.concurrency]}
-    warm_done = asyncio.get_running_loop().create_future()
-    pending = set(first_warm)
-    window: list[float] = []
-
-    def on_record(record) -> None:
-        if record.conversation_id in pending and record.turn_index == warm[record.conversation_id]:
-            pending.discard(record.conversation_id)
-            if not pending and not warm_done.done():
-                window.append(record.finish_s)
-                driver.options = dataclasses.replace(options, stop_s=record.finish_s + window_s)
-                warm_done.set_result(None)
-
-    driver.on_record = on_record
     try:
         records = await driver.run(conversations)
     finally:
         await target.aclose()
-    start, end = window[0], window[0] + window_s
+    end = start + window_s
     oracle, turns = PrefixOracle(), turn_index(conversations)
     measured, oracle_reused, oracle_prompt = [], 0, 0
     for record in sorted((r for r in records if r.ok), key=lambda r: r.arrival_s):
