@@ -49,7 +49,7 @@ class EngineConfig:
     # override kv_pages / plan_pools for those pools (a simulator arm's exact split).
     kv_pool_pages: tuple[tuple[str, int], ...] = ()
     reuse_policy: str = "per_conversation"
-    max_num_turns: int = 2
+    max_num_turns: int = 5
     keep_root: bool = False  # per_conversation: also keep the first turn's endpoints
     keep_branch_points: int = 0  # per_conversation: branch endpoints a conversation keeps
     checkpoint: bool = True

@@ -5,7 +5,7 @@ Layout (snake_case; the operator renders it, docs/operator.md documents it):
     model: {name: tiny, path: "", config: {dtype: bfloat16, max_model_len: 32768}}
     max_batch_size: 8
     ranks_per_pod: 1
-    reuse: {policy: per_conversation, max_num_turns: 2, checkpoint: true,
+    reuse: {policy: per_conversation, max_num_turns: 5, checkpoint: true,
             keep_root: false, keep_branch_points: 0}
     kv_tiers: {gpu_memory_fraction: 0.9, host_gib: 0, host_pages: null,
                disk: {enabled: false, dir: ..., gib: 32, pages: null, prefetch_num_reqs: 4}}
