@@ -87,8 +87,10 @@ class DiskFiles:
         """True if a file for the block exists now (it may still fail its checks on read)."""
         return self.path(life_cycle, block_hash).is_file()
 
-    def write(self, life_cycle: str, block_hash: int, payload: memoryview | bytes) -> None:
+    def write(self, life_cycle: str, block_hash: int, payload: memoryview | bytes | None) -> None:
         """Store the block atomically; raises OSError (full disk, read-only volume...)."""
+        if payload is None:
+            raise ValueError("a block file needs the block's bytes (byte-less tiers keep none)")
         path = self.path(life_cycle, block_hash)
         fingerprint = self.fingerprints[life_cycle]
         data = memoryview(payload).cast("B")

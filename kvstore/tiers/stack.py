@@ -24,7 +24,7 @@ import time
 from collections import Counter
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, cast
 
 from kvfleet.kvstore.block_pool import IntegrityError
 from kvfleet.kvstore.events import KVEvent, KVEventKind, KVEventListener, ignore_event
@@ -159,7 +159,7 @@ class KVTiers:
                 if tier == HOST:
                     self.host.pin(name, block_hash)
                     self.host.touch(name, block_hash)
-                    slot = self.host.lookup(name, block_hash)
+                    slot = cast(int, self.host.lookup(name, block_hash))  # pinned: held
                     row = self.bytes.host_row(name, slot)
                 else:
                     row = disk_rows[(index, block_hash)]
@@ -225,7 +225,7 @@ class KVTiers:
         for (name, block_hash), (data, problem) in self._prefetcher.completed():
             if data is None:
                 if problem != MISSING and isinstance(self.disk.files, DiskFiles):
-                    self.disk.files.discard(name, block_hash, problem)
+                    self.disk.files.discard(name, block_hash, problem or "unreadable")
                 self.disk.index.remove(name, block_hash)
                 self.metrics[DISK].misses += 1
                 continue

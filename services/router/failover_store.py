@@ -10,11 +10,14 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable, Iterable
+from typing import TypeVar
 
 import redis
 from kvfleet.services.router.model import RankInfo, RankLoad, RankSlots
 from kvfleet.services.router.redis_store import RedisStore
 from kvfleet.services.router.store import LocalStore, RankRecord
+
+T = TypeVar("T")
 
 log = logging.getLogger(__name__)
 
@@ -36,7 +39,7 @@ class FailoverStore:
         self._on_degraded = on_degraded
         self.degraded = False
 
-    def _remote_call(self, call: Callable[[], object]) -> tuple[bool, object]:
+    def _remote_call(self, call: Callable[[], T]) -> tuple[bool, T | None]:
         """Run a Redis call unless degraded; (False, None) when Redis is away."""
         if self.degraded:
             return False, None
@@ -71,11 +74,11 @@ class FailoverStore:
     def remove_rank(self, rank_id: str) -> int:
         released_locally = self.local.remove_rank(rank_id)
         ok, released = self._remote_call(lambda: self.remote.remove_rank(rank_id))
-        return int(released) if ok else released_locally
+        return int(released) if ok and released is not None else released_locally
 
     def snapshot(self) -> dict[str, tuple[RankSlots, float]]:
         ok, remote = self._remote_call(self.remote.snapshot)
-        if not ok:
+        if not ok or remote is None:
             return self.local.snapshot()
         known = self.local.ranks()
         for slots, last_heartbeat in remote.values():
@@ -87,7 +90,7 @@ class FailoverStore:
     def get_pins(self, conversation_ids: Iterable[str], now: float) -> dict[str, str]:
         conversations = list(conversation_ids)
         ok, remote = self._remote_call(lambda: self.remote.get_pins(conversations, now))
-        if not ok:
+        if not ok or remote is None:
             return self.local.get_pins(conversations, now)
         local = self.local.get_pins(remote.keys(), now)
         for conv, rank_id in remote.items():

@@ -8,6 +8,7 @@ import uuid
 from collections.abc import Callable
 from concurrent import futures
 from dataclasses import dataclass, field
+from typing import Any
 
 import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
@@ -64,7 +65,7 @@ class RouterServer:
         self.metrics = metrics
         self._channels = channels
         self._health = health_servicer
-        self._metrics_http = None
+        self._metrics_http: Any = None  # prometheus_client's WSGI server, once serving
         self.metrics_port: int | None = None
 
     def serve_metrics(self, port: int, address: str = "0.0.0.0") -> int:
