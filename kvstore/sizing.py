@@ -29,9 +29,9 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
-from typing import TYPE_CHECKING, NamedTuple
+from typing import TYPE_CHECKING, NamedTuple, cast
 
-from kvfleet.kvstore.life_cycles import LifeCycle
+from kvfleet.kvstore.life_cycles import LifeCycle, WindowLifeCycle
 
 if TYPE_CHECKING:
     from kvfleet.kvstore.policies import ReusePolicy
@@ -118,8 +118,9 @@ def _full(lc: LifeCycle, step: TypicalStep, bs: int) -> Peak:
 
 
 def _window(lc: LifeCycle, step: TypicalStep, bs: int) -> Peak:
-    window_blocks = _blocks(lc.window_tokens, bs)
-    sliding = _blocks(lc.window_tokens + step.chunk_tokens, bs) + 1
+    window_tokens = cast(WindowLifeCycle, lc).window_tokens  # PEAK_PAGES picks it by kind
+    window_blocks = _blocks(window_tokens, bs)
+    sliding = _blocks(window_tokens + step.chunk_tokens, bs) + 1
     kept = (step.checkpoint + step.branch_points) * window_blocks
     resident = min(_blocks(step.max_context_tokens, bs), sliding + kept)
     return Peak(resident, (1 + step.checkpoint) * window_blocks, window_blocks)
