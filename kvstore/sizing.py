@@ -13,9 +13,13 @@ until its context ends). Branch records count among the retained turns
 | full    | ceil(L/B)                                     | ceil(L/B) (*)     | as a turn         |
 | window  | min(ceil(L/B), ceil((w+c)/B)+1 + (ckpt+br)*W) | (1 + ckpt) * W    | W                 |
 | private | ceil(L/B)                                     | 0                 | 0                 |
-| state   | ceil(c/B) + 2 + 1 + ckpt + br                 | 1 + ckpt          | 1                 |
+| state   | ceil(c/B) + 2 + 1 + ckpt + br + E             | 1 + ckpt + E      | 1                 |
 
-W = ceil(w/B). (*) no sharing, unless `full_tokens_per_retained_turn` says what each holds.
+W = ceil(w/B). E = the state life cycle's from-end offsets besides 0: a resident request keeps
+each from-end snapshot until its context ends, and every retained turn keeps its own (a from-end
+boundary moves with the prompt, so turns never share them). Periodic snapshots are left to the
+LRU and counted nowhere: they are evictable, so conversions of pages to tokens count live ones.
+(*) no sharing, unless `full_tokens_per_retained_turn` says what each holds.
 """
 
 from __future__ import annotations
@@ -123,8 +127,9 @@ def _private(lc: LifeCycle, step: TypicalStep, bs: int) -> Peak:
 
 
 def _state(lc: LifeCycle, step: TypicalStep, bs: int) -> Peak:
+    from_end = lc.num_extra_from_end
     resident = _blocks(step.chunk_tokens, bs) + 3 + step.checkpoint + step.branch_points
-    return Peak(resident, 1 + step.checkpoint, 1)
+    return Peak(resident + from_end, 1 + step.checkpoint + from_end, 1)
 
 
 PEAK_PAGES: dict[str, Callable[[LifeCycle, TypicalStep, int], Peak]] = {
