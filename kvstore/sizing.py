@@ -40,6 +40,8 @@ class TypicalStep:
 
     `branch_points`: resident requests may keep a branch-point window (the policy's
     `keep_branch_points`). `branch_records`: how many of `retained_turns` are branch records.
+    `retained_snapshots` False leaves the retained turns' from-end snapshots out of the plan
+    (what sizing did before they were retained: a baseline for measuring their effect).
     """
 
     num_slots: int
@@ -50,6 +52,7 @@ class TypicalStep:
     full_tokens_per_retained_turn: int | None = None
     branch_points: bool = False
     branch_records: int = 0
+    retained_snapshots: bool = True
 
     def __post_init__(self) -> None:
         if self.num_slots < 1 or self.max_context_tokens < 1 or self.chunk_tokens < 1:
@@ -73,6 +76,7 @@ def rank_typical_step(
     retained_conversations: int,
     policy: ReusePolicy,
     checkpoint: bool = True,
+    retained_snapshots: bool = True,
 ) -> TypicalStep:
     """The step a rank's pools are sized for (the engine and the simulator both call this):
     every slot resident at the longest context, plus the retained turns of
@@ -94,6 +98,7 @@ def rank_typical_step(
         full_tokens_per_retained_turn=max_context_tokens // max(1, turns),
         branch_points=branches > 0,
         branch_records=retained_conversations * branches,
+        retained_snapshots=retained_snapshots,
     )
 
 
@@ -129,7 +134,8 @@ def _private(lc: LifeCycle, step: TypicalStep, bs: int) -> Peak:
 def _state(lc: LifeCycle, step: TypicalStep, bs: int) -> Peak:
     from_end = lc.num_extra_from_end
     resident = _blocks(step.chunk_tokens, bs) + 3 + step.checkpoint + step.branch_points
-    return Peak(resident + from_end, 1 + step.checkpoint + from_end, 1)
+    retained = 1 + step.checkpoint + from_end * step.retained_snapshots
+    return Peak(resident + from_end, retained, 1)
 
 
 PEAK_PAGES: dict[str, Callable[[LifeCycle, TypicalStep, int], Peak]] = {

@@ -125,6 +125,9 @@ def test_peak_fits_the_plan_and_exceeds_each_wrong_plan(num_slots, conversations
         assert peak[pool] > one_turn_short[pool], (pool, peak[pool], one_turn_short[pool])
         assert peak[pool] > no_checkpoint[pool], (pool, peak[pool], no_checkpoint[pool])
     assert peak["ssm"] > no_from_end["ssm"], (peak["ssm"], no_from_end["ssm"])
+    # the plan that counts a resident request's from-end snapshots but not the retained turns'
+    unretained = demand(replace(step_for(num_slots, retained), retained_snapshots=False))
+    assert peak["ssm"] > unretained["ssm"], (peak["ssm"], unretained["ssm"])
 
 
 def test_retained_turns_keep_their_own_from_end_snapshots():
