@@ -5,7 +5,7 @@ import pytest
 import torch
 from kvfleet.kvstore.policies import PerConversation
 from kvfleet.services.engine.hybrid_runner import HybridCacheConfig, HybridRunner
-from kvfleet.services.engine.models.hybrid import HybridLM, hybrid_tiny
+from kvfleet.services.engine.models.hybrid import HybridLM, hybrid_8b, hybrid_tiny
 from kvfleet.services.engine.models.ssm import SSMState
 
 torch.set_num_threads(1)
@@ -89,3 +89,10 @@ def test_a_restored_state_continues_like_the_unbroken_scan(model):
     tail, end_resumed, _ = layer(x[5:], resumed)
     torch.testing.assert_close(tail, whole[5:], rtol=1e-5, atol=1e-6)
     torch.testing.assert_close(end_resumed.ssm, end.ssm)
+
+
+def test_a_state_larger_than_a_page_is_refused_by_name():
+    with torch.device("meta"):  # the 8b shape's parameters, never allocated
+        big = HybridLM(hybrid_8b())
+    with pytest.raises(ValueError, match="SSM state of 537344 floats does not fit a page"):
+        HybridRunner(big, PerConversation(3), HybridCacheConfig(page_size=16))

@@ -82,7 +82,8 @@ class HybridLM(nn.Module):
         self.lm_head = nn.Linear(base.hidden_size, base.vocab_size, bias=False)
 
     def initial_states(self) -> dict[int, SSMState]:
-        return {layer: SSMState.zeros(self.config.ssm) for layer in self.config.ssm_layers}
+        device = self.embed_tokens.weight.device
+        return {layer: SSMState.zeros(self.config.ssm, device) for layer in self.config.ssm_layers}
 
     @torch.inference_mode()
     def forward_chunk(
@@ -96,7 +97,7 @@ class HybridLM(nn.Module):
         """Tokens at positions `start..` after `past_kv` (`[start, kv_heads, head_dim]` per
         attention layer) and `states` (per SSM layer, after token start-1)."""
         base = self.config.base
-        positions = torch.arange(start, start + token_ids.numel())
+        positions = torch.arange(start, start + token_ids.numel(), device=token_ids.device)
         rope = rope_angles(positions, base)
         hidden = self.embed_tokens(token_ids)
         out = ChunkOutput(logits=torch.empty(0), kv={}, states={})
@@ -134,3 +135,24 @@ def hybrid_tiny() -> HybridConfig:
         architecture="HybridSSMForCausalLM",
     )
     return HybridConfig(base, ssm_layers=(0, 2), ssm=SSMShape(hidden_size=64))
+
+
+def hybrid_8b() -> HybridConfig:
+    """An 8b-class shape (Llama-3-8B widths), three SSM layers to each attention layer, for the
+    GPU bench. Its state (537k floats a layer) does not fit an attention-shaped page, so
+    `HybridRunner` refuses it: serving it needs state pages of their own shape."""
+    base = ModelConfig(
+        vocab_size=128256,
+        hidden_size=4096,
+        intermediate_size=14336,
+        num_layers=32,
+        num_heads=32,
+        num_kv_heads=8,
+        head_dim=128,
+        max_position=32768,
+        rope_theta=500000.0,
+        name="hybrid-8b",
+        architecture="HybridSSMForCausalLM",
+    )
+    ssm = SSMShape(hidden_size=4096, num_heads=64, head_dim=64, state_size=128)
+    return HybridConfig(base, tuple(i for i in range(32) if i % 4 != 3), ssm)
