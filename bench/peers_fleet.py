@@ -8,6 +8,7 @@ and vllm-router, each with a policy.
 from __future__ import annotations
 
 import os
+import secrets
 import shutil
 import socket
 import subprocess
@@ -23,6 +24,7 @@ import yaml
 HOST = "127.0.0.1"
 BIN = Path(sys.executable).parent
 START_TIMEOUT_S = 60.0
+FLEET_SECRET = secrets.token_hex(16)
 
 
 def free_port() -> int:
@@ -73,6 +75,7 @@ class Fleet:
     def spawn(self, name: str, command: list[str]) -> subprocess.Popen:
         log = open(self.workdir / f"{name}.log", "w")  # noqa: SIM115 (closed with the process)
         env = {**os.environ, "OMP_NUM_THREADS": "1", "NO_COLOR": "1", "HF_HUB_OFFLINE": "1"}
+        env["KVFLEET_FLEET_SECRET"] = FLEET_SECRET  # the router's rank port asks for it
         process = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, env=env)
         self.processes.append(process)
         return process
@@ -166,7 +169,7 @@ def wait_log(path: Path, text: str, count: int, fleet: Fleet, timeout: float = S
 
 def kvfleet_router(fleet: Fleet, settings: RankSettings, ranks: int, policy: str) -> str:
     """kvfleet's router (in-process pins), ranks registered with it; replayed over grpc://."""
-    port = free_port()
+    port, rank_port = free_port(), free_port()
     command = [
         str(BIN / "kvfleet"),
         "router",
@@ -174,14 +177,18 @@ def kvfleet_router(fleet: Fleet, settings: RankSettings, ranks: int, policy: str
         HOST,
         "--grpc-port",
         str(port),
+        "--rank-port",
+        str(rank_port),
         "--metrics-port",
+        "-1",
+        "--http-port",
         "-1",
         "--affinity",
         policy,
     ]
     fleet.spawn("router", command)
     wait_log(fleet.workdir / "router.log", "router listening", 1, fleet)
-    fleet.start_ranks(settings, ranks, router=f"{HOST}:{port}")
+    fleet.start_ranks(settings, ranks, router=f"{HOST}:{rank_port}")
     for index in range(ranks):
         wait_log(fleet.workdir / f"rank-{index}.log", "registered", 1, fleet)
     return f"grpc://{HOST}:{port}"

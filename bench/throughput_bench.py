@@ -34,9 +34,10 @@ from kvfleet.services.engine.engine_core import EngineCore  # noqa: E402
 from kvfleet.services.engine.engine_request import GenerateCall  # noqa: E402
 from kvfleet.services.engine.sampling import SamplingParams  # noqa: E402
 
-# Rows of the comparison: (decode_graphs, fused elementwise ops).
-MODES = {"off": ("off", False), "graphs": ("auto", False), "auto": ("auto", True),
-         "static": ("static", False)}  # fmt: skip
+# Rows of the comparison: (decode_graphs, fused elementwise ops, next step planned ahead).
+MODES = {"off": ("off", False, False), "graphs": ("auto", False, False),
+         "no-ahead": ("auto", True, False), "auto": ("auto", True, True),
+         "static": ("static", False, True)}  # fmt: skip
 PRESETS.setdefault("qwen3-0.6b", qwen3_0_6b_shape)  # the shape, with random weights
 
 
@@ -158,7 +159,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--small", action="store_true", help="tiny model, small sizes (CPU)")
     parser.add_argument("--models", default="8b,1b,qwen3-0.6b")
-    parser.add_argument("--modes", default="off,auto", help="rows: off, graphs, auto, static")
+    parser.add_argument("--modes", default="off,auto", help="off, graphs, no-ahead, auto, static")
     parser.add_argument("--throughput-modes", default="auto", help="modes of the throughput case")
     parser.add_argument("--decode", default="8b:64,1b:256,qwen3-0.6b:256", help="model:batch")
     parser.add_argument("--decode-prompt", type=int, default=2000)
@@ -196,8 +197,9 @@ def main() -> None:
             if time.perf_counter() - started > args.budget_s:
                 print(f"!! {model} {mode}: skipped, past the {args.budget_s:.0f} s budget")
                 continue
-            graphs, fuse = MODES[mode]
+            graphs, fuse, ahead = MODES[mode]
             fused.enable(fuse and device.type == "cuda")
+            base = base.with_changes(overlap_decode=ahead)
             config = base.with_changes(decode_graphs=graphs, max_batch_size=batch)
             rate, share, inside, outside, launches = decode_case(
                 compute, config, batch, prompt, out, recorder, vocab

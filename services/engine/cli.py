@@ -35,6 +35,11 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("--router", default=None, help="HOST:PORT of the router to register with")
     parser.add_argument("--rank-id", default=None, help="default: the host name")
     parser.add_argument(
+        "--fleet-secret-file",
+        default=None,
+        help="the fleet secret the router's rank port asks for (default: $KVFLEET_FLEET_SECRET)",
+    )
+    parser.add_argument(
         "--podinfo-dir",
         default="/etc/podinfo",
         help="downward API volume with the pod's annotations (kvfleet.dev/draining)",
@@ -77,6 +82,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "--cpu-kv-gib", type=float, default=None, help="CPU: the device KV's cap (default 4)"
     )
     parser.add_argument(
+        "--dtype", default=None, help="weights: auto (the checkpoint's), float32, bfloat16, float16"
+    )
+    parser.add_argument(
         "--compute-backend", default=None, help="torch (the model) or sim (cost model, no tensors)"
     )
     parser.add_argument(
@@ -99,6 +107,7 @@ def engine_config_from_args(args: argparse.Namespace):
         max_num_batched_tokens=args.max_num_batched_tokens,
         kv_pages=args.kv_pages,
         device=args.device,
+        dtype=getattr(args, "dtype", None),
         gpu_memory_fraction=getattr(args, "gpu_memory_fraction", None),
         cpu_kv_gib=getattr(args, "cpu_kv_gib", None),
         # getattr: namespaces built without the sim flags (older callers) keep the file's values
@@ -113,6 +122,8 @@ def engine_config_from_args(args: argparse.Namespace):
 
 
 def run(args: argparse.Namespace) -> int:
+    from kvfleet.services.router.fleet_secret import load_fleet_secret
+
     from .config import PRESETS
     from .pod_ranks import pod_ranks
     from .rank import EngineRank, RankAddresses
@@ -129,6 +140,7 @@ def run(args: argparse.Namespace) -> int:
         router=args.router,
         rank_id=args.rank_id or os.uname().nodename,
         advertise_host=args.advertise_host,
+        fleet_secret=load_fleet_secret(args.fleet_secret_file),
     )
     ranks = []
     for rank_config, rank_addresses in pod_ranks(config, addresses):

@@ -54,7 +54,7 @@ class TorchCompute:
         self.cache: DeviceKVCache | None = None  # the latest open_tiers' device KV
         self.attention = make_backend(config.attention_backend, self.device)
         self.decode: DecodeRunner | None = None  # static-buffer decode over self.cache
-        self._host_tokens: torch.Tensor | None = None  # pinned: the step's sampled tokens
+        self._host_tokens: list[torch.Tensor] | None = None  # pinned: sampled tokens
 
     def open_tiers(self) -> KVTiers:
         """Fresh KV tiers (device KV, host rows, disk index) for a new manager.
@@ -80,14 +80,21 @@ class TorchCompute:
         """Forward every chunk in one batch; sample the rows whose chunk reaches the end."""
         return self.launch(chunks)()
 
-    def launch(self, chunks: Sequence[ScheduledChunk]) -> Callable[[], list[RowResult | None]]:
+    def launch(
+        self, chunks: Sequence[ScheduledChunk], feed: tuple[torch.Tensor, list[int]] | None = None
+    ) -> Callable[[], list[RowResult | None]]:
         """Queue the step on the device; the returned call waits for its tokens (`execute`'s
-        result). Host work that needs no token values can run in between."""
+        result). Host work that needs no token values can run in between. `feed`: the device
+        tokens of the step before and, per chunk, the row whose token is its input (-1: none);
+        only a decode-graph step takes it. A greedy decode-graph step's call carries its
+        device tokens as `device_tokens`."""
         if self.cache is None:
             raise RuntimeError("TorchCompute has no KV yet: call open_tiers() first")
         greedy = None
         if self.decode is not None and self.decode.fits(chunks):
-            logits, greedy = self.decode.run(chunks)
+            logits, greedy = self.decode.run(chunks, feed)
+        elif feed is not None:
+            raise ValueError("only a decode-graph step takes its tokens from the device")
         else:
             inputs = [SequenceChunk(c.new_tokens, c.start, c.page_ids) for c in chunks]
             logits = self.model(ForwardBatch.build(inputs, self.cache), self.cache, self.attention)
@@ -98,7 +105,14 @@ class TorchCompute:
             top = greedy if greedy is not None else logits.argmax(dim=-1)
             bad = (torch.isnan(logits) | torch.isposinf(logits)).any(dim=-1)
             picked = self._to_host(torch.where(bad, -1, top))
-            return lambda: self._place(len(chunks), rows, picked())
+
+            def finish() -> list[RowResult | None]:
+                return self._place(len(chunks), rows, picked())
+
+            # What a next step planned ahead reads as its input tokens (always valid ids: a
+            # failed row's sequence is gone before that step's tokens are read).
+            finish.device_tokens = greedy  # None off the graph path: nothing to feed from
+            return finish
         tokens: list[RowResult | None] = [None] * len(chunks)
         if rows:
             sequences = [chunks[i].sequence for i in rows]
@@ -116,12 +130,15 @@ class TorchCompute:
     def _to_host(self, values: torch.Tensor) -> Callable[[], list[int]]:
         """Start copying int64 `values` into pinned memory; the call waits and reads them."""
         if values.device.type != "cuda":
-            return values.tolist
-        if self._host_tokens is None or self._host_tokens.numel() < values.numel():
-            self._host_tokens = torch.empty(
-                max(values.numel(), self.config.max_batch_size), dtype=torch.int64, pin_memory=True
-            )
-        host = self._host_tokens[: values.numel()]
+            return values.clone().tolist  # the graph's output buffer is reused next step
+        # Two buffers: a step in flight copies into one while the host reads the other.
+        size = max(values.numel(), self.config.max_batch_size)
+        if self._host_tokens is None or self._host_tokens[0].numel() < size:
+            self._host_tokens = [
+                torch.empty(size, dtype=torch.int64, pin_memory=True) for _ in range(2)
+            ]
+        self._host_tokens.reverse()
+        host = self._host_tokens[0][: values.numel()]
         host.copy_(values, non_blocking=True)
         done = torch.cuda.Event()
         done.record()

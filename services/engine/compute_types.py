@@ -6,7 +6,6 @@ The registry (`compute.py`) and its members (`TorchCompute` there, `SimCompute` 
 
 from __future__ import annotations
 
-import dataclasses
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Protocol
 
@@ -40,12 +39,17 @@ class ComputeBackend(Protocol):
 
 
 def resolve_model_config(config: EngineConfig) -> ModelConfig:
-    """The model's shape: from the checkpoint's config.json, else the named preset; a
-    `max_model_len` caps its context (so the KV pools are sized for that, not the maximum)."""
+    """The model's shape: from the checkpoint's config.json, else the named preset; its
+    context capped at `max_model_len` when set."""
     if config.model_path:
-        shape = config_from_file(f"{config.model_path}/config.json")
+        model = config_from_file(f"{config.model_path}/config.json")
     else:
-        shape = preset(config.model)
-    if config.max_model_len and config.max_model_len < shape.max_position:
-        shape = dataclasses.replace(shape, max_position=config.max_model_len)
-    return shape
+        model = preset(config.model)
+    if config.max_model_len is None:
+        return model
+    if config.max_model_len > model.max_position:
+        raise ValueError(
+            f"max_model_len {config.max_model_len} exceeds the model's context "
+            f"({model.max_position} positions)"
+        )
+    return model.with_changes(max_position=config.max_model_len)

@@ -76,6 +76,31 @@ def zero_pad_rows(
     return torch.where(valid, k, zero), torch.where(valid, v, zero)
 
 
+class _HostBuffers:
+    """One set of pinned staging buffers and the event after which the device has read them."""
+
+    def __init__(self, rows: int, max_b: int, widths: dict[str, int], device) -> None:
+        pin = device.type == "cuda"
+        self.meta = torch.zeros(rows, max_b, dtype=torch.int64, pin_memory=pin)
+        self.seqused = torch.ones(max_b, dtype=torch.int32, pin_memory=pin)
+        self.tables = {
+            g: torch.zeros(max_b * w, dtype=torch.int32, pin_memory=pin) for g, w in widths.items()
+        }
+        self._event = torch.cuda.Event() if pin else None
+        self._pending = False
+
+    def copied(self) -> None:
+        if self._event is not None:
+            self._event.record()
+            self._pending = True
+
+    def wait(self) -> None:
+        """Block until the last copies out of these buffers have run (normally long done)."""
+        if self._pending:
+            self._event.synchronize()
+            self._pending = False
+
+
 class DecodeRunner:
     """Runs decode steps of up to `max_batch` sequences over static buffers of one cache."""
 
@@ -90,14 +115,11 @@ class DecodeRunner:
         self.groups = tuple(cache.num_pages)
         # A page table spans the whole context (a window group's old pages are null ones).
         self.widths = dict.fromkeys(self.groups, -(-cache.config.max_position // page))
-        pin = device.type == "cuda"
-        rows = SLOT0 + len(self.groups)
-        self._host_meta = torch.zeros(rows, max_b, dtype=torch.int64, pin_memory=pin)
-        self._host_seqused = torch.ones(max_b, dtype=torch.int32, pin_memory=pin)
-        self._host_tables = {
-            g: torch.zeros(max_b * w, dtype=torch.int32, pin_memory=pin)
-            for g, w in self.widths.items()
-        }
+        rows = SLOT0 + len(self.groups) + 1
+        self._feed_row = rows - 1  # per row, the row of the step before whose token it takes
+        # Two sets of pinned buffers: with a step in flight, the host fills the next step's
+        # set while the device may still be copying the other one in.
+        self._host = [_HostBuffers(rows, max_b, self.widths, device) for _ in range(2)]
         self.meta = torch.zeros(rows, max_b, dtype=torch.int64, device=device)
         self.seqused_k = torch.ones(max_b, dtype=torch.int32, device=device)
         null = cache.null_page_id
@@ -120,11 +142,14 @@ class DecodeRunner:
         """The smallest bucket that holds `batch` sequences."""
         return next(b for b in self.buckets if b >= batch)
 
-    def run(self, chunks: Sequence) -> tuple[torch.Tensor, torch.Tensor]:
-        """Logits `[batch, vocab]` (fp32) and greedy tokens `[batch]` of a decode step."""
+    def run(self, chunks: Sequence, feed=None) -> tuple[torch.Tensor, torch.Tensor]:
+        """Logits `[batch, vocab]` (fp32) and greedy tokens `[batch]` of a decode step.
+        `feed` (device tokens, row per chunk or -1): input tokens still on the device."""
         batch = len(chunks)
         padded = self.bucket(batch)
-        width = self._load(chunks, padded)
+        width = self._load(chunks, padded, None if feed is None else feed[1])
+        if feed is not None:
+            self._feed(feed[0], batch)
         if self.capture:
             graph = self.graphs.get(padded) or self._capture(padded)
             if graph is not None:
@@ -147,23 +172,29 @@ class DecodeRunner:
 
     # -- host side -------------------------------------------------------------------------------
 
-    def _load(self, chunks: Sequence, padded: int) -> dict[str, int]:
+    def _load(self, chunks: Sequence, padded: int, feed_rows=None) -> dict[str, int]:
         """Fill the pinned buffers for `chunks` padded to `padded` rows and copy them in;
         returns each group's page-table width this step uses."""
         batch, page, null = len(chunks), self.cache.page_size, self.cache.null_page_id
-        meta = self._host_meta.numpy()
+        self._host.reverse()
+        host = self._host[0]
+        host.wait()
+        meta = host.meta.numpy()
+        meta[self._feed_row, :padded] = -1
+        if feed_rows is not None:
+            meta[self._feed_row, :batch] = feed_rows
         starts = np.fromiter((c.start for c in chunks), np.int64, batch)
         width = max((-(-(c.start + 1) // page) for c in chunks), default=1)  # pages read
         meta[TOKENS, :batch] = [c.new_tokens[0] for c in chunks]
         meta[POSITIONS, :batch] = starts
         meta[VALID, :batch] = 1
         meta[[TOKENS, POSITIONS, VALID], batch:padded] = 0
-        seqused = self._host_seqused.numpy()
+        seqused = host.seqused.numpy()
         seqused[:batch] = starts + 1
         seqused[batch:padded] = 1
         widths = {}
         for index, group in enumerate(self.groups):
-            table = self._host_tables[group].numpy()[: padded * width].reshape(padded, width)
+            table = host.tables[group].numpy()[: padded * width].reshape(padded, width)
             table[:] = null
             for row, chunk in enumerate(chunks):
                 pages = chunk.page_ids[group][:width]
@@ -173,13 +204,22 @@ class DecodeRunner:
             )
             meta[SLOT0 + index, batch:padded] = null * page
             widths[group] = width
-        self.meta.copy_(self._host_meta, non_blocking=True)
-        self.seqused_k.copy_(self._host_seqused, non_blocking=True)
+        self.meta.copy_(host.meta, non_blocking=True)
+        self.seqused_k.copy_(host.seqused, non_blocking=True)
         for group, width in widths.items():
             scratch = self._table_scratch[group][: padded * width]
-            scratch.copy_(self._host_tables[group][: padded * width], non_blocking=True)
+            scratch.copy_(host.tables[group][: padded * width], non_blocking=True)
             self.page_tables[group][:padded, :width].copy_(scratch.view(padded, width))
+        host.copied()
         return widths
+
+    def _feed(self, previous: torch.Tensor, batch: int) -> None:
+        """Input tokens of rows whose token the step before sampled, gathered on the device
+        (a pageable host copy here would wait for the step in flight)."""
+        source = self.meta[self._feed_row, :batch]
+        tokens = self.meta[TOKENS, :batch]
+        gathered = previous[source.clamp(min=0)]
+        tokens.copy_(torch.where(source >= 0, gathered, tokens))
 
     # -- device side -----------------------------------------------------------------------------
 

@@ -71,6 +71,8 @@ class EngineConfig:
     decode_graphs: str = "auto"
     # On CUDA: RMSNorm, RoPE and SwiGLU's product each as one torch.compile kernel (fused.py).
     fused_ops: bool = True
+    # Plan the next decode step while the current one runs on the device (lookahead.py).
+    overlap_decode: bool = True
     # Disaggregation (kvfleet.services.disagg): how long a context rank keeps a parked
     # request's KV, how long a receiver waits for it, and the transports it tries in order.
     handoff_hold_seconds: float = 30.0
@@ -122,10 +124,6 @@ class EngineConfig:
             )
         if self.sim_time_scale < 0:
             raise ValueError(f"sim_time_scale must be >= 0, got {self.sim_time_scale}")
-        if not 0 < self.gpu_memory_fraction <= 1:
-            raise ValueError(
-                f"gpu_memory_fraction must be in (0, 1], got {self.gpu_memory_fraction}"
-            )
         if self.ranks_per_pod < 1:
             raise ValueError(f"ranks_per_pod must be >= 1, got {self.ranks_per_pod}")
         if (self.max_model_len or 1) < 1:

@@ -36,6 +36,7 @@ from .engine_request import (
     Usage,
 )
 from .kv_events import BlockEvent, BlockTokens
+from .lookahead import InflightStep, can_look_ahead, feed_rows, mark_pending
 from .metrics import EngineMetrics
 from .request_handle import RequestHandle
 from .sampling import make_generator
@@ -89,6 +90,7 @@ class EngineCore:
         self._load = EngineLoad(config.max_batch_size, 0, 0, 0.0, 0)
         self._counted_preemptions = 0
         self._retained, self._retained_at = 0, -float("inf")
+        self._inflight: InflightStep | None = None  # a decode step whose tokens are not read
         # What this rank's role does after a first token (context ranks park for a hand-off).
         self.role = ROLE_HOOKS[config.role](self)
 
@@ -224,15 +226,21 @@ class EngineCore:
         one thread of its own instead (never both).
         """
         try:
-            self._run_commands(block=block)
+            if self._inflight is not None and not self._look_ahead():
+                self._resolve()
+            if self._inflight is None:  # commands never run while a step is in flight
+                self._run_commands(block=block)
             chunks = self.scheduler.schedule()
             if chunks:
                 self._step(chunks)
+            elif self._inflight is not None:
+                self._resolve()
             self.role.tick()
             self._flush_events()
             self._publish_load()
         except Exception as error:  # a broken step must not leave clients waiting forever
             log.exception("engine step failed")
+            self._inflight = None
             self._fail_all(error)
 
     def _run_commands(self, block: bool) -> None:
@@ -322,7 +330,9 @@ class EngineCore:
     def _step(self, chunks: list[ScheduledChunk]) -> None:
         launch = getattr(self.compute, "launch", None)
         if launch is not None:
-            finish = launch(chunks)
+            ahead = self._inflight
+            feed = None if ahead is None else (ahead.device_tokens, feed_rows(chunks, ahead))
+            finish = launch(chunks, feed) if feed is not None else launch(chunks)
         else:
             finish = functools.partial(lambda tokens: tokens, self.compute.execute(chunks))
         # Commits need no token values: they run while the device computes the step.
@@ -334,6 +344,11 @@ class EngineCore:
             if not sequence.context_done and chunk.samples:
                 self.scheduler.context_ended(sequence)
                 self.drain.context_ended(sequence.conversation_id)
+        if self._inflight is not None:
+            self._resolve()  # the previous step's tokens, while this one runs
+        if self.config.overlap_decode and getattr(finish, "device_tokens", None) is not None:
+            self._inflight = mark_pending(chunks, finish)
+            return
         tokens = finish()
         now = self.clock()
         for chunk, token in zip(chunks, tokens, strict=True):
@@ -347,12 +362,40 @@ class EngineCore:
             elif token is not None:
                 self._emit(sequence, token, now)
 
+    def _look_ahead(self) -> bool:
+        waiting = not self._commands.empty()
+        return can_look_ahead(self._inflight, self.scheduler, self.manager, waiting)
+
+    def _resolve(self) -> None:
+        """Read the step in flight's tokens and emit them."""
+        inflight, self._inflight = self._inflight, None
+        tokens = inflight.finish()
+        now = self.clock()
+        for chunk, token, index in zip(inflight.chunks, tokens, inflight.indices, strict=True):
+            sequence = chunk.sequence
+            if index is None or sequence.finished:
+                continue
+            if isinstance(token, SampleFailure):
+                del sequence.output[index:]
+                self._fail_request(sequence.call.request_id, token.message)
+            elif token is not None:
+                self._emit(sequence, token, now, index=index)
+
     def _emit(
-        self, sequence: Sequence, token: int, now: float, logprob: TokenLogprob | None = None
+        self,
+        sequence: Sequence,
+        token: int,
+        now: float,
+        logprob: TokenLogprob | None = None,
+        index: int | None = None,
     ) -> None:
+        """Hand out one sampled token; `index`: it replaces that PENDING one of the output."""
         self.manager.append_tokens(sequence.key, [token])
         self._block_tokens.extend(sequence.key, [token])
-        sequence.output.append(token)
+        if index is None:
+            sequence.output.append(token)
+        else:
+            sequence.output[index] = token  # the last one: the next step is marked after this
         if sequence.first_token_at is None:
             sequence.first_token_at = now
             self.metrics.ttft.observe(now - sequence.arrived_at)

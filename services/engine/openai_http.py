@@ -11,6 +11,7 @@ reused prompt tokens in `prompt_tokens_details.cached_tokens`, plus the engine's
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import AsyncIterator, Callable
 from typing import Any
 
@@ -45,7 +46,7 @@ def build_app(
 
     @app.get("/health")
     async def health() -> JSONResponse:
-        if healthy is not None and not healthy():
+        if healthy is not None and not await asyncio.to_thread(healthy):
             return JSONResponse({"status": "unavailable"}, status_code=503)
         return JSONResponse({"status": "ok"})
 

@@ -12,10 +12,10 @@ from typing import Annotated, Any, Literal
 
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field
 
+from .request_inputs import MAX_STOP_CHARS, MAX_STOP_STRINGS
 from .sampling_params import MAX_TOP_LOGPROBS
 
 MAX_ID_CHARS = 256
-MAX_STOP_STRINGS = 16
 MAX_SAMPLES = 128
 
 
@@ -29,6 +29,7 @@ def _encodable(text: str) -> str:
 
 Text = Annotated[str, AfterValidator(_encodable)]
 ShortText = Annotated[str, Field(max_length=MAX_ID_CHARS), AfterValidator(_encodable)]
+StopText = Annotated[str, Field(max_length=MAX_STOP_CHARS), AfterValidator(_encodable)]
 TokenId = Annotated[int, Field(ge=0, lt=2**32)]
 Finite = Field(allow_inf_nan=False)
 
@@ -52,7 +53,7 @@ class _Common(BaseModel):
     seed: Annotated[int | None, Field(ge=0, lt=2**63)] = None
     stream: bool = False
     stream_options: StreamOptions | None = None
-    stop: Text | Annotated[list[Text], Field(max_length=MAX_STOP_STRINGS)] | None = None
+    stop: StopText | Annotated[list[StopText], Field(max_length=MAX_STOP_STRINGS)] | None = None
     stop_token_ids: Annotated[list[TokenId], Field(max_length=1024)] | None = None
     ignore_eos: bool = False
     presence_penalty: Annotated[float | None, Finite, Field(ge=-2, le=2)] = None
@@ -106,6 +107,8 @@ class ChatMessage(BaseModel):
     role: Literal["system", "developer", "user", "assistant", "tool"]
     content: Text | list[TextPart] | None = None
     name: ShortText | None = None
+    tool_calls: list[dict[str, Any]] | None = None  # earlier turns' calls, for the template
+    tool_call_id: ShortText | None = None
 
 
 class ChatCompletionRequest(_Common):

@@ -4,6 +4,9 @@ ports + i and, on CUDA, on GPU i; with one rank the addresses are used as given.
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Callable
+
+import torch
 
 from .engine_config import EngineConfig
 from .rank import RankAddresses
@@ -14,9 +17,15 @@ def _offset(port: int | None, index: int) -> int | None:
     return port + index if port else port
 
 
-def rank_device(device: str, index: int, count: int) -> str:
-    """Rank `index`'s device: `cuda` is split one GPU per rank; anything else is kept."""
-    if count > 1 and device == "cuda":
+def rank_device(
+    device: str,
+    index: int,
+    count: int,
+    cuda_available: Callable[[], bool] = torch.cuda.is_available,
+) -> str:
+    """Rank `index`'s device: `cuda` (and `auto` where CUDA is present) is split one GPU per
+    rank; anything else is kept (`auto` without CUDA then warns once per rank, on the CPU)."""
+    if count > 1 and (device == "cuda" or (device == "auto" and cuda_available())):
         return f"cuda:{index}"
     return device
 

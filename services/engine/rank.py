@@ -8,6 +8,7 @@ import time
 from dataclasses import dataclass
 
 import grpc
+from kvfleet.services.router.fleet_secret import load_fleet_secret
 from prometheus_client import start_http_server
 
 from .engine_config import EngineConfig
@@ -36,6 +37,8 @@ class RankAddresses:
     router: str | None = None
     rank_id: str = "rank-0"
     advertise_host: str | None = None
+    # Shown to the router's rank port; None: $KVFLEET_FLEET_SECRET if set.
+    fleet_secret: str | None = None
 
 
 class EngineRank:
@@ -87,6 +90,7 @@ class EngineRank:
                 self.config.page_size,
                 self.core.load,
                 self.read_draining,
+                a.fleet_secret or load_fleet_secret(),
             ).start()
         log.info("rank %s: grpc %s, http %s", a.rank_id, self.grpc_port, self.http_port)
         return self

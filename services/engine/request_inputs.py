@@ -8,6 +8,9 @@ from collections.abc import Sequence
 from .engine_request import InvalidRequestError
 from .sampling_params import MAX_TOP_LOGPROBS, SamplingParams
 
+MAX_STOP_STRINGS = 16
+MAX_STOP_CHARS = 1000  # the engine decodes a tail about 4x this long per token
+
 
 def make_sampling(
     *,
@@ -47,6 +50,10 @@ def make_sampling(
         if not math.isfinite(value) or not low <= value <= high:
             raise InvalidRequestError(f"{prefix}{name}", f"{value} not in [{low:g}, {high:g}]")
         values[name] = value
+    if len(stop) > MAX_STOP_STRINGS:
+        raise InvalidRequestError(f"{prefix}stop", f"{len(stop)} strings > {MAX_STOP_STRINGS}")
+    if any(len(s) > MAX_STOP_CHARS for s in stop):
+        raise InvalidRequestError(f"{prefix}stop", f"a stop string over {MAX_STOP_CHARS} chars")
     if logprobs is not None and not 0 <= logprobs <= MAX_TOP_LOGPROBS:
         raise InvalidRequestError(f"{prefix}logprobs", f"{logprobs} not in 0..{MAX_TOP_LOGPROBS}")
     return SamplingParams(

@@ -13,6 +13,7 @@ import torch
 
 from .sampling_params import (
     SAMPLING_EPS,
+    RowResult,
     SampledToken,
     SampleFailure,
     SamplingParams,
@@ -22,6 +23,7 @@ from .sampling_params import (
 __all__ = [
     "NON_FINITE_LOGITS",
     "SAMPLING_EPS",
+    "RowResult",
     "SampleFailure",
     "SampledToken",
     "SamplingParams",
@@ -31,7 +33,6 @@ __all__ = [
     "sample_token",
 ]
 
-RowResult = int | SampledToken | SampleFailure
 NON_FINITE_LOGITS = "the model's logits hold NaN or +inf for this sequence"
 
 
@@ -145,6 +146,8 @@ def _draw(scores: torch.Tensor, params: SamplingParams, generator: torch.Generat
         probs = _top_p_filter(probs, params.top_p)
     if not bool(torch.isfinite(probs).all()) or not float(probs.sum()) > 0.0:
         raise ValueError(f"no finite distribution (temperature {params.temperature})")
+    if generator is not None and probs.device != generator.device:
+        probs = probs.to(generator.device)  # the request's generator lives on the CPU
     return int(torch.multinomial(probs, 1, generator=generator))
 
 

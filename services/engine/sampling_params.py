@@ -98,3 +98,6 @@ class SampleFailure:
     """A row that could not be sampled (non-finite logits): its request fails, the batch goes on."""
 
     message: str
+
+
+RowResult = int | SampledToken | SampleFailure  # what the sampler hands back for one row

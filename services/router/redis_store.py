@@ -7,6 +7,7 @@ from collections.abc import Iterable
 
 import redis
 from kvfleet.services.router.model import RankInfo, RankLoad, RankSlots, Role
+from kvfleet.services.router.redis_connect import RedisSettings, connect
 from kvfleet.services.router.redis_lua import (
     CLEAR_OWNER,
     HEARTBEAT,
@@ -48,10 +49,7 @@ class RedisStore:
         cls, url: str, prefix: str = "kvfleet", owner: str = "router", timeout: float = 1.0
     ) -> RedisStore:
         """Connect with short timeouts, so an outage is noticed, not waited on."""
-        client = redis.Redis.from_url(
-            url, socket_timeout=timeout, socket_connect_timeout=timeout, decode_responses=True
-        )
-        return cls(client, prefix, owner)
+        return cls(connect(RedisSettings(url=url), timeout), prefix, owner)
 
     def _res_key(self, rank_id: str) -> str:
         return f"{self.prefix}:res:{rank_id}"

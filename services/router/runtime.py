@@ -176,6 +176,13 @@ class RouterRuntime:
         """Every rank with its slots now."""
         return {rank_id: slots for rank_id, (slots, _) in self.store.snapshot().items()}
 
+    def live_address(self, rank_id: str, timeout: float) -> str | None:
+        """The address of a registered rank heard from within `timeout` seconds, else None."""
+        entry = self.store.snapshot().get(rank_id)
+        if entry is None or self._clock() - entry[1] > timeout:
+            return None
+        return entry[0].info.address
+
     def with_prefix_index(self, apply: Callable[[PrefixIndex], object]) -> object:
         """Run a change on the prefix index as one step (KV events)."""
         return self.prefix_index.atomically(apply)

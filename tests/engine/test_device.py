@@ -87,3 +87,27 @@ def test_a_cpu_machine_with_a_gpu_pod_environment_runs_on_cpu_and_warns(caplog, 
     assert compute.model.lm_head.weight.device.type == "cpu"
     (message,) = warnings_of(caplog)
     assert "CUDA_VISIBLE_DEVICES='0'" in message
+
+
+def test_engine_flags_set_the_device_and_the_budget():
+    """If this fails, `kvfleet engine --device/--gpu-memory-fraction/--cpu-kv-gib` is ignored."""
+    from kvfleet.services.cli import build_parser
+    from kvfleet.services.engine.cli import engine_config_from_args
+
+    flags = ["--device", "cuda:1", "--gpu-memory-fraction", "0.5", "--cpu-kv-gib", "2"]
+    config = engine_config_from_args(build_parser().parse_args(["engine", *flags]))
+    assert (config.device, config.gpu_memory_fraction, config.cpu_kv_gib) == ("cuda:1", 0.5, 2)
+    default = engine_config_from_args(build_parser().parse_args(["engine"]))
+    assert (default.device, default.gpu_memory_fraction, default.cpu_kv_gib) == ("auto", 0.9, 4)
+
+
+def test_auto_splits_a_pods_ranks_one_gpu_each():
+    """If this fails, every rank of a multi-rank GPU pod on `device: auto` shares GPU 0."""
+    from kvfleet.services.engine.pod_ranks import rank_device
+
+    assert [rank_device("auto", i, 2, cuda_available=lambda: True) for i in (0, 1)] == [
+        "cuda:0",
+        "cuda:1",
+    ]
+    assert rank_device("auto", 1, 2, cuda_available=no_cuda) == "auto"
+    assert rank_device("auto", 0, 1, cuda_available=lambda: True) == "auto"

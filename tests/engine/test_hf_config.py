@@ -88,3 +88,58 @@ def test_qwen2_layer_types_and_max_window_layers_agree():
     assert model_config_from_hf(old) == model_config_from_hf(data)
     off = {**old, "use_sliding_window": False}
     assert model_config_from_hf(off).window_layers == ()
+
+
+# Qwen3-Coder-30B-A3B-Instruct's config.json as published (the chart's example fleet serves it).
+QWEN3_CODER_30B = {
+    "architectures": ["Qwen3MoeForCausalLM"], "attention_dropout": 0.0,
+    "decoder_sparse_step": 1, "eos_token_id": 151645, "head_dim": 128, "hidden_act": "silu",
+    "hidden_size": 2048, "initializer_range": 0.02, "intermediate_size": 5472,
+    "max_position_embeddings": 262144, "max_window_layers": 28, "mlp_only_layers": [],
+    "model_type": "qwen3_moe", "moe_intermediate_size": 768, "norm_topk_prob": True,
+    "num_attention_heads": 32, "num_experts": 128, "num_experts_per_tok": 8,
+    "num_hidden_layers": 48, "num_key_value_heads": 4, "output_router_logits": False,
+    "qkv_bias": False, "rms_norm_eps": 1e-06, "rope_scaling": None, "rope_theta": 10000000,
+    "router_aux_loss_coef": 0.0, "shared_expert_intermediate_size": 0, "sliding_window": None,
+    "tie_word_embeddings": False, "torch_dtype": "bfloat16", "transformers_version": "4.52.3",
+    "use_cache": True, "use_qk_norm": True, "use_sliding_window": False, "vocab_size": 151936,
+}  # fmt: skip
+
+
+def test_qwen3_coder_30b_a3b_config_is_read():
+    """The example fleet's model: 48 MoE layers of 128 experts, top 8, renormalised."""
+    config = model_config_from_hf(QWEN3_CODER_30B)
+    assert (config.num_layers, config.num_experts, config.num_experts_per_tok) == (48, 128, 8)
+    assert config.moe_layers == tuple(range(48)) and config.norm_topk_prob and config.qk_norm
+    assert (config.head_dim, config.max_position, config.window_layers) == (128, 262144, ())
+    assert config.num_parameters() == pytest.approx(30.5e9, rel=0.01)
+
+
+@pytest.mark.parametrize(
+    ("key", "value"), [("shared_expert_intermediate_size", 1024), ("use_qk_norm", False)]
+)
+def test_keys_transformers_ignores_must_hold_their_neutral_value(key, value):
+    """A shared expert transformers' Qwen3-MoE never builds must not be dropped silently."""
+    with pytest.raises(ConfigError, match=f"{key}={value!r} is not supported"):
+        model_config_from_hf({**QWEN3_CODER_30B, key: value})
+
+
+def test_chart_example_fleet_names_a_model_the_engine_reads(tmp_path):
+    """The example fleet's engine.yaml must point at a checkpoint layout the engine loads and
+    carry model settings the engine reads (not keys it would drop)."""
+    from pathlib import Path
+
+    import yaml
+    from kvfleet.operator.render_config import engine_config
+    from kvfleet.operator.spec import parse_spec
+    from kvfleet.services.engine.engine_config import engine_config_from_dict
+    from kvfleet.services.engine.weights import config_from_file
+
+    example = Path(__file__).resolve().parents[2] / "charts/kvfleet/examples/fleet.yaml"
+    spec = parse_spec(yaml.safe_load(example.read_text())["spec"])
+    config = engine_config_from_dict(engine_config(spec, "generation"))
+    assert config.model_path == "/models/qwen3-coder-30b-a3b"
+    assert (config.dtype, config.max_model_len) == ("bfloat16", 131072)
+    # What that directory's config.json says (the published one) reads as a supported model.
+    (tmp_path / "config.json").write_text(json.dumps(QWEN3_CODER_30B))
+    assert config_from_file(tmp_path / "config.json").max_position >= config.max_model_len

@@ -61,3 +61,23 @@ def test_engine_greedy_tokens_equal_transformers_across_turns(tmp_path, arch):
     finally:
         core.stop()
     assert cached[0] == 0 and all(count > 0 for count in cached[1:]), cached
+
+
+def test_fleet_model_settings_reach_the_engine(tmp_path):
+    """engine.yaml's model.config (the chart's free-form model settings) must be read, and an
+    unknown key refused, not dropped."""
+    from kvfleet.services.engine.compute_types import resolve_model_config
+    from kvfleet.services.engine.engine_config import engine_config_from_dict
+
+    _, path = save_tiny("Qwen3ForCausalLM", tmp_path, seed=1)
+    data = {"model": {"name": "q", "path": str(path),
+                      "config": {"dtype": "bfloat16", "max_model_len": 300}}}  # fmt: skip
+    config = engine_config_from_dict(data)
+    assert (config.dtype, config.max_model_len) == ("bfloat16", 300)
+    assert resolve_model_config(config).max_position == 300
+    compute = TorchCompute(config)
+    assert next(compute.model.parameters()).dtype == torch.bfloat16
+    with pytest.raises(ValueError, match=r"model.config.quantization: unknown key"):
+        engine_config_from_dict({"model": {"name": "q", "config": {"quantization": "fp8"}}})
+    with pytest.raises(ValueError, match="max_model_len 4096 exceeds the model's context"):
+        resolve_model_config(config.with_changes(max_model_len=4096))

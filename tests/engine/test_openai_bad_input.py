@@ -56,6 +56,7 @@ NESTED = "[" * 100_000 + "]" * 100_000
         ("/v1/completions", COMPLETION % '"prompt": "hi", "max_tokens": 0', "max_tokens"),
         ("/v1/completions", COMPLETION % '"prompt": "hi", "max_tokens": 4096', "max_tokens"),
         ("/v1/completions", COMPLETION % '"prompt": "hi", "seed": -1', "seed"),
+        ("/v1/completions", COMPLETION % f'"prompt": "hi", "stop": "{"x" * 1001}"', "stop"),
         ("/v1/completions", COMPLETION % f'"prompt": "hi", "tools": {NESTED}', None),
         ("/v1/chat/completions", COMPLETION % '"messages": ["hello"]', "messages[0]"),
         ("/v1/chat/completions", COMPLETION % '"messages": [{"role": "user", "content": 5}]',

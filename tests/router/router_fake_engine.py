@@ -12,6 +12,7 @@ from concurrent import futures
 
 import grpc
 from kvfleet.proto import common_pb2, engine_pb2_grpc, router_pb2, router_pb2_grpc
+from kvfleet.services.router.fleet_secret import secret_metadata
 
 # The shared Redis every test may use (unique key prefixes, cleaned up); never stopped.
 SHARED_REDIS_URL = "redis://127.0.0.1:6379/0"
@@ -116,8 +117,12 @@ class FakeEngine(engine_pb2_grpc.EngineServicer):
             usage=common_pb2.Usage(prompt_tokens=len(request.prompt_token_ids.ids)),
         )
 
-    def join(self, router_address: str, heartbeat_interval: float = 0.1) -> None:
-        """Register with a router and heartbeat until killed."""
+    def join(
+        self, router_address: str, heartbeat_interval: float = 0.1, secret: str | None = None
+    ) -> None:
+        """Register with a router (showing the fleet secret, if any) and heartbeat until
+        killed."""
+        metadata = secret_metadata(secret)
         channel = grpc.insecure_channel(router_address)
         registry = router_pb2_grpc.RankRegistryStub(channel)
         registration = router_pb2.RegisterRequest(
@@ -127,7 +132,7 @@ class FakeEngine(engine_pb2_grpc.EngineServicer):
             role=self.role,
             block_size=4,
         )
-        registry.Register(registration, timeout=5)
+        registry.Register(registration, timeout=5, metadata=metadata)
 
         def beat() -> None:
             while not self._stop.wait(heartbeat_interval):
@@ -136,10 +141,12 @@ class FakeEngine(engine_pb2_grpc.EngineServicer):
                 try:
                     load = router_pb2.RankLoad(free_slots=self.max_batch_size - self.in_flight)
                     reply = registry.Heartbeat(
-                        router_pb2.HeartbeatRequest(rank_id=self.rank_id, load=load), timeout=2
+                        router_pb2.HeartbeatRequest(rank_id=self.rank_id, load=load),
+                        timeout=2,
+                        metadata=metadata,
                     )
                     if not reply.registered:
-                        registry.Register(registration, timeout=2)
+                        registry.Register(registration, timeout=2, metadata=metadata)
                 except grpc.RpcError:
                     continue
             channel.close()

@@ -75,9 +75,8 @@ def serve_one(port: int) -> None:
 def test_a_killed_replicas_slots_come_back_within_its_lease(fleet, own_redis):
     """Reservations without a lease stay in Redis for ever once their replica is SIGKILLed."""
     server, port, engines, store = fleet
-    victim, victim_port = start_router(
-        own_redis.url, PREFIX, "--replica-id", "victim", "--lease-seconds", "2"
-    )
+    started = start_router(own_redis.url, PREFIX, "--replica-id", "victim", "--lease-seconds", "2")
+    victim, victim_port = started.process, started.port
     try:
         workers = fill_through(victim_port)
         wait_until(lambda: used(store) == 2 * SLOTS, timeout=30)
@@ -99,7 +98,8 @@ def test_a_restart_under_the_same_id_clears_its_old_reservations(fleet, own_redi
     """A pod restarted under its name would find its dead run's reservations still counted."""
     _server, _port, _engines, store = fleet
     lease = ("--replica-id", "pod-a", "--lease-seconds", "600")  # the lease alone cannot help
-    first, first_port = start_router(own_redis.url, PREFIX, *lease)
+    started = start_router(own_redis.url, PREFIX, *lease)
+    first, first_port = started.process, started.port
     second = None
     try:
         workers = fill_through(first_port)
@@ -107,7 +107,7 @@ def test_a_restart_under_the_same_id_clears_its_old_reservations(fleet, own_redi
         first.send_signal(signal.SIGKILL)
         first.wait(timeout=10)
         assert used(store) == 2 * SLOTS
-        second, _second_port = start_router(own_redis.url, PREFIX, *lease)
+        second = start_router(own_redis.url, PREFIX, *lease).process
         wait_until(lambda: used(store) == 0, timeout=30)
         for worker in workers:
             worker.join(timeout=30)

@@ -107,9 +107,12 @@ def load_checkpoint(
     params = {name: p.data for name, p in model.named_parameters()}
     written = dict.fromkeys(params, 0)
     unexpected: list[str] = []
+    onto = torch.device(device)
+    if onto.type == "cuda" and onto.index is None:
+        onto = torch.device("cuda", torch.cuda.current_device())
     with torch.no_grad():
         for path in weight_files(directory):
-            with safe_open(str(path), framework="pt", device=str(device)) as shard:
+            with safe_open(str(path), framework="pt", device=str(onto)) as shard:
                 for key in shard.keys():  # noqa: SIM118 (safe_open is not a mapping)
                     try:
                         target = _target(key, config, params)

@@ -83,6 +83,16 @@ class KeyReader:
             raise ConfigError(f"{self.architecture}: config.json lacks {key!r}")
         return value
 
+    def expect(self, key: str, value: Any) -> None:
+        """A key transformers does not read for this architecture, which some checkpoints carry
+        anyway: fine with the value that means what transformers does, else an error."""
+        self.read.add(key)
+        if key in self.data and self.data[key] != value:
+            raise ConfigError(
+                f"{self.architecture}: {key}={self.data[key]!r} is not supported (transformers "
+                f"ignores it for this architecture; only {value!r} means what it computes)"
+            )
+
     def accept(self, *keys: str) -> None:
         """Mark keys as understood without reading them (their meaning is folded elsewhere)."""
         self.read.update(keys)

@@ -113,6 +113,10 @@ def _qwen3_moe(r: KeyReader) -> dict:
     fields["moe_layers"] = tuple(i for i in range(n) if i not in dense_only and (i + 1) % step == 0)
     fields["moe_intermediate_size"] = int(r.require("moe_intermediate_size"))
     fields["norm_topk_prob"] = bool(r.get("norm_topk_prob", False))
+    # Written by some Qwen3-MoE checkpoints (Qwen3-Coder), read by no transformers code.
+    r.expect("qkv_bias", bias)
+    r.expect("use_qk_norm", True)
+    r.expect("shared_expert_intermediate_size", 0)
     # Qwen3-MoE slides the window on every layer when use_sliding_window (max_window_layers
     # is read by Qwen2/3 only).
     r.accept("max_window_layers")
