@@ -32,6 +32,7 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--slots", type=int, default=4)
     parser.add_argument("--gpu-pages", type=int, default=3000, help="per rank")
     parser.add_argument("--host-pages", type=int, default=6000, help="per rank")
+    parser.add_argument("--chunk-tokens", type=int, default=8192, help="prefill chunk")
     parser.add_argument("--max-model-len", type=int, default=131072)
     parser.add_argument("--time-scale", type=float, default=0.05)
     parser.add_argument("--stagger", type=float, default=5.0)
@@ -51,6 +52,7 @@ async def run_all(args: argparse.Namespace) -> list[tuple[int, list[tuple]]]:
             "host_pages": str(args.host_pages),
             "reuse_policy": "per_conversation",
             "max_num_turns": "3",
+            "chunk_tokens": str(args.chunk_tokens),
             "checkpoint": "on",
             "retained_conversations": str(max(1, concurrency // args.ranks)),
         }
@@ -98,7 +100,8 @@ def main() -> None:
     started = time.perf_counter()
     print(
         f"{args.ranks} ranks x {args.slots} slots, {args.gpu_pages} GPU + {args.host_pages} host "
-        f"pages/rank, max_num_turns 3, time scale {args.time_scale}, model {args.model.name}"
+        f"pages/rank, chunk {args.chunk_tokens}, max_num_turns 3, time scale {args.time_scale}, "
+        f"model {args.model.name}"
     )
     print_table(asyncio.run(run_all(args)))
     print(f"total wall {time.perf_counter() - started:.0f} s")
