@@ -90,6 +90,7 @@ def main() -> None:
     parser.add_argument("--batched-tokens", type=int, default=256, help="per-step token budget")
     parser.add_argument("--page-size", type=int, default=16)
     parser.add_argument("--kv-pages", type=int, default=600)
+    parser.add_argument("--decode-graphs", default="auto", help="auto, static or off")
     args = parser.parse_args()
     torch.set_num_threads(1)
     config = EngineConfig(
@@ -99,6 +100,7 @@ def main() -> None:
         max_num_batched_tokens=args.batched_tokens,
         page_size=args.page_size,
         kv_pages=args.kv_pages,
+        decode_graphs=args.decode_graphs,
     )
     compute = TorchCompute(config)
     vocab = min(compute.model_config.vocab_size, 256 if args.model == "tiny" else 32000)

@@ -81,11 +81,15 @@ def main() -> int:
     parser.add_argument("--models", default="1b,8b")
     parser.add_argument("--only", default="", help="comma-separated section names to run")
     parser.add_argument("--decode-batches", default="", help="e.g. 4,8,32 (default 32,64,128)")
+    parser.add_argument("--unfused", action="store_true", help="no torch.compile elementwise")
     parser.add_argument("--budget-s", type=float, default=1e9, help="skip sections started later")
     args = parser.parse_args()
     torch.manual_seed(0)
     engine = import_engine()
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    from kvfleet.services.engine import fused  # as the serving path does (compute.py)
+
+    fused.enable(device.type == "cuda" and not args.unfused)
     backends = [b for b in ("flash", "sdpa") if b in engine.available_backends(device)]
     name = torch.cuda.get_device_name() if device.type == "cuda" else "cpu"
     print(f"device {name}, torch {torch.__version__}, backends {backends}")

@@ -8,6 +8,7 @@ and vllm-router, each with a policy.
 from __future__ import annotations
 
 import os
+import secrets
 import shutil
 import socket
 import subprocess
@@ -22,7 +23,20 @@ import yaml
 
 HOST = "127.0.0.1"
 BIN = Path(sys.executable).parent
+# Where console scripts may be: this interpreter's bin, then the bin of every virtual
+# environment on sys.path (a worktree's .venv reaches the shared one's packages through a .pth).
+SCRIPT_DIRS = (BIN, *(Path(p).parents[2] / "bin" for p in sys.path if p.endswith("site-packages")))
+
+
+def script(name: str) -> Path:
+    """The console script `name` from the first of SCRIPT_DIRS that has it (else BIN/name)."""
+    found = shutil.which(name, path=os.pathsep.join(str(d) for d in SCRIPT_DIRS))
+    return Path(found) if found else BIN / name
+
+
 START_TIMEOUT_S = 60.0
+FLEET_SECRET = secrets.token_hex(16)
+SERVED_MODEL = "tiny"  # the ranks' model name, which their OpenAI endpoints check
 
 
 def free_port() -> int:
@@ -43,11 +57,11 @@ class RankSettings:
     max_num_batched_tokens: int = 8192
     sim_time_scale: float = 1.0
     reuse_policy: str = "per_conversation"
-    max_num_turns: int = 2
+    max_num_turns: int = 5  # the engine's default
 
     def engine_yaml(self) -> dict:
         return {
-            "model": {"name": "tiny", "path": str(self.model_dir)},
+            "model": {"name": SERVED_MODEL, "path": str(self.model_dir)},
             "max_batch_size": self.max_batch_size,
             "reuse": {"policy": self.reuse_policy, "max_num_turns": self.max_num_turns},
             "engine": {
@@ -73,6 +87,7 @@ class Fleet:
     def spawn(self, name: str, command: list[str]) -> subprocess.Popen:
         log = open(self.workdir / f"{name}.log", "w")  # noqa: SIM115 (closed with the process)
         env = {**os.environ, "OMP_NUM_THREADS": "1", "NO_COLOR": "1", "HF_HUB_OFFLINE": "1"}
+        env["KVFLEET_FLEET_SECRET"] = FLEET_SECRET  # the router's rank port asks for it
         process = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, env=env)
         self.processes.append(process)
         return process
@@ -166,7 +181,7 @@ def wait_log(path: Path, text: str, count: int, fleet: Fleet, timeout: float = S
 
 def kvfleet_router(fleet: Fleet, settings: RankSettings, ranks: int, policy: str) -> str:
     """kvfleet's router (in-process pins), ranks registered with it; replayed over grpc://."""
-    port = free_port()
+    port, rank_port = free_port(), free_port()
     command = [
         str(BIN / "kvfleet"),
         "router",
@@ -174,14 +189,18 @@ def kvfleet_router(fleet: Fleet, settings: RankSettings, ranks: int, policy: str
         HOST,
         "--grpc-port",
         str(port),
+        "--rank-port",
+        str(rank_port),
         "--metrics-port",
+        "-1",
+        "--http-port",
         "-1",
         "--affinity",
         policy,
     ]
     fleet.spawn("router", command)
     wait_log(fleet.workdir / "router.log", "router listening", 1, fleet)
-    fleet.start_ranks(settings, ranks, router=f"{HOST}:{port}")
+    fleet.start_ranks(settings, ranks, router=f"{HOST}:{rank_port}")
     for index in range(ranks):
         wait_log(fleet.workdir / f"rank-{index}.log", "registered", 1, fleet)
     return f"grpc://{HOST}:{port}"
@@ -215,7 +234,7 @@ def sglang_router(fleet: Fleet, settings: RankSettings, ranks: int, policy: str)
 
 def vllm_router(fleet: Fleet, settings: RankSettings, ranks: int, policy: str) -> str:
     """vllm-router over HTTP workers; token-id prompts (its cache_aware renders them)."""
-    return f"http://{_peer_router(fleet, settings, ranks, [str(BIN / 'vllm-router')], policy)}"
+    return f"http://{_peer_router(fleet, settings, ranks, [str(script('vllm-router'))], policy)}"
 
 
 DYNAMO_PYTHON = Path(__file__).resolve().parents[1] / ".venv-dynamo" / "bin" / "python"
@@ -264,4 +283,4 @@ ROUTER_NEEDS = {
 
 def router_available(router: str) -> bool:
     """True when the router's executable is installed in this environment."""
-    return shutil.which(ROUTER_NEEDS[router], path=str(BIN)) is not None
+    return script(ROUTER_NEEDS[router]).exists()

@@ -1,20 +1,30 @@
-# Engine rank image: CUDA runtime, torch, and flash-attn's CuTe kernels (flash-attn-4, pure
-# Python over the CuTe DSL; the 2.x sdist takes hours to compile). Not built in CI here.
+# Engine rank image: CUDA runtime, torch (cu130 wheel) and `kvfleet[engine]`, every package pinned
+# (docker/constraints.txt). Build arg FLASH_ATTN=1 (default) adds flash-attn's CuTe kernels from
+# docker/flash-attn.txt (exact pins, --no-deps); FLASH_ATTN=0 leaves them out and the engine's
+# `attention_backend: auto` then picks sdpa.
+#   docker build -f docker/engine.Dockerfile [--build-arg FLASH_ATTN=0] -t kvfleet/engine .
+# NOTE: no Docker daemon runs where kvfleet is developed and tested, so no image is built here or
+# in CI; bench/readonly_install_check.sh checks the router and operator installs (docs/deploy.md).
 FROM nvidia/cuda:13.0.1-cudnn-runtime-ubuntu24.04
+ARG FLASH_ATTN=1
 ENV PYTHONDONTWRITEBYTECODE=1 PYTHONUNBUFFERED=1 PIP_NO_CACHE_DIR=1
 RUN apt-get update && apt-get install -y --no-install-recommends python3.12 python3.12-venv \
     && rm -rf /var/lib/apt/lists/* && python3.12 -m venv /opt/venv
 ENV PATH=/opt/venv/bin:$PATH
 COPY pyproject.toml README.md /src/
+COPY docker/constraints.txt docker/flash-attn.txt /src/docker/
 COPY kvstore /src/kvstore
 COPY services /src/services
 COPY operator /src/operator
 COPY proto /src/proto
+# The generated gRPC code is part of the source (proto/*_pb2*.py): nothing is generated at run time.
 RUN pip install --index-url https://download.pytorch.org/whl/cu130 torch==2.13.0 \
-    && pip install /src flash-attn-4 && python -m kvfleet.proto
+    && pip install -c /src/docker/constraints.txt "/src[engine]" \
+    && if [ "$FLASH_ATTN" = 1 ]; then pip install --no-deps -r /src/docker/flash-attn.txt; fi
 RUN useradd --uid 10001 --create-home kvfleet && mkdir -p /var/lib/kvfleet/disk \
     && chown 10001:10001 /var/lib/kvfleet/disk
 USER 10001
-# Pods run with a read-only root: /tmp and /dev/shm are emptyDir volumes.
+# Pods run with a read-only root: /tmp and /dev/shm are emptyDir volumes, so JIT caches go there.
+ENV XDG_CACHE_HOME=/tmp/kvfleet-cache
 ENTRYPOINT []
 CMD ["kvfleet", "engine", "--help"]

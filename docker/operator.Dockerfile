@@ -1,12 +1,19 @@
-# Operator image: `kvfleet operator` (kopf). CPU only. Not built in CI here.
+# Operator image: `kvfleet operator` (kopf) on `kvfleet[operator]` (no torch), every package
+# pinned (docker/constraints.txt); site-packages is never written at run time (the gRPC code is
+# generated at build time: committed as proto/*_pb2*.py).
+#   docker build -f docker/operator.Dockerfile -t kvfleet/operator .
+# NOTE: no Docker daemon runs where kvfleet is developed and tested, so no image is built here or
+# in CI; bench/readonly_install_check.sh does this install on a read-only site-packages as a
+# non-root user and runs `kvfleet operator --help` (docs/deploy.md).
 FROM python:3.11-slim
 ENV PYTHONDONTWRITEBYTECODE=1 PYTHONUNBUFFERED=1 PIP_NO_CACHE_DIR=1
 COPY pyproject.toml README.md /src/
+COPY docker/constraints.txt /src/docker/
 COPY kvstore /src/kvstore
 COPY services /src/services
 COPY operator /src/operator
 COPY proto /src/proto
-RUN pip install --index-url https://download.pytorch.org/whl/cpu torch==2.13.0 && pip install /src
+RUN pip install -c /src/docker/constraints.txt "/src[operator]"
 RUN useradd --uid 10001 --no-create-home kvfleet
 USER 10001
 CMD ["kvfleet", "operator"]

@@ -7,6 +7,7 @@ and platforms, so the disk tier and KV events from other ranks can compare ids d
 
 from __future__ import annotations
 
+import struct
 from collections.abc import Sequence
 
 import numpy as np
@@ -15,6 +16,7 @@ import xxhash
 TOKEN_DTYPE = np.dtype("<u4")
 TOKEN_BYTES = TOKEN_DTYPE.itemsize
 MAX_TOKEN_ID = 2**32 - 1
+SMALL_PACK = 16  # up to this many ids, pack without numpy
 
 
 def root_hash(extra_key: bytes = b"") -> int:
@@ -24,6 +26,12 @@ def root_hash(extra_key: bytes = b"") -> int:
 
 def pack_tokens(token_ids: Sequence[int] | np.ndarray) -> bytes:
     """Token ids as little-endian uint32 bytes; raises ValueError for ids out of range."""
+    if isinstance(token_ids, (list, tuple)) and len(token_ids) <= SMALL_PACK:
+        # A decode step appends one token per sequence: struct skips numpy's per-call cost.
+        try:
+            return struct.pack(f"<{len(token_ids)}I", *token_ids)
+        except struct.error:
+            pass  # out of range or not integers: numpy below says which
     array = np.asarray(token_ids, dtype=np.int64)
     if array.ndim != 1:
         raise ValueError(f"token ids must be 1-D, got shape {array.shape}")

@@ -7,8 +7,11 @@ from dataclasses import dataclass
 
 from .names import FleetRef
 from .render_config import render_engine_configmap
+from .render_policies import render_disruption_budgets, render_network_policies
 from .render_pools import render_pools
 from .render_router import render_router
+from .render_scaling import render_pool_scalers
+from .render_secret import render_fleet_secret
 from .render_storage import render_disk_tier, render_managed_redis
 from .spec import FleetSpec
 
@@ -39,21 +42,36 @@ class Resource:
 
 # Every kind a fleet may own, keyed as its manifests spell it; deletion sweeps exactly these.
 CHILD_RESOURCES: dict[tuple[str, str], Resource] = {
+    ("v1", "Secret"): Resource("", "v1", "secrets"),
     ("v1", "ConfigMap"): Resource("", "v1", "configmaps"),
     ("v1", "PersistentVolumeClaim"): Resource("", "v1", "persistentvolumeclaims"),
     ("v1", "Service"): Resource("", "v1", "services"),
     ("apps/v1", "Deployment"): Resource("apps", "v1", "deployments"),
     ("apps/v1", "StatefulSet"): Resource("apps", "v1", "statefulsets"),
+    ("kvfleet.dev/v1alpha1", "KVFleetPool"): Resource("kvfleet.dev", "v1alpha1", "kvfleetpools"),
+    ("networking.k8s.io/v1", "NetworkPolicy"): Resource(
+        "networking.k8s.io", "v1", "networkpolicies"
+    ),
+    ("policy/v1", "PodDisruptionBudget"): Resource("policy", "v1", "poddisruptionbudgets"),
+    # Servers before 1.21 have only the beta PodDisruptionBudget (see adapt_to_server).
+    ("policy/v1beta1", "PodDisruptionBudget"): Resource(
+        "policy", "v1beta1", "poddisruptionbudgets"
+    ),
 }
 PODS = Resource("", "v1", "pods")
 
-# In creation order: config and storage before the pods that mount them, Redis before the router.
+# In creation order: the secret, config and storage before the pods that mount them, Redis
+# before the router.
 RENDERERS: tuple[Renderer, ...] = (
+    render_fleet_secret,
     render_engine_configmap,
     render_disk_tier,
     render_managed_redis,
     render_router,
     render_pools,
+    render_pool_scalers,
+    render_network_policies,
+    render_disruption_budgets,
 )
 
 
@@ -74,3 +92,16 @@ def render_children(fleet: FleetRef, spec: FleetSpec, replicas: dict[str, int]) 
     for renderer in RENDERERS:
         children.extend(renderer(fleet, spec, replicas))
     return children
+
+
+def adapt_to_server(children: list[dict], served: set[str]) -> list[dict]:
+    """The children as this API server can take them: `served` holds its group/versions; a
+    server without policy/v1 (before 1.21) gets the beta PodDisruptionBudget (same fields)."""
+    if "policy/v1" in served or "policy/v1beta1" not in served:
+        return children
+    return [
+        {**child, "apiVersion": "policy/v1beta1"}
+        if (child["apiVersion"], child["kind"]) == ("policy/v1", "PodDisruptionBudget")
+        else child
+        for child in children
+    ]

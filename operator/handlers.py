@@ -1,5 +1,5 @@
 """The kopf handlers of the KVFleet resource: reconcile on create/update/resume, clean up on
-delete, and a timer that reports pool readiness and autoscales.
+delete, and a timer that autoscales and converges every tick (drift repair, readiness).
 
 Run with `kvfleet operator` (or `kopf run -m kvfleet.operator.handlers`). Shared objects live in
 kopf's memo: `kube` (a KubeApi), `readers`, `histories` and `last_autoscale` (per-fleet
@@ -22,7 +22,9 @@ from .conditions import now_rfc3339, set_condition
 from .kube import KubeApi
 from .metrics import FleetMetricsReader, http_scrape
 from .names import GROUP, PLURAL, VERSION, FleetRef
-from .reconcile import delete_children, mark_draining, pool_reports, rank_names, reconcile
+from .pool_sizes import size_pools
+from .readiness import pool_reports, readiness, report_pool_objects
+from .reconcile import delete_children, mark_draining, rank_names, reconcile
 from .scaling_state import effective_replicas, policy_for, state_from_status, state_to_status
 from .spec import FleetSpec, SpecError, parse_spec
 
@@ -95,40 +97,81 @@ def reconcile_fleet(
     logger,
     **_: Any,
 ) -> None:
-    """Make the children match the spec; patch only what changed."""
+    """Make the children match the spec at once on every spec change."""
     parsed = _parse_or_report(body, spec, status, patch)
-    fleet = fleet_ref(body)
-    actions = reconcile(memo.kube, fleet, parsed, effective_replicas(parsed, status), logger)
-    generation = body.metadata.get("generation")
-    patch.status["observedGeneration"] = generation
-    router_host = f"{fleet.child_name('router')}.{fleet.namespace}.svc"
-    patch.status["endpoints"] = {
-        "grpc": f"{router_host}:{parsed.ports.router_grpc}",
-        "metrics": f"{router_host}:{parsed.ports.router_metrics}",
-    }
-    _report_pools(memo.kube, fleet, parsed, patch, generation)
-    if actions:
-        kopf.info(
-            body, reason="Reconciled", message=", ".join(f"{a.verb} {a.kind_name}" for a in actions)
-        )
+    autoscaled = effective_replicas(parsed, status) if parsed.autoscaling.enabled else None
+    converge(body, parsed, status, patch, memo, autoscaled, logger)
 
 
-def _report_pools(
-    kube: KubeApi, fleet: FleetRef, spec: FleetSpec, patch: kopf.Patch, generation: int | None
+def converge(
+    body: kopf.Body,
+    spec: FleetSpec,
+    status: kopf.Status,
+    patch: kopf.Patch,
+    memo: kopf.Memo,
+    autoscaled: dict[str, int] | None,
+    logger,
 ) -> None:
-    reports = pool_reports(kube, fleet, spec)
-    patch.status["pools"] = {name: report.as_status() for name, report in reports.items()}
-    waiting = [
-        f"{name} {r.ready_replicas}/{r.replicas}"
-        for name, r in reports.items()
-        if r.ready_replicas < r.replicas
-    ]
-    conditions = patch.status.get("conditions") or []
-    ready_message = "all pools ready" if not waiting else "waiting for " + ", ".join(waiting)
-    patch.status["conditions"] = set_condition(
-        list(conditions), "Ready", not waiting, "PoolsReady" if not waiting else "Progressing",
-        ready_message, generation, now_rfc3339(),
+    """One level-triggered pass: pool sizes (drain before scale-in), live children to desired,
+    then status from what is live.
+
+    Status keys are written only when their value changed, so an idle fleet costs no writes.
+    """
+    fleet = fleet_ref(body)
+    sizing = size_pools(memo.kube, fleet, spec, status, autoscaled, time.time())
+    for name, ordinals in sizing.unmark.items():
+        mark_draining(memo.kube, fleet, rank_names(fleet, name, ordinals), False)
+    for name, ordinals in sizing.mark.items():
+        mark_draining(memo.kube, fleet, rank_names(fleet, name, ordinals), True)
+        kopf.info(body, reason="ScaleIn", message=f"{name}: draining {list(ordinals)} first")
+    outcome = reconcile(memo.kube, fleet, spec, sizing.replicas, logger)
+    report_pool_objects(memo.kube, fleet, spec, outcome, sizing)
+    generation = body.metadata.get("generation")
+    ready = readiness(outcome)
+    now = now_rfc3339()
+    conditions = patch.status.get("conditions") or _conditions(status)
+    conditions = set_condition(
+        list(conditions), "Ready", ready.ready, ready.reason, ready.message, generation, now
+    )
+    conflict_message = "; ".join(outcome.conflicts)
+    if conflict_message and _condition_message(status, "Conflict") != conflict_message:
+        kopf.warn(body, reason="Conflict", message=conflict_message)
+    conditions = set_condition(
+        conditions, "Conflict", bool(conflict_message),
+        "NameTaken" if conflict_message else "NoConflict", conflict_message, generation, now,
     )  # fmt: skip
+    pools = pool_reports(fleet, spec, outcome)
+    scale_in = {**(status.get("scaleIn") or {}), **sizing.scale_in}
+    new_status = {
+        "scaleIn": {name: entry for name, entry in scale_in.items() if entry} or None,
+        "observedGeneration": generation,
+        "endpoints": endpoints(fleet, spec),
+        "pools": {name: report.as_status() for name, report in pools.items()},
+        "conditions": conditions,
+    }
+    for key, value in new_status.items():
+        if status.get(key) != value:
+            patch.status[key] = value
+        elif key in patch.status:
+            del patch.status[key]
+    if outcome.actions:
+        message = ", ".join(f"{a.verb} {a.kind_name}" for a in outcome.actions)
+        kopf.info(body, reason="Reconciled", message=message)
+
+
+def endpoints(fleet: FleetRef, spec: FleetSpec) -> dict[str, str]:
+    """Where clients reach the fleet: the router Service's ports."""
+    host = f"{fleet.child_name('router')}.{fleet.namespace}.svc"
+    return {
+        "grpc": f"{host}:{spec.ports.router_grpc}",
+        "http": f"http://{host}:{spec.ports.router_http}/v1",
+        "metrics": f"{host}:{spec.ports.router_metrics}",
+    }
+
+
+def _condition_message(status: kopf.Status, type_: str) -> str | None:
+    conditions = status.get("conditions", [])
+    return next((c.get("message") for c in conditions if c.get("type") == type_), None)
 
 
 @kopf.on.delete(GROUP, VERSION, PLURAL)
@@ -156,27 +199,29 @@ def _tick(
     logger,
     **_: Any,
 ) -> None:
-    """Report pool readiness; when autoscaling is on, read metrics, decide, act, record."""
+    """Autoscale when it is on, then converge: drift is repaired within one tick."""
     try:
         parsed = parse_spec(dict(spec))
     except SpecError:
         return  # already reported by the reconcile handler
-    fleet = fleet_ref(body)
-    patch.status["conditions"] = _conditions(status)
+    autoscaled = None
     if parsed.autoscaling.enabled:
-        _autoscale(body, parsed, status, patch, memo, fleet, logger)
-    _report_pools(memo.kube, fleet, parsed, patch, body.metadata.get("generation"))
+        autoscaled = _autoscale(body, parsed, status, patch, memo, fleet_ref(body), logger)
+    converge(body, parsed, status, patch, memo, autoscaled, logger)
 
 
-def _autoscale(body, spec: FleetSpec, status, patch, memo, fleet: FleetRef, logger) -> None:
+def _autoscale(
+    body, spec: FleetSpec, status, patch, memo, fleet: FleetRef, logger
+) -> dict[str, int]:
+    """Read, decide and record; the replicas each pool should have now."""
     key = (fleet.namespace, fleet.name, fleet.uid)
     now = time.time()
     # NOTE: the tick is shared by every fleet; each fleet's own intervalSeconds spaces its reads
     # (a small tolerance so an interval equal to the tick is not skipped by timer jitter).
-    if now - memo.last_autoscale.get(key, -math.inf) < spec.autoscaling.interval_seconds * 0.9:
-        return
-    memo.last_autoscale[key] = now
     replicas = effective_replicas(spec, status)
+    if now - memo.last_autoscale.get(key, -math.inf) < spec.autoscaling.interval_seconds * 0.9:
+        return replicas
+    memo.last_autoscale[key] = now
     reader = memo.readers.setdefault(key, FleetMetricsReader(scrape=memo.scrape))
     history: dict[str, list[Sample]] = memo.histories[key]
     for name, sample in reader.read(memo.kube, fleet, spec, replicas, now).items():
@@ -204,5 +249,4 @@ def _autoscale(body, spec: FleetSpec, status, patch, memo, fleet: FleetRef, logg
             )
         new_replicas[name] = decision.state.replicas
     patch.status["autoscaling"] = recorded
-    if new_replicas != replicas:
-        reconcile(memo.kube, fleet, spec, new_replicas, logger)
+    return new_replicas

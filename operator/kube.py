@@ -22,6 +22,7 @@ class KubeApi:
 
     def __init__(self, configuration: kubernetes.client.Configuration) -> None:
         self._client = kubernetes.client.ApiClient(configuration)
+        self._served: set[str] | None = None
 
     @classmethod
     def from_environment(cls) -> KubeApi:
@@ -68,12 +69,29 @@ class KubeApi:
                 return None
             raise
 
+    def served(self) -> set[str]:
+        """The group/versions this server serves ("v1", "apps/v1", ...), asked once."""
+        if self._served is None:
+            groups = self._call("GET", "/apis") or {}
+            self._served = {"v1"} | {
+                version["groupVersion"]
+                for group in groups.get("groups", [])
+                for version in group.get("versions", [])
+            }
+        return self._served
+
     def list(self, resource: Resource, namespace: str, labels: dict[str, str]) -> list[dict]:
-        """Objects whose labels include `labels` (also filtered here, so any server will do)."""
+        """Objects whose labels include `labels` (also filtered here, so any server will do);
+        none for a resource this server does not serve."""
         selector = ",".join(f"{key}={value}" for key, value in sorted(labels.items()))
-        found = self._call(
-            "GET", resource.collection_path(namespace), query=[("labelSelector", selector)]
-        )
+        try:
+            found = self._call(
+                "GET", resource.collection_path(namespace), query=[("labelSelector", selector)]
+            )
+        except kubernetes.client.ApiException as exc:
+            if exc.status == 404:
+                return []
+            raise
         items = (found or {}).get("items", [])
         return [
             item
@@ -95,6 +113,15 @@ class KubeApi:
             if exc.status == 404:
                 return None
             raise
+
+    def patch_status(self, resource: Resource, namespace: str, name: str, patch: dict) -> None:
+        """Merge-patch the status subresource; nothing when the object is gone."""
+        path = resource.object_path(namespace, name) + "/status"
+        try:
+            self._call("PATCH", path, body=patch, content_type=MERGE_PATCH)
+        except kubernetes.client.ApiException as exc:
+            if exc.status != 404:
+                raise
 
     def delete(self, resource: Resource, namespace: str, name: str) -> bool:
         """Delete the object (its dependents go in the background); False when it was gone."""

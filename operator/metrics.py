@@ -55,8 +55,9 @@ class FleetMetricsReader:
     _last_deferrals: tuple[float, float] | None = field(default=None, init=False)
 
     def _pages(
-        self, kube: KubeApi, fleet: FleetRef, component: str, port: int
+        self, kube: KubeApi, fleet: FleetRef, component: str, ports: list[int]
     ) -> list[dict[str, float]]:
+        """One page per pod and port (an engine pod serves one per rank)."""
         pods = kube.list(
             PODS, fleet.namespace, {FLEET_LABEL: fleet.name[:63], COMPONENT_LABEL: component}
         )
@@ -65,10 +66,11 @@ class FleetMetricsReader:
             ip = pod.get("status", {}).get("podIP")
             if not ip:
                 continue
-            try:
-                pages.append(metric_sums(self.scrape(f"http://{ip}:{port}/metrics")))
-            except (httpx.HTTPError, ValueError):
-                continue  # a pod that is starting or leaving has no say this round
+            for port in ports:
+                try:
+                    pages.append(metric_sums(self.scrape(f"http://{ip}:{port}/metrics")))
+                except (httpx.HTTPError, ValueError):
+                    continue  # a pod that is starting or leaving has no say this round
         return pages
 
     def _deferral_rate(self, total: float, now: float) -> float:
@@ -81,7 +83,7 @@ class FleetMetricsReader:
         self, kube: KubeApi, fleet: FleetRef, spec: FleetSpec, replicas: dict[str, int], now: float
     ) -> dict[str, Sample]:
         """One Sample per enabled pool; empty when no router answered (no data is not low load)."""
-        routers = self._pages(kube, fleet, "router", spec.ports.router_metrics)
+        routers = self._pages(kube, fleet, "router", [spec.ports.router_metrics])
         if not routers:
             return {}
         queue = sum(page.get(QUEUE_DEPTH, 0.0) for page in routers)
@@ -89,8 +91,11 @@ class FleetMetricsReader:
         ttft = max(page.get(TTFT_P90, 0.0) for page in routers)
         samples = {}
         for name in spec.enabled_pools():
-            engines = self._pages(kube, fleet, f"engine-{name}", spec.ports.engine_metrics)
-            ranks = replicas[name] * spec.pool(name).ranks_per_pod
+            per_pod = spec.pool(name).ranks_per_pod
+            ports = [spec.ports.engine_metrics + index for index in range(per_pod)]
+            engines = self._pages(kube, fleet, f"engine-{name}", ports)
+            # Every rank of every pod takes from the queue: the depth is per rank, not per pod.
+            ranks = replicas[name] * per_pod
             samples[name] = Sample(
                 at=now,
                 queue_depth_per_rank=queue / ranks if ranks else float("inf") if queue else 0.0,

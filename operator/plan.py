@@ -1,8 +1,11 @@
 """Pure planning of child changes: desired manifests vs live objects -> the fewest API calls.
 
-Each child carries the manifest it was last applied from (an annotation, as `kubectl apply`
-does), so an update sends a merge patch of exactly what changed, with `null` for what the
-spec no longer sets, and leaves alone the fields the API server or others filled in.
+Level-triggered: a child is compared with what is live now, not only with what was applied
+last, so a tampered field (a patched image, a scaled StatefulSet) or a deleted child is put
+back on the next pass. Each child also carries the manifest it was last applied from (an
+annotation, as `kubectl apply` does), so a field the spec no longer sets becomes `null`.
+Fields the API server or others filled in (defaults, extra annotations) are left alone: the
+desired manifest need only be contained in the live object.
 """
 
 from __future__ import annotations
@@ -13,6 +16,8 @@ from typing import Any, Literal
 
 from .children import Resource, resource_of
 from .names import GROUP
+from .render_scaling import without_scaler_owned
+from .render_secret import with_new_secret
 
 LAST_APPLIED_ANNOTATION = f"{GROUP}/last-applied"
 
@@ -46,6 +51,58 @@ def merge_diff(old: Any, new: Any) -> dict[str, Any]:
     return patch
 
 
+def _empty(value: Any) -> bool:
+    return value is None or value == {} or value == []
+
+
+def contained(desired: Any, live: Any) -> bool:
+    """Whether `live` holds everything `desired` says (server defaults in `live` are fine;
+    an empty map or list in `desired` matches a field the server dropped)."""
+    if isinstance(desired, dict):
+        if not isinstance(live, dict):
+            return _empty(desired) and live is None
+        return all(
+            contained(value, live.get(key)) if key in live else _empty(value)
+            for key, value in desired.items()
+        )
+    if isinstance(desired, list):
+        if live is None:
+            return not desired
+        return (
+            isinstance(live, list)
+            and len(desired) == len(live)
+            and all(contained(d, item) for d, item in zip(desired, live, strict=True))
+        )
+    return desired == live
+
+
+def drift_patch(desired: dict[str, Any], live: dict[str, Any]) -> dict[str, Any]:
+    """The merge patch that puts back every field of `desired` that `live` lost or changed."""
+    patch: dict[str, Any] = {}
+    for key, value in desired.items():
+        current = live.get(key)
+        if key not in live and _empty(value):
+            continue
+        if isinstance(value, dict) and isinstance(current, dict):
+            nested = drift_patch(value, current)
+            if nested:
+                patch[key] = nested
+        elif not contained(value, current):
+            patch[key] = value
+    return patch
+
+
+def deep_merge(base: dict[str, Any], extra: dict[str, Any]) -> dict[str, Any]:
+    """`base` with `extra` merged in, key by key (extra wins)."""
+    merged = dict(base)
+    for key, value in extra.items():
+        if isinstance(value, dict) and isinstance(merged.get(key), dict):
+            merged[key] = deep_merge(merged[key], value)
+        else:
+            merged[key] = value
+    return merged
+
+
 def with_last_applied(manifest: dict[str, Any]) -> dict[str, Any]:
     """The manifest as sent to the API: itself plus its own serialisation in an annotation."""
     text = json.dumps(manifest, sort_keys=True, separators=(",", ":"))
@@ -63,7 +120,8 @@ def last_applied(live: dict[str, Any]) -> dict[str, Any] | None:
 def plan_children(desired: list[dict], live: dict[tuple[Resource, str], dict]) -> list[ChildAction]:
     """Actions that make `live` (keyed by (resource, name)) match `desired`, creations in order.
 
-    Live children that are no longer desired are deleted; unchanged ones produce no action.
+    Live children that are no longer desired are deleted; unchanged ones produce no action; a
+    live child that drifted from its manifest is patched back.
     """
     actions: list[ChildAction] = []
     wanted: set[tuple[Resource, str]] = set()
@@ -72,13 +130,20 @@ def plan_children(desired: list[dict], live: dict[tuple[Resource, str], dict]) -
         wanted.add((resource, name))
         current = live.get((resource, name))
         if current is None:
-            actions.append(ChildAction("create", resource, name, with_last_applied(manifest)))
+            stamped = with_last_applied(without_scaler_owned(manifest))
+            body = {**manifest, "metadata": stamped["metadata"]}
+            if manifest["kind"] == "Secret":
+                body = with_new_secret(body)  # the value is made once, never in last-applied
+            actions.append(ChildAction("create", resource, name, body))
             continue
-        previous = last_applied(current) or {}
-        if previous != manifest:
-            body = merge_diff(
-                with_last_applied(previous) if previous else {}, with_last_applied(manifest)
-            )
+        # Fields others own after creation (a pool's replicas: its scalers') are left to them.
+        previous = without_scaler_owned(last_applied(current) or {})
+        target = with_last_applied(without_scaler_owned(manifest))
+        body = deep_merge(
+            merge_diff(with_last_applied(previous), target) if previous else {},
+            drift_patch(target, current),
+        )
+        if body:
             actions.append(ChildAction("patch", resource, name, body))
     for resource, name in live:
         if (resource, name) not in wanted:

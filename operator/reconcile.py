@@ -1,12 +1,14 @@
-"""Bring a fleet's children in line with its spec, and report what the pools look like."""
+"""Bring a fleet's children in line with its spec, and mark ranks that are leaving."""
 
 from __future__ import annotations
 
 import logging
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
-from .children import CHILD_RESOURCES, PODS, Resource, render_children
+import kubernetes
+
+from .children import CHILD_RESOURCES, PODS, Resource, adapt_to_server, render_children
 from .kube import KubeApi
 from .names import DRAINING_ANNOTATION, FLEET_LABEL, FleetRef
 from .plan import ChildAction, plan_children
@@ -15,15 +17,15 @@ from .spec import FleetSpec
 STATEFULSETS = CHILD_RESOURCES[("apps/v1", "StatefulSet")]
 
 
-@dataclass(frozen=True)
-class PoolReport:
-    """A pool's size as the StatefulSet reports it."""
+@dataclass
+class Outcome:
+    """What one pass did: the calls sent, the children it could not take (someone else's
+    object has the name), and the live children it saw afterwards."""
 
-    replicas: int
-    ready_replicas: int
-
-    def as_status(self) -> dict[str, int]:
-        return {"replicas": self.replicas, "readyReplicas": self.ready_replicas}
+    actions: list[ChildAction] = field(default_factory=list)
+    conflicts: list[str] = field(default_factory=list)
+    live: dict[tuple[Resource, str], dict] = field(default_factory=dict)
+    desired: list[dict] = field(default_factory=list)
 
 
 def live_children(kube: KubeApi, fleet: FleetRef) -> dict[tuple[Resource, str], dict]:
@@ -37,18 +39,48 @@ def live_children(kube: KubeApi, fleet: FleetRef) -> dict[tuple[Resource, str], 
     return found
 
 
+def _taken_by_other(kube: KubeApi, action: ChildAction, fleet: FleetRef) -> str | None:
+    """Who holds the name a create found taken, for the Conflict message; None when it is
+    this fleet itself (a concurrent pass created it first)."""
+    other = kube.get(action.resource, fleet.namespace, action.name) or {}
+    owners = other.get("metadata", {}).get("ownerReferences", [])
+    if any(owner.get("uid") == fleet.uid for owner in owners):
+        return None
+    holder = ", ".join(f"{o.get('kind')}/{o.get('name')}" for o in owners) or "no owner"
+    return f"{action.kind_name} exists and is not this fleet's ({holder})"
+
+
 def apply_actions(
-    kube: KubeApi, namespace: str, actions: list[ChildAction], logger: logging.Logger
-) -> None:
-    """Send each planned call, in order."""
+    kube: KubeApi, fleet: FleetRef, actions: list[ChildAction], logger: logging.Logger
+) -> tuple[list[ChildAction], list[str]]:
+    """Send each planned call, in order; a create whose name is taken is a conflict, not a
+    retry (the other object is never touched). Returns (calls done, conflicts)."""
+    done, conflicts = [], []
     for action in actions:
         logger.info("%s %s", action.verb, action.kind_name)
         if action.verb == "create":
-            kube.create(action.resource, namespace, action.body or {})
+            try:
+                kube.create(action.resource, fleet.namespace, action.body or {})
+            except kubernetes.client.ApiException as exc:
+                if exc.status != 409:
+                    raise
+                holder = _taken_by_other(kube, action, fleet)
+                if holder:
+                    conflicts.append(holder)
+                continue
         elif action.verb == "patch":
-            kube.patch(action.resource, namespace, action.name, action.body or {})
+            kube.patch(action.resource, fleet.namespace, action.name, action.body or {})
         else:
-            kube.delete(action.resource, namespace, action.name)
+            kube.delete(action.resource, fleet.namespace, action.name)
+        done.append(action)
+    return done, conflicts
+
+
+def desired_children(
+    kube: KubeApi, fleet: FleetRef, spec: FleetSpec, replicas: dict[str, int]
+) -> list[dict]:
+    """The children as this server can take them."""
+    return adapt_to_server(render_children(fleet, spec, replicas), kube.served())
 
 
 def reconcile(
@@ -57,31 +89,21 @@ def reconcile(
     spec: FleetSpec,
     replicas: dict[str, int],
     logger: logging.Logger,
-) -> list[ChildAction]:
-    """Create, patch and delete children so they match the spec; return what was done."""
-    desired = render_children(fleet, spec, replicas)
-    actions = plan_children(desired, live_children(kube, fleet))
-    apply_actions(kube, fleet.namespace, actions, logger)
-    return actions
+) -> Outcome:
+    """Create, patch and delete children so the live ones match the spec."""
+    desired = desired_children(kube, fleet, spec, replicas)
+    live = live_children(kube, fleet)
+    actions, conflicts = apply_actions(kube, fleet, plan_children(desired, live), logger)
+    if actions:
+        live = live_children(kube, fleet)
+    return Outcome(actions=actions, conflicts=conflicts, live=live, desired=desired)
 
 
 def delete_children(kube: KubeApi, fleet: FleetRef, logger: logging.Logger) -> list[ChildAction]:
     """Delete every child of the fleet (owner references would too; this does not wait for GC)."""
     actions = plan_children([], live_children(kube, fleet))
-    apply_actions(kube, fleet.namespace, actions, logger)
-    return actions
-
-
-def pool_reports(kube: KubeApi, fleet: FleetRef, spec: FleetSpec) -> dict[str, PoolReport]:
-    """Replicas and ready replicas of every enabled pool (0 ready until the StatefulSet says)."""
-    reports = {}
-    for name in spec.enabled_pools():
-        live = kube.get(STATEFULSETS, fleet.namespace, fleet.child_name(name)) or {}
-        reports[name] = PoolReport(
-            replicas=int(live.get("spec", {}).get("replicas", 0)),
-            ready_replicas=int(live.get("status", {}).get("readyReplicas", 0)),
-        )
-    return reports
+    done, _ = apply_actions(kube, fleet, actions, logger)
+    return done
 
 
 def rank_names(fleet: FleetRef, pool_name: str, ordinals: range) -> list[str]:

@@ -23,7 +23,11 @@ def engine_config(spec: FleetSpec, pool_name: str) -> dict[str, Any]:
     )
     tiers = spec.kv_tiers
     return {
-        "model": {"name": spec.model.name, "path": model_path, "config": spec.model.config},
+        "model": {
+            "name": spec.model.name,
+            "path": model_path,
+            "config": spec.model.config.model_dump(exclude_none=True),
+        },
         "max_batch_size": pool.max_batch_size,
         "ranks_per_pod": pool.ranks_per_pod,
         "reuse": {

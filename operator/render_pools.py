@@ -2,12 +2,18 @@
 
 from __future__ import annotations
 
+from kubernetes.utils.quantity import parse_quantity
+
 from .names import CONFIG_HASH_ANNOTATION, FleetRef
 from .render_config import DISK_TIER_DIR, MODEL_MOUNT, config_hash, config_key
 from .render_router import EXIT_MARGIN_SECONDS
+from .render_secret import fleet_env
 from .security import container_security_context, pod_security_context, scratch_volumes
 from .spec import FleetSpec
 
+GIB = 2**30
+# Memory an engine process needs besides its host KV tier (weights staging, tokenizer, Python).
+ENGINE_PROCESS_GIB = 8
 # Where the engine reads its own pod annotations (the drain mark) through the downward API.
 PODINFO_DIR = "/etc/podinfo"
 
@@ -32,6 +38,7 @@ def engine_args(fleet: FleetRef, spec: FleetSpec, pool_name: str) -> list[str]:
         "--rank-id", "$(POD_NAME)",
         "--config", "/etc/kvfleet/engine.yaml",
         "--disk-tier-dir", DISK_TIER_DIR,
+        "--drain-seconds", str(spec.drain_seconds),
     ]  # fmt: skip
 
 
@@ -71,32 +78,51 @@ def _volumes(fleet: FleetRef, spec: FleetSpec, pool_name: str) -> tuple[list[dic
 
 
 def _resources(spec: FleetSpec, pool_name: str) -> dict:
+    """The pool's resources, with memory requests (and limits) raised to hold the host KV
+    tier of every rank in the pod plus the process itself: a pod asking for less would be
+    scheduled onto a node that cannot hold its tier and then killed for memory."""
     pool = spec.pool(pool_name)
     resources = {key: dict(value) for key, value in pool.resources.items()}
     if pool.gpus_per_pod:
         resources.setdefault("limits", {})["nvidia.com/gpu"] = pool.gpus_per_pod
+    floor_gib = spec.kv_tiers.host_gib * pool.ranks_per_pod + ENGINE_PROCESS_GIB
+    for kind in ("requests", "limits"):
+        given = resources.get(kind, {}).get("memory")
+        if kind == "limits" and given is None:
+            continue  # no limit set: none added
+        if given is None or parse_quantity(given) < floor_gib * GIB:
+            resources.setdefault(kind, {})["memory"] = f"{floor_gib}Gi"
     return resources
 
 
-def _engine_container(fleet: FleetRef, spec: FleetSpec, pool_name: str, mounts: list[dict]) -> dict:
+def rank_ports(spec: FleetSpec, pool_name: str) -> list[dict]:
+    """Container ports of every rank in the pod: rank i listens on each base port + i."""
     ports = spec.ports
+    named = []
+    for index in range(spec.pool(pool_name).ranks_per_pod):
+        suffix = f"-{index}" if index else ""
+        named += [
+            {"name": f"grpc{suffix}", "containerPort": ports.engine_grpc + index},
+            {"name": f"http{suffix}", "containerPort": ports.engine_http + index},
+            {"name": f"metrics{suffix}", "containerPort": ports.engine_metrics + index},
+        ]
+    return named
+
+
+def _engine_container(fleet: FleetRef, spec: FleetSpec, pool_name: str, mounts: list[dict]) -> dict:
+    # HTTP probes work on every Kubernetes version (gRPC probes need 1.24+); rank 0 stands
+    # for the pod, whose ranks start and stop together.
+    health = {"httpGet": {"path": "/health", "port": "http"}}
     return {
         "name": "engine",
         "image": spec.images.engine,
         "imagePullPolicy": spec.images.pull_policy,
         "args": engine_args(fleet, spec, pool_name),
-        "env": [{"name": "POD_NAME", "valueFrom": {"fieldRef": {"fieldPath": "metadata.name"}}}],
-        "ports": [
-            {"name": "grpc", "containerPort": ports.engine_grpc},
-            {"name": "http", "containerPort": ports.engine_http},
-            {"name": "metrics", "containerPort": ports.engine_metrics},
-        ],
-        "startupProbe": {
-            "grpc": {"port": ports.engine_grpc},
-            "periodSeconds": 10,
-            "failureThreshold": 90,
-        },
-        "readinessProbe": {"grpc": {"port": ports.engine_grpc}, "periodSeconds": 5},
+        "env": fleet_env(fleet),
+        "ports": rank_ports(spec, pool_name),
+        "startupProbe": {**health, "periodSeconds": 10, "failureThreshold": 90},
+        "readinessProbe": {**health, "periodSeconds": 5},
+        "livenessProbe": {**health, "periodSeconds": 10, "failureThreshold": 6},
         "resources": _resources(spec, pool_name),
         "securityContext": container_security_context(),
         "volumeMounts": mounts,

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from .names import FleetRef
+from .render_secret import REDIS_PASSWORD_ENV, REDIS_PASSWORD_KEY, fleet_env, secret_env
 from .security import container_security_context, pod_security_context, scratch_volumes
 from .spec import FleetSpec
 
@@ -13,13 +14,16 @@ EXIT_MARGIN_SECONDS = 15
 def router_args(fleet: FleetRef, spec: FleetSpec) -> list[str]:
     """The `kvfleet router` command line, as the router's CLI contract defines it."""
     routing, ports = spec.routing, spec.ports
-    redis_url = fleet.redis_url() if spec.redis.mode == "managed" else spec.redis.url
-    if spec.redis.url_secret_ref is not None:
-        redis_url = "$(KVFLEET_REDIS_URL)"  # expanded by the kubelet from the Secret env
+    # $(VAR) is expanded by the kubelet from the container's env (Secrets, the pod name).
+    redis_url = fleet.redis_url(f"$({REDIS_PASSWORD_ENV})")
+    if spec.redis.mode == "external":
+        redis_url = spec.redis.url or "$(KVFLEET_REDIS_URL)"
     return [
         "kvfleet", "router",
         "--grpc-port", str(ports.router_grpc),
+        "--http-port", str(ports.router_http),
         "--metrics-port", str(ports.router_metrics),
+        "--replica-id", "$(POD_NAME)",
         "--redis-url", str(redis_url),
         "--affinity", routing.affinity,
         "--max-wait-passes", str(routing.max_wait_passes),
@@ -30,34 +34,40 @@ def router_args(fleet: FleetRef, spec: FleetSpec) -> list[str]:
     ]  # fmt: skip
 
 
-def _router_env(spec: FleetSpec) -> list[dict]:
+def _router_env(fleet: FleetRef, spec: FleetSpec) -> list[dict]:
+    env = fleet_env(fleet)
     ref = spec.redis.url_secret_ref
-    if ref is None:
-        return []
-    return [
-        {
-            "name": "KVFLEET_REDIS_URL",
-            "valueFrom": {"secretKeyRef": {"name": ref.name, "key": ref.key}},
-        }
-    ]
+    if spec.redis.mode == "managed":
+        env.append(secret_env(fleet, REDIS_PASSWORD_ENV, REDIS_PASSWORD_KEY))
+    elif ref is not None:
+        env.append(
+            {
+                "name": "KVFLEET_REDIS_URL",
+                "valueFrom": {"secretKeyRef": {"name": ref.name, "key": ref.key}},
+            }
+        )
+    return env
 
 
 def render_router(fleet: FleetRef, spec: FleetSpec, replicas: dict[str, int]) -> list[dict]:
     """Router Deployment `<fleet>-router` and the ClusterIP Service in front of it."""
     ports = spec.ports
     volumes, mounts = scratch_volumes()
+    health = {"httpGet": {"path": "/health", "port": "http"}}
     container = {
         "name": "router",
         "image": spec.images.router,
         "imagePullPolicy": spec.images.pull_policy,
         "args": router_args(fleet, spec),
-        "env": _router_env(spec),
+        "env": _router_env(fleet, spec),
         "ports": [
             {"name": "grpc", "containerPort": ports.router_grpc},
+            {"name": "http", "containerPort": ports.router_http},
             {"name": "metrics", "containerPort": ports.router_metrics},
         ],
-        "readinessProbe": {"grpc": {"port": ports.router_grpc}, "periodSeconds": 5},
-        "livenessProbe": {"grpc": {"port": ports.router_grpc}, "periodSeconds": 10},
+        # HTTP probes work on every Kubernetes version (gRPC probes need 1.24+).
+        "readinessProbe": {**health, "periodSeconds": 5},
+        "livenessProbe": {**health, "periodSeconds": 10, "failureThreshold": 6},
         "resources": {"requests": {"cpu": "1", "memory": "1Gi"}, "limits": {"memory": "2Gi"}},
         "securityContext": container_security_context(),
         "volumeMounts": mounts,
@@ -90,6 +100,7 @@ def render_router(fleet: FleetRef, spec: FleetSpec, replicas: dict[str, int]) ->
             "selector": fleet.selector("router"),
             "ports": [
                 {"name": "grpc", "port": ports.router_grpc, "targetPort": "grpc"},
+                {"name": "http", "port": ports.router_http, "targetPort": "http"},
                 {"name": "metrics", "port": ports.router_metrics, "targetPort": "metrics"},
             ],
         },

@@ -30,11 +30,18 @@ class Images(_Model):
     pull_policy: Literal["Always", "IfNotPresent", "Never"] = "IfNotPresent"
 
 
+class ModelSettings(_Model):
+    """Settings of the served model on top of its checkpoint (engine.yaml's model.config)."""
+
+    dtype: Literal["float32", "bfloat16", "float16"] | None = None
+    max_model_len: int | None = Field(default=None, ge=1)
+
+
 class Model(_Model):
     name: str
     path: str
     pvc_name: str | None = None
-    config: dict[str, Any] = Field(default_factory=dict)
+    config: ModelSettings = Field(default_factory=ModelSettings)
 
 
 class Pool(_Model):
@@ -69,8 +76,8 @@ class KVTiers(_Model):
 class Routing(_Model):
     replicas: int = Field(default=1, ge=1)
     affinity: Literal["strict", "lenient"] = "strict"
-    max_wait_passes: int = Field(default=8, ge=0)
-    max_wait_seconds: float = Field(default=2.0, ge=0.0)
+    max_wait_passes: int = Field(default=1_000_000, ge=0)  # the time bound binds
+    max_wait_seconds: float = Field(default=30.0, ge=0.0)
     placement: Literal["load", "prefix"] = "prefix"
     pin_ttl_seconds: int = Field(default=3600, ge=1)
     heartbeat_timeout_seconds: int = Field(default=10, ge=1)
@@ -78,7 +85,7 @@ class Routing(_Model):
 
 class Reuse(_Model):
     policy: Literal["per_conversation", "per_request", "all_reusable"] = "per_conversation"
-    max_num_turns: int = Field(default=2, ge=1)
+    max_num_turns: int = Field(default=5, ge=1)
     checkpoint: bool = True
     # per_conversation only (docs/kvstore.md): also keep the first turn's endpoints, and up to
     # this many branch-point windows per conversation.
@@ -95,6 +102,8 @@ class Redis(_Model):
     mode: Literal["managed", "external"] = "managed"
     url: str | None = None
     url_secret_ref: SecretKeyRef | None = None
+    # managed only: the memory Redis may use (it evicts the least recently used pins beyond).
+    max_memory_mib: int = Field(default=768, ge=16, alias="maxMemoryMiB")
 
 
 class PoolBounds(_Model):
@@ -125,6 +134,7 @@ class Autoscaling(_Model):
 
 class Ports(_Model):
     router_grpc: int = Field(default=50051, ge=1, le=65535)
+    router_http: int = Field(default=8000, ge=1, le=65535)
     router_metrics: int = Field(default=9400, ge=1, le=65535)
     engine_grpc: int = Field(default=50061, ge=1, le=65535)
     engine_http: int = Field(default=8000, ge=1, le=65535)

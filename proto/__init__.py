@@ -1,9 +1,6 @@
 """gRPC contracts (.proto) and the Python code generated from them.
 
-Importing this package generates the `*_pb2*.py` modules when they are missing or older than
-their `.proto` (see `kvfleet.proto.codegen`), so a fresh clone needs only `pip install -e .`.
+The generated `*_pb2*.py` files are committed next to their `.proto` and packaged with it, so
+importing this package never writes (images run on a read-only site-packages). After editing a
+`.proto`, `kvfleet proto` regenerates them; a test fails while they are stale.
 """
-
-from kvfleet.proto.codegen import ensure_generated
-
-ensure_generated()

@@ -1,9 +1,9 @@
 """Generate the Python gRPC code from the .proto files of this folder.
 
-The generated `*_pb2*.py` files are not committed: they are made here, from the `.proto` files,
-when missing or older than their source (on first import of `kvfleet.proto`), or explicitly by
-`kvfleet proto` / `python -m kvfleet.proto`. Generation runs in a temporary tree laid out as
-`kvfleet/proto/*.proto`, so the generated imports are package-qualified
+The generated `*_pb2*.py` files are committed: `kvfleet proto` / `python -m kvfleet.proto`
+regenerates them in the source tree after a `.proto` changes (needs the `dev` extra's
+grpcio-tools), and a test compares them with a fresh generation. Generation runs in a temporary
+tree laid out as `kvfleet/proto/*.proto`, so the generated imports are package-qualified
 (`from kvfleet.proto import common_pb2`), and each file lands by an atomic rename, so two
 processes that generate at once both leave complete files.
 """
@@ -32,16 +32,6 @@ def proto_sources(proto_dir: Path = PROTO_DIR) -> list[Path]:
 def generated_paths(source: Path) -> list[Path]:
     """The files generated from one .proto file."""
     return [source.with_name(source.stem + suffix) for suffix in GENERATED_SUFFIXES]
-
-
-def is_stale(proto_dir: Path = PROTO_DIR) -> bool:
-    """True when a generated file is missing or older than its .proto."""
-    for source in proto_sources(proto_dir):
-        source_mtime = source.stat().st_mtime
-        for target in generated_paths(source):
-            if not target.exists() or target.stat().st_mtime < source_mtime:
-                return True
-    return False
 
 
 def generate(proto_dir: Path = PROTO_DIR) -> list[Path]:
@@ -82,11 +72,3 @@ def _install(generated: Path, proto_dir: Path) -> Path:
         tmp_file.write(generated.read_bytes())
     os.replace(tmp_name, target)
     return target
-
-
-def ensure_generated(proto_dir: Path = PROTO_DIR) -> bool:
-    """Generate when stale; returns True when it generated."""
-    if not is_stale(proto_dir):
-        return False
-    generate(proto_dir)
-    return True

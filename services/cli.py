@@ -16,7 +16,7 @@ from importlib.metadata import PackageNotFoundError, version
 # Module path of every subcommand, in the order `kvfleet --help` lists them.
 SUBCOMMAND_MODULES: tuple[str, ...] = (
     "kvfleet.kvstore.demo",
-    "kvfleet.services.router.cli",
+    "kvfleet.services.fleet.router_command",
     "kvfleet.proto.cli",
     "kvfleet.services.replay.command",
     "kvfleet.operator.cli",

@@ -63,7 +63,8 @@ def test_router_on_a_taken_port_exits_two_and_names_the_flag() -> None:
         port = busy.getsockname()[1]
         result = subprocess.run(
             [sys.executable, "-m", "kvfleet.services.cli", "router", "--host", "127.0.0.1",
-             "--grpc-port", str(port), "--metrics-port", "-1"],
+             "--grpc-port", str(port), "--metrics-port", "-1", "--rank-port", "0",
+             "--insecure-rank-port"],
             capture_output=True, text=True, timeout=120,
         )  # fmt: skip
     assert result.returncode == 2, result.stderr

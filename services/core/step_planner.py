@@ -129,7 +129,9 @@ class StepPlanner(Generic[ItemT, ChunkT]):
         self.running.remove(victim)
         self.manager.finish_request(victim.key)
         tokens = self._recompute_tokens(victim)
-        self.manager.add_request(victim.key, tokens, victim.conversation_id)
+        self.manager.add_request(
+            victim.key, tokens, victim.conversation_id, self._extra_key(victim)
+        )
         victim.retain = victim.retain and not victim.context_done
         self._on_preempted(victim, len(tokens))
         self.waiting.appendleft(victim)
@@ -163,6 +165,10 @@ class StepPlanner(Generic[ItemT, ChunkT]):
     def _recompute_tokens(self, victim: ItemT) -> list[int] | tuple[int, ...]:
         """The tokens a preempted item is re-added with."""
         raise NotImplementedError
+
+    def _extra_key(self, item: ItemT) -> bytes:
+        """The block hash's extra key of an item (a tenant's cache salt); none by default."""
+        return b""
 
     def _on_preempted(self, victim: ItemT, num_tokens: int) -> None:
         """Reset a preempted item's own progress; `num_tokens` were re-added."""

@@ -119,7 +119,9 @@ class GenerationSide:
                 f"{call.sampling.max_tokens} to generate"
             )
         sequence = core.new_sequence(call)
-        manager.add_request(sequence.key, call.prompt_token_ids, call.conversation_id)
+        manager.add_request(
+            sequence.key, call.prompt_token_ids, call.conversation_id, call.extra_key
+        )
         if not self._room(sequence.key):
             manager.finish_request(sequence.key)
             raise HandoffNoRoom(

@@ -35,11 +35,22 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("--router", default=None, help="HOST:PORT of the router to register with")
     parser.add_argument("--rank-id", default=None, help="default: the host name")
     parser.add_argument(
+        "--fleet-secret-file",
+        default=None,
+        help="the fleet secret the router's rank port asks for (default: $KVFLEET_FLEET_SECRET)",
+    )
+    parser.add_argument(
         "--podinfo-dir",
         default="/etc/podinfo",
         help="downward API volume with the pod's annotations (kvfleet.dev/draining)",
     )
     parser.add_argument("--config", default=None, help="engine.yaml (the operator's layout)")
+    parser.add_argument(
+        "--drain-seconds",
+        type=float,
+        default=30.0,
+        help="on SIGTERM, let running requests finish for up to this long before stopping",
+    )
     parser.add_argument("--disk-tier-dir", default=None, help="the shared disk KV tier's folder")
     parser.add_argument("--host-kv-gib", type=float, default=None, help="host KV tier size")
     parser.add_argument(
@@ -58,7 +69,21 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "--max-num-batched-tokens", type=int, default=None, help="step token budget"
     )
     parser.add_argument("--kv-pages", type=int, default=None, help="pages per KV pool")
-    parser.add_argument("--device", default=None, help="torch device: cpu, cuda, cuda:1 ...")
+    parser.add_argument(
+        "--device", default=None, help="auto (default: CUDA when present, else CPU), cpu, cuda[:N]"
+    )
+    parser.add_argument(
+        "--gpu-memory-fraction",
+        type=float,
+        default=None,
+        help="CUDA: the share of the GPU's memory for weights, activations and KV (default 0.9)",
+    )
+    parser.add_argument(
+        "--cpu-kv-gib", type=float, default=None, help="CPU: the device KV's cap (default 4)"
+    )
+    parser.add_argument(
+        "--dtype", default=None, help="weights: auto (the checkpoint's), float32, bfloat16, float16"
+    )
     parser.add_argument(
         "--compute-backend", default=None, help="torch (the model) or sim (cost model, no tensors)"
     )
@@ -82,6 +107,9 @@ def engine_config_from_args(args: argparse.Namespace):
         max_num_batched_tokens=args.max_num_batched_tokens,
         kv_pages=args.kv_pages,
         device=args.device,
+        dtype=getattr(args, "dtype", None),
+        gpu_memory_fraction=getattr(args, "gpu_memory_fraction", None),
+        cpu_kv_gib=getattr(args, "cpu_kv_gib", None),
         # getattr: namespaces built without the sim flags (older callers) keep the file's values
         compute_backend=getattr(args, "compute_backend", None),
         sim_time_scale=getattr(args, "sim_time_scale", None),
@@ -94,7 +122,10 @@ def engine_config_from_args(args: argparse.Namespace):
 
 
 def run(args: argparse.Namespace) -> int:
+    from kvfleet.services.router.fleet_secret import load_fleet_secret
+
     from .config import PRESETS
+    from .pod_ranks import pod_ranks
     from .rank import EngineRank, RankAddresses
 
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
@@ -109,13 +140,28 @@ def run(args: argparse.Namespace) -> int:
         router=args.router,
         rank_id=args.rank_id or os.uname().nodename,
         advertise_host=args.advertise_host,
+        fleet_secret=load_fleet_secret(args.fleet_secret_file),
     )
-    rank = EngineRank(config, addresses, podinfo_dir=args.podinfo_dir).start()
-    ports = f"grpc {rank.grpc_port}, http {rank.http_port}, metrics {rank.metrics_port}"
-    print(f"engine {addresses.rank_id} ({config.role}, model {config.model}): {ports}", flush=True)
+    ranks = []
+    for rank_config, rank_addresses in pod_ranks(config, addresses):
+        rank = EngineRank(rank_config, rank_addresses, podinfo_dir=args.podinfo_dir).start()
+        ranks.append(rank)
+        ports = f"grpc {rank.grpc_port}, http {rank.http_port}, metrics {rank.metrics_port}"
+        print(
+            f"engine {rank_addresses.rank_id} ({config.role}, model {config.model}): {ports}",
+            flush=True,
+        )
     stop = threading.Event()
     for signum in (signal.SIGINT, signal.SIGTERM):
         signal.signal(signum, lambda *_: stop.set())
     stop.wait()
-    rank.stop()
+    # SIGTERM (a pod deletion, an eviction, a roll): drain within the pod's grace period, the
+    # ranks side by side so the budget is not spent once per rank.
+    leaving = [
+        threading.Thread(target=rank.drain_and_stop, args=(args.drain_seconds,)) for rank in ranks
+    ]
+    for thread in leaving:
+        thread.start()
+    for thread in leaving:
+        thread.join()
     return 0

@@ -12,15 +12,19 @@ from collections.abc import Callable, Sequence
 import torch
 from kvfleet.kvstore.tiers.stack import KVTiers
 
+from . import fused
 from .attention import make_backend
 from .batch import ForwardBatch, SequenceChunk
 from .compute_sim import SimCompute
 from .compute_types import ComputeBackend, resolve_model_config
+from .cuda_graphs import DecodeRunner
+from .device import resolve_device
 from .device_kv_cache import DeviceKVCache
 from .engine_config import EngineConfig
 from .generation import default_dtype
+from .kv_budget import kv_budget, probe_device_memory
 from .kv_setup import build_kv, open_kv_tiers
-from .sampling import sample_batch
+from .sampling import NON_FINITE_LOGITS, RowResult, SampleFailure, sample_batch
 from .scheduler import ScheduledChunk
 from .weights import build_model, load_checkpoint
 
@@ -32,18 +36,25 @@ class TorchCompute:
 
     def __init__(self, config: EngineConfig) -> None:
         torch.set_num_threads(config.torch_threads)
-        self.device = torch.device(config.device)
-        dtype = default_dtype(self.device)
+        self.device = resolve_device(config.device)
+        fused.enable(config.fused_ops and self.device.type == "cuda")
+        memory = probe_device_memory(self.device)  # before the weights take their share
         self.model_config = resolve_model_config(config)
+        chosen = None if config.dtype == "auto" else getattr(torch, config.dtype)
         if config.model_path:
-            self.model = load_checkpoint(config.model_path, self.device, dtype)
+            self.model = load_checkpoint(config.model_path, self.device, chosen)
+            dtype = next(self.model.parameters()).dtype
         else:
+            dtype = chosen or default_dtype(self.device)
             self.model = build_model(self.model_config, config.seed, self.device, dtype)
         self.config = config
-        self.kv = build_kv(self.model_config, config, dtype)
+        budget = kv_budget(self.model_config, config, self.device, memory, dtype)
+        self.kv = build_kv(self.model_config, config, dtype, budget)
         self.store_config = self.kv.store_config
         self.cache: DeviceKVCache | None = None  # the latest open_tiers' device KV
         self.attention = make_backend(config.attention_backend, self.device)
+        self.decode: DecodeRunner | None = None  # static-buffer decode over self.cache
+        self._host_tokens: list[torch.Tensor] | None = None  # pinned: sampled tokens
 
     def open_tiers(self) -> KVTiers:
         """Fresh KV tiers (device KV, host rows, disk index) for a new manager.
@@ -53,25 +64,97 @@ class TorchCompute:
         """
         tiers = open_kv_tiers(self.model_config, self.config, self.kv, self.device)
         self.cache = DeviceKVCache(self.model_config, tiers.device_kv)
+        self.decode = self._decode_runner(self.cache)
         return tiers
 
-    def execute(self, chunks: Sequence[ScheduledChunk]) -> list[int | None]:
+    def _decode_runner(self, cache: DeviceKVCache) -> DecodeRunner | None:
+        """Graphs are bound to one cache's tensors: a new cache gets a new runner."""
+        mode = self.config.decode_graphs
+        if mode == "off" or (mode == "auto" and self.device.type != "cuda"):
+            return None
+        return DecodeRunner(
+            self.model, cache, self.attention, self.config.max_batch_size, mode == "auto"
+        )
+
+    def execute(self, chunks: Sequence[ScheduledChunk]) -> list[RowResult | None]:
         """Forward every chunk in one batch; sample the rows whose chunk reaches the end."""
+        return self.launch(chunks)()
+
+    def launch(
+        self, chunks: Sequence[ScheduledChunk], feed: tuple[torch.Tensor, list[int]] | None = None
+    ) -> Callable[[], list[RowResult | None]]:
+        """Queue the step on the device; the returned call waits for its tokens (`execute`'s
+        result). Host work that needs no token values can run in between. `feed`: the device
+        tokens of the step before and, per chunk, the row whose token is its input (-1: none);
+        only a decode-graph step takes it. A greedy decode-graph step's call carries its
+        device tokens as `device_tokens`."""
         if self.cache is None:
             raise RuntimeError("TorchCompute has no KV yet: call open_tiers() first")
-        inputs = [SequenceChunk(c.new_tokens, c.start, c.page_ids) for c in chunks]
-        logits = self.model(ForwardBatch.build(inputs, self.cache), self.cache, self.attention)
+        greedy = None
+        if self.decode is not None and self.decode.fits(chunks):
+            logits, greedy = self.decode.run(chunks, feed)
+        elif feed is not None:
+            raise ValueError("only a decode-graph step takes its tokens from the device")
+        else:
+            inputs = [SequenceChunk(c.new_tokens, c.start, c.page_ids) for c in chunks]
+            logits = self.model(ForwardBatch.build(inputs, self.cache), self.cache, self.attention)
         rows = [i for i, c in enumerate(chunks) if c.samples]
-        tokens: list[int | None] = [None] * len(chunks)
+        if rows and all(chunks[i].sequence.sampling.plain_greedy for i in rows):
+            # The whole batch's argmax on the device, then one copy of B ints to the host; a row
+            # whose logits hold NaN or +inf comes back as -1 and fails alone.
+            top = greedy if greedy is not None else logits.argmax(dim=-1)
+            bad = (torch.isnan(logits) | torch.isposinf(logits)).any(dim=-1)
+            picked = self._to_host(torch.where(bad, -1, top))
+
+            def finish() -> list[RowResult | None]:
+                return self._place(len(chunks), rows, picked())
+
+            # What a next step planned ahead reads as its input tokens (always valid ids: a
+            # failed row's sequence is gone before that step's tokens are read).
+            finish.device_tokens = greedy  # None off the graph path: nothing to feed from
+            return finish
+        tokens: list[RowResult | None] = [None] * len(chunks)
         if rows:
             sequences = [chunks[i].sequence for i in rows]
             sampled = sample_batch(
                 logits[rows],
                 [s.sampling for s in sequences],
                 [s.generator for s in sequences],
+                [s.prompt for s in sequences],
+                [s.output for s in sequences],
             )
             for row, token in zip(rows, sampled, strict=True):
                 tokens[row] = token
+        return lambda: tokens
+
+    def _to_host(self, values: torch.Tensor) -> Callable[[], list[int]]:
+        """Start copying int64 `values` into pinned memory; the call waits and reads them."""
+        if values.device.type != "cuda":
+            return values.clone().tolist  # the graph's output buffer is reused next step
+        # Two buffers: a step in flight copies into one while the host reads the other.
+        size = max(values.numel(), self.config.max_batch_size)
+        if self._host_tokens is None or self._host_tokens[0].numel() < size:
+            self._host_tokens = [
+                torch.empty(size, dtype=torch.int64, pin_memory=True) for _ in range(2)
+            ]
+        self._host_tokens.reverse()
+        host = self._host_tokens[0][: values.numel()]
+        host.copy_(values, non_blocking=True)
+        done = torch.cuda.Event()
+        done.record()
+
+        def read() -> list[int]:
+            done.synchronize()
+            return host.tolist()
+
+        return read
+
+    @staticmethod
+    def _place(count: int, rows: list[int], picked: list[int]) -> list[RowResult | None]:
+        tokens: list[RowResult | None] = [None] * count
+        for row in rows:
+            token = picked[row]
+            tokens[row] = token if token >= 0 else SampleFailure(NON_FINITE_LOGITS)
         return tokens
 
 

@@ -7,7 +7,7 @@ The registry (`compute.py`) and its members (`TorchCompute` there, `SimCompute` 
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol
 
 from kvfleet.kvstore.config import KVStoreConfig
 from kvfleet.kvstore.tiers.stack import KVTiers
@@ -17,6 +17,9 @@ from .engine_config import EngineConfig
 from .scheduler import ScheduledChunk
 from .weights import config_from_file
 
+if TYPE_CHECKING:
+    from .sampling import RowResult
+
 
 class ComputeBackend(Protocol):
     """Runs one step; owns the model and the K/V bytes (never the page tables)."""
@@ -25,8 +28,9 @@ class ComputeBackend(Protocol):
     model_config: ModelConfig
     store_config: KVStoreConfig
 
-    def execute(self, chunks: Sequence[ScheduledChunk]) -> list[int | None]:
-        """Run `chunks` as one batch; a sampled token for each chunk that samples, else None."""
+    def execute(self, chunks: Sequence[ScheduledChunk]) -> list[RowResult | None]:
+        """Run `chunks` as one batch; for each chunk that samples a token (int), a
+        SampledToken (logprobs asked) or a SampleFailure (that sequence alone fails), else None."""
         ...
 
     def open_tiers(self) -> KVTiers | None:
@@ -35,7 +39,17 @@ class ComputeBackend(Protocol):
 
 
 def resolve_model_config(config: EngineConfig) -> ModelConfig:
-    """The model's shape: from the checkpoint's config.json, else the named preset."""
+    """The model's shape: from the checkpoint's config.json, else the named preset; its
+    context capped at `max_model_len` when set."""
     if config.model_path:
-        return config_from_file(f"{config.model_path}/config.json")
-    return preset(config.model)
+        model = config_from_file(f"{config.model_path}/config.json")
+    else:
+        model = preset(config.model)
+    if config.max_model_len is None:
+        return model
+    if config.max_model_len > model.max_position:
+        raise ValueError(
+            f"max_model_len {config.max_model_len} exceeds the model's context "
+            f"({model.max_position} positions)"
+        )
+    return model.with_changes(max_position=config.max_model_len)

@@ -9,16 +9,51 @@ from typing import Any
 
 FULL_GROUP = "full"
 WINDOW_GROUP = "window"
+ROPE_KINDS = ("linear", "dynamic", "yarn", "llama3")
+
+
+@dataclass(frozen=True)
+class RopeScaling:
+    """A RoPE scaling rule, with the parameters Hugging Face defines for each kind.
+
+    `original_max_position` is the pretraining context: llama3 and yarn rescale frequencies
+    against it; dynamic NTK starts rescaling past it (each token is rotated with the base of a
+    sequence that ends at it, so cached keys never change).
+    """
+
+    kind: str
+    factor: float
+    original_max_position: int = 0
+    low_freq_factor: float = 1.0
+    high_freq_factor: float = 4.0
+    beta_fast: float = 32.0
+    beta_slow: float = 1.0
+    mscale: float | None = None
+    mscale_all_dim: float | None = None
+    attention_factor: float | None = None
+    truncate: bool = True
+
+    def __post_init__(self) -> None:
+        if self.kind not in ROPE_KINDS:
+            raise ValueError(f"rope scaling kind {self.kind!r} unknown; supported: {ROPE_KINDS}")
+        if self.kind != "linear" and self.original_max_position <= 0:
+            raise ValueError(f"rope scaling {self.kind!r} needs original_max_position > 0")
 
 
 @dataclass(frozen=True)
 class ModelConfig:
-    """Shape of a Llama-style decoder: RMSNorm, RoPE, grouped-query attention, SwiGLU.
+    """Shape of a decoder: RMSNorm, RoPE, grouped-query attention, SwiGLU or routed experts.
 
     `window_layers` lists the layers that use sliding-window attention over the last
     `window_size` positions (the query's own position included); every other layer attends to
     the whole prefix. The two kinds keep KV in separate layer groups (`full`, `window`), so
     that the window group can drop pages that slid out of the window.
+
+    Optional parts, each off by default (a Llama 2 shape): biases on q/k/v (`qkv_bias`), on o
+    (`o_bias`) and on the MLP (`mlp_bias`); RMSNorm of each q and k head (`qk_norm`); RoPE
+    scaling; and mixture-of-experts MLPs in `moe_layers` (`num_experts` SwiGLU experts of
+    `moe_intermediate_size`, `num_experts_per_tok` of them per token, their softmax weights
+    renormalised over the chosen ones when `norm_topk_prob`).
     """
 
     vocab_size: int
@@ -36,6 +71,17 @@ class ModelConfig:
     window_size: int = 0
     init_std: float = 0.02
     name: str = "custom"
+    architecture: str = "LlamaForCausalLM"
+    qkv_bias: bool = False
+    o_bias: bool = False
+    mlp_bias: bool = False
+    qk_norm: bool = False
+    rope_scaling: RopeScaling | None = None
+    num_experts: int = 0
+    num_experts_per_tok: int = 0
+    moe_intermediate_size: int = 0
+    norm_topk_prob: bool = True
+    moe_layers: tuple[int, ...] = ()
     extra: dict[str, Any] = field(default_factory=dict, compare=False, hash=False)
 
     def __post_init__(self) -> None:
@@ -49,11 +95,20 @@ class ModelConfig:
             )
         if self.head_dim % 2:
             raise ValueError(f"head_dim={self.head_dim} must be even for RoPE")
-        bad = [i for i in self.window_layers if not 0 <= i < self.num_layers]
-        if bad:
-            raise ValueError(f"window_layers {bad} outside 0..{self.num_layers - 1}")
+        for name in ("window_layers", "moe_layers"):
+            bad = [i for i in getattr(self, name) if not 0 <= i < self.num_layers]
+            if bad:
+                raise ValueError(f"{name} {bad} outside 0..{self.num_layers - 1}")
         if self.window_layers and self.window_size <= 0:
             raise ValueError(f"window_layers need window_size > 0, got {self.window_size}")
+        if self.moe_layers and not (
+            0 < self.num_experts_per_tok <= self.num_experts and self.moe_intermediate_size > 0
+        ):
+            raise ValueError(
+                f"moe_layers need 0 < num_experts_per_tok ({self.num_experts_per_tok}) <= "
+                f"num_experts ({self.num_experts}) and moe_intermediate_size > 0 "
+                f"(got {self.moe_intermediate_size})"
+            )
 
     def layer_group(self, layer: int) -> str:
         """Name of the KV layer group that `layer` belongs to."""
@@ -62,6 +117,10 @@ class ModelConfig:
     def layer_window(self, layer: int) -> int | None:
         """Sliding window of `layer` in positions, or None for full attention."""
         return self.window_size if layer in self.window_layers else None
+
+    def is_moe_layer(self, layer: int) -> bool:
+        """Whether `layer`'s MLP is the routed experts (else one dense SwiGLU)."""
+        return layer in self.moe_layers
 
     @property
     def groups(self) -> dict[str, tuple[int, ...]]:
@@ -79,9 +138,16 @@ class ModelConfig:
             self.num_heads * self.head_dim,
             self.num_kv_heads * self.head_dim,
         )
-        per_layer = h * (q + 2 * kv) + q * h + 3 * h * self.intermediate_size + 2 * h
+        attention = h * (q + 2 * kv) + q * h
+        attention += (q + 2 * kv) * self.qkv_bias + h * self.o_bias
+        attention += 2 * self.head_dim * self.qk_norm
+        dense = 3 * h * self.intermediate_size + (2 * self.intermediate_size + h) * self.mlp_bias
+        experts = self.num_experts * (3 * h * self.moe_intermediate_size + h)
+        moe = len(self.moe_layers)
+        layers = self.num_layers * (attention + 2 * h) + moe * experts
+        layers += (self.num_layers - moe) * dense
         head = 0 if self.tie_embeddings else self.vocab_size * h
-        return self.vocab_size * h + self.num_layers * per_layer + h + head
+        return self.vocab_size * h + layers + h + head
 
     def with_changes(self, **changes: Any) -> ModelConfig:
         """A copy with some fields replaced (validated again)."""
@@ -91,6 +157,7 @@ class ModelConfig:
         """Plain dict for a checkpoint's config file."""
         data = dataclasses.asdict(self)
         data["window_layers"] = list(self.window_layers)
+        data["moe_layers"] = list(self.moe_layers)
         return data
 
     @classmethod
@@ -99,6 +166,9 @@ class ModelConfig:
         names = {f.name for f in dataclasses.fields(cls)}
         known = {k: v for k, v in data.items() if k in names}
         known["window_layers"] = tuple(known.get("window_layers", ()))
+        known["moe_layers"] = tuple(known.get("moe_layers", ()))
+        if isinstance(known.get("rope_scaling"), dict):
+            known["rope_scaling"] = RopeScaling(**known["rope_scaling"])
         extra = {**known.pop("extra", {}), **{k: v for k, v in data.items() if k not in names}}
         return cls(**known, extra=extra)
 

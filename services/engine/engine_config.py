@@ -1,14 +1,7 @@
 """What one engine rank runs with: model, slots, step budget, reuse policy, KV pool size.
 
-`load_engine_config` reads the operator's `engine.yaml` (snake_case keys, unknown ones kept out):
-
-    model: {name: tiny, path: "", config: {}}
-    max_batch_size: 8
-    reuse: {policy: per_conversation, max_num_turns: 2, checkpoint: true,
-            keep_root: false, keep_branch_points: 0}
-    kv_tiers: {gpu_memory_fraction: 0.9, host_gib: 0, host_pages: null,
-               disk: {enabled: false, dir: ..., gib: 32, pages: null, prefetch_num_reqs: 4}}
-    engine: {page_size: 16, max_num_batched_tokens: 256, kv_pages: null, seed: 0, ...}
+`load_engine_config` reads the operator's `engine.yaml`; engine_yaml.py holds its typed layout
+(an unknown key is an error naming it).
 """
 
 from __future__ import annotations
@@ -18,9 +11,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import yaml
-
 ROLES = ("both", "context", "generation")
+DECODE_GRAPH_MODES = ("auto", "static", "off")
+DTYPES = ("auto", "float32", "bfloat16", "float16")
 
 
 @dataclass(frozen=True)
@@ -29,8 +22,12 @@ class EngineConfig:
 
     model: str = "tiny"
     model_path: str = ""
+    # Weights' dtype: "auto" is the checkpoint's torch_dtype (bf16 on GPU / fp32 on CPU for a
+    # preset), else one of DTYPES.
+    dtype: str = "auto"
     seed: int = 0
-    device: str = "cpu"
+    # auto: CUDA when torch sees a GPU, else CPU (warned when a GPU was asked for: device.py)
+    device: str = "auto"
     attention_backend: str = "auto"
     compute_backend: str = "torch"
     # The `sim` compute backend (compute_sim.py): hardware figures of this sim_costs.yaml
@@ -41,12 +38,18 @@ class EngineConfig:
     max_batch_size: int = 8
     max_num_batched_tokens: int = 256
     page_size: int = 16
-    kv_pages: int | None = None  # per life cycle pool; None: sized by kvstore's plan_pools
+    kv_pages: int | None = None  # per life cycle pool; None: sized by the KV budget (kv_budget.py)
+    # The device KV's budget: on CUDA this fraction of the GPU's memory less what is in use, the
+    # weights and an activation reserve; on CPU at most cpu_kv_gib. Pools never exceed the peak.
+    gpu_memory_fraction: float = 0.9
+    cpu_kv_gib: float = 4.0
+    # Conversations whose retained turns the pools are sized for (None: one per slot).
+    retained_conversations: int | None = None
     # Pages of named pools ((life cycle, pages) pairs, or a mapping in engine.yaml); they
     # override kv_pages / plan_pools for those pools (a simulator arm's exact split).
     kv_pool_pages: tuple[tuple[str, int], ...] = ()
     reuse_policy: str = "per_conversation"
-    max_num_turns: int = 2
+    max_num_turns: int = 5
     keep_root: bool = False  # per_conversation: also keep the first turn's endpoints
     keep_branch_points: int = 0  # per_conversation: branch endpoints a conversation keeps
     checkpoint: bool = True
@@ -62,17 +65,46 @@ class EngineConfig:
     disk_kv_pages: int | None = None
     disk_prefetch_num_reqs: int = 4
     torch_threads: int = 1
+    # Decode steps through static buffers per batch-size bucket (cuda_graphs.py): "auto"
+    # replays them as CUDA graphs on CUDA and runs plain eager steps elsewhere, "static" runs
+    # the static-buffer path without capture (on any device), "off" never uses it.
+    decode_graphs: str = "auto"
+    # On CUDA: RMSNorm, RoPE and SwiGLU's product each as one torch.compile kernel (fused.py).
+    fused_ops: bool = True
+    # Plan the next decode step while the current one runs on the device (lookahead.py).
+    # Off by default: the same-run A/B on the H200 measured it slower (docs/engine-gpu.md).
+    overlap_decode: bool = False
     # Disaggregation (kvfleet.services.disagg): how long a context rank keeps a parked
     # request's KV, how long a receiver waits for it, and the transports it tries in order.
     handoff_hold_seconds: float = 30.0
     handoff_timeout_seconds: float = 10.0
     handoff_transports: tuple[str, ...] = ("grpc", "disk")
+    # From the operator's engine.yaml: ranks this pod runs (rank i on the base ports + i, on GPU
+    # i) and a cap on the served model's context.
+    ranks_per_pod: int = 1
+    max_model_len: int | None = None
     extra: dict[str, Any] = field(default_factory=dict, compare=False)
 
     def __post_init__(self) -> None:
         for name in ("max_batch_size", "max_num_batched_tokens", "page_size", "torch_threads"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
+        if self.decode_graphs not in DECODE_GRAPH_MODES:
+            raise ValueError(
+                f"decode_graphs must be one of {DECODE_GRAPH_MODES}, got {self.decode_graphs!r}"
+            )
+        if self.dtype not in DTYPES:
+            raise ValueError(f"dtype must be one of {DTYPES}, got {self.dtype!r}")
+        if not 0 < self.gpu_memory_fraction <= 1:
+            raise ValueError(
+                f"gpu_memory_fraction must be in (0, 1], got {self.gpu_memory_fraction}"
+            )
+        if self.cpu_kv_gib <= 0:
+            raise ValueError(f"cpu_kv_gib must be > 0, got {self.cpu_kv_gib}")
+        if (self.retained_conversations or 0) < 0:
+            raise ValueError(
+                f"retained_conversations must be >= 0, got {self.retained_conversations}"
+            )
         if self.role not in ROLES:
             raise ValueError(f"role must be one of {ROLES}, got {self.role!r}")
         if self.kv_pages is not None and self.kv_pages < 2:
@@ -93,6 +125,10 @@ class EngineConfig:
             )
         if self.sim_time_scale < 0:
             raise ValueError(f"sim_time_scale must be >= 0, got {self.sim_time_scale}")
+        if self.ranks_per_pod < 1:
+            raise ValueError(f"ranks_per_pod must be >= 1, got {self.ranks_per_pod}")
+        if (self.max_model_len or 1) < 1:
+            raise ValueError(f"max_model_len must be >= 1, got {self.max_model_len}")
         if self.max_num_turns < 1:
             raise ValueError(f"max_num_turns must be >= 1, got {self.max_num_turns}")
         if self.keep_branch_points < 0:
@@ -104,67 +140,14 @@ class EngineConfig:
 
 
 def engine_config_from_dict(data: dict[str, Any]) -> EngineConfig:
-    """Map the operator's engine.yaml layout onto EngineConfig."""
-    model = data.get("model") or {}
-    reuse = data.get("reuse") or {}
-    tiers = data.get("kv_tiers") or {}
-    values: dict[str, Any] = dict(data.get("engine") or {})
-    if isinstance(model, str):
-        values["model"] = model
-    else:
-        if model.get("name"):
-            values["model"] = model["name"]
-        if model.get("path"):
-            values["model_path"] = model["path"]
-    if "max_batch_size" in data:
-        values["max_batch_size"] = int(data["max_batch_size"])
-    if "policy" in reuse:
-        values["reuse_policy"] = reuse["policy"]
-    if "max_num_turns" in reuse:
-        values["max_num_turns"] = int(reuse["max_num_turns"])
-    if "checkpoint" in reuse:
-        values["checkpoint"] = bool(reuse["checkpoint"])
-    if "keep_root" in reuse:
-        values["keep_root"] = bool(reuse["keep_root"])
-    if "keep_branch_points" in reuse:
-        values["keep_branch_points"] = int(reuse["keep_branch_points"])
-    values.update(_tier_values(tiers))
-    known = {f.name for f in dataclasses.fields(EngineConfig)} - {"extra"}
-    unknown = {k: v for k, v in values.items() if k not in known}
-    return EngineConfig(**{k: v for k, v in values.items() if k in known}, extra=unknown)
+    """Map the operator's engine.yaml layout onto EngineConfig (engine_yaml.py's typed model)."""
+    from .engine_yaml import engine_config_from_dict as parse
 
-
-# engine.yaml `kv_tiers` keys -> EngineConfig fields (`disk.*` inside the disk block).
-TIER_KEYS = {"host_gib": "host_kv_gib", "host_pages": "host_kv_pages"}
-DISK_KEYS = {
-    "enabled": "disk_tier_enabled",
-    "dir": "disk_tier_dir",
-    "gib": "disk_kv_gib",
-    "pages": "disk_kv_pages",
-    "prefetch_num_reqs": "disk_prefetch_num_reqs",
-}
-
-
-def _tier_values(tiers: dict[str, Any]) -> dict[str, Any]:
-    """`kv_tiers: {host_gib, host_pages, disk: {enabled, dir, gib, pages, prefetch_num_reqs}}`."""
-    disk = tiers.get("disk") or {}
-    values = {field: tiers[key] for key, field in TIER_KEYS.items() if tiers.get(key) is not None}
-    values.update(
-        {field: disk[key] for key, field in DISK_KEYS.items() if disk.get(key) is not None}
-    )
-    if not disk.get("enabled", True):
-        # NOTE: the dir stays unset too: the hand-off's disk transport keys on it alone.
-        values.pop("disk_tier_dir", None)
-        values["disk_tier_enabled"] = False
-    return values
+    return parse(data)
 
 
 def load_engine_config(path: str | Path) -> EngineConfig:
-    """Read an engine.yaml; a missing file is an error that names the path."""
-    path = Path(path)
-    if not path.is_file():
-        raise FileNotFoundError(f"engine config {path} does not exist")
-    data = yaml.safe_load(path.read_text()) or {}
-    if not isinstance(data, dict):
-        raise ValueError(f"engine config {path} must be a mapping, got {type(data).__name__}")
-    return engine_config_from_dict(data)
+    """Read an engine.yaml; a missing file, an unknown key or a bad value names the path."""
+    from .engine_yaml import load_engine_config as load
+
+    return load(path)

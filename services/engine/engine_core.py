@@ -8,6 +8,7 @@ core thread runs between steps, and each request's outputs come back on a queue 
 from __future__ import annotations
 
 import dataclasses
+import functools
 import itertools
 import logging
 import queue
@@ -31,18 +32,22 @@ from .engine_request import (
     GenerateCall,
     InvalidRequestError,
     SampleOutput,
+    SequenceFailedError,
     Usage,
 )
 from .kv_events import BlockEvent, BlockTokens
+from .lookahead import InflightStep, can_look_ahead, feed_rows, mark_pending
 from .metrics import EngineMetrics
 from .request_handle import RequestHandle
 from .sampling import make_generator
+from .sampling_params import SampledToken, SampleFailure, TokenLogprob
 from .scheduler import ScheduledChunk, Scheduler
 from .sequence import Sequence
 
 log = logging.getLogger(__name__)
 
 IDLE_WAIT_SECONDS = 0.05
+RETAINED_RECOUNT_SECONDS = 0.5
 KVEventSink = Callable[[list[BlockEvent]], None]
 
 
@@ -84,6 +89,8 @@ class EngineCore:
         self._ids = itertools.count()
         self._load = EngineLoad(config.max_batch_size, 0, 0, 0.0, 0)
         self._counted_preemptions = 0
+        self._retained, self._retained_at = 0, -float("inf")
+        self._inflight: InflightStep | None = None  # a decode step whose tokens are not read
         # What this rank's role does after a first token (context ranks park for a hand-off).
         self.role = ROLE_HOOKS[config.role](self)
 
@@ -105,6 +112,11 @@ class EngineCore:
         for handle in list(self._handles.values()):
             handle.put(EngineStoppedError(f"request {handle.call.request_id}: engine stopped"))
         self._handles.clear()
+
+    @property
+    def stopping(self) -> bool:
+        """True once `stop` was called: errors from then on are the rank's, not a request's."""
+        return self._stop.is_set()
 
     # -- what other threads call -------------------------------------------------------------------
 
@@ -205,17 +217,31 @@ class EngineCore:
 
     def _run(self) -> None:
         while not self._stop.is_set():
-            try:
-                self._run_commands(block=not self.scheduler.num_sequences)
-                chunks = self.scheduler.schedule()
-                if chunks:
-                    self._step(chunks)
-                self.role.tick()
-                self._flush_events()
-                self._publish_load()
-            except Exception as error:  # a broken step must not leave clients waiting forever
-                log.exception("engine step failed")
-                self._fail_all(error)
+            self.run_once(block=not self.scheduler.num_sequences)
+
+    def run_once(self, block: bool = False) -> None:
+        """One turn of the core loop: queued commands, then a step if anything can run.
+
+        The core thread calls it; a benchmark that never starts the thread may call it from
+        one thread of its own instead (never both).
+        """
+        try:
+            if self._inflight is not None and not self._look_ahead():
+                self._resolve()
+            if self._inflight is None:  # commands never run while a step is in flight
+                self._run_commands(block=block)
+            chunks = self.scheduler.schedule()
+            if chunks:
+                self._step(chunks)
+            elif self._inflight is not None:
+                self._resolve()
+            self.role.tick()
+            self._flush_events()
+            self._publish_load()
+        except Exception as error:  # a broken step must not leave clients waiting forever
+            log.exception("engine step failed")
+            self._inflight = None
+            self._fail_all(error)
 
     def _run_commands(self, block: bool) -> None:
         try:
@@ -248,7 +274,7 @@ class EngineCore:
                 parent=sequences[0] if sequences else None,
             )
             self.scheduler.add(sequence)
-            self._block_tokens.extend(sequence.key, call.prompt_token_ids)
+            self._block_tokens.extend(sequence.key, call.prompt_token_ids, call.extra_key)
             sequences.append(sequence)
         self._handles[call.request_id] = handle
         self._sequences[call.request_id] = sequences
@@ -280,7 +306,7 @@ class EngineCore:
         sequence.output.extend(tokens)
         sequence.first_token_at = sequence.last_token_at = now
         self.manager.append_tokens(sequence.key, tokens)
-        self._block_tokens.extend(sequence.key, [*call.prompt_token_ids, *tokens])
+        self._block_tokens.extend(sequence.key, [*call.prompt_token_ids, *tokens], call.extra_key)
         self.scheduler.adopt(sequence)
         self.scheduler.context_ended(sequence)
         self.drain.context_ended(sequence.conversation_id)
@@ -302,21 +328,74 @@ class EngineCore:
         self._handles.pop(request_id, None)
 
     def _step(self, chunks: list[ScheduledChunk]) -> None:
-        tokens = self.compute.execute(chunks)
-        now = self.clock()
-        for chunk, token in zip(chunks, tokens, strict=True):
+        launch = getattr(self.compute, "launch", None)
+        if launch is not None:
+            ahead = self._inflight
+            feed = None if ahead is None else (ahead.device_tokens, feed_rows(chunks, ahead))
+            finish = launch(chunks, feed) if feed is not None else launch(chunks)
+        else:
+            finish = functools.partial(lambda tokens: tokens, self.compute.execute(chunks))
+        # Commits need no token values: they run while the device computes the step.
+        for chunk in chunks:
             sequence = chunk.sequence
+            if sequence.finished:
+                continue
             self.manager.commit(sequence.key, chunk.start + len(chunk.new_tokens))
             if not sequence.context_done and chunk.samples:
                 self.scheduler.context_ended(sequence)
                 self.drain.context_ended(sequence.conversation_id)
-            if token is not None:
+        if self._inflight is not None:
+            self._resolve()  # the previous step's tokens, while this one runs
+        if self.config.overlap_decode and getattr(finish, "device_tokens", None) is not None:
+            self._inflight = mark_pending(chunks, finish)
+            return
+        tokens = finish()
+        now = self.clock()
+        for chunk, token in zip(chunks, tokens, strict=True):
+            sequence = chunk.sequence
+            if sequence.finished:  # a sibling sample failed earlier in this step
+                continue
+            if isinstance(token, SampleFailure):  # this request fails alone; the batch goes on
+                self._fail_request(sequence.call.request_id, token.message)
+            elif isinstance(token, SampledToken):
+                self._emit(sequence, token.token, now, token.logprobs)
+            elif token is not None:
                 self._emit(sequence, token, now)
 
-    def _emit(self, sequence: Sequence, token: int, now: float) -> None:
+    def _look_ahead(self) -> bool:
+        waiting = not self._commands.empty()
+        return can_look_ahead(self._inflight, self.scheduler, self.manager, waiting)
+
+    def _resolve(self) -> None:
+        """Read the step in flight's tokens and emit them."""
+        inflight, self._inflight = self._inflight, None
+        tokens = inflight.finish()
+        now = self.clock()
+        for chunk, token, index in zip(inflight.chunks, tokens, inflight.indices, strict=True):
+            sequence = chunk.sequence
+            if index is None or sequence.finished:
+                continue
+            if isinstance(token, SampleFailure):
+                del sequence.output[index:]
+                self._fail_request(sequence.call.request_id, token.message)
+            elif token is not None:
+                self._emit(sequence, token, now, index=index)
+
+    def _emit(
+        self,
+        sequence: Sequence,
+        token: int,
+        now: float,
+        logprob: TokenLogprob | None = None,
+        index: int | None = None,
+    ) -> None:
+        """Hand out one sampled token; `index`: it replaces that PENDING one of the output."""
         self.manager.append_tokens(sequence.key, [token])
         self._block_tokens.extend(sequence.key, [token])
-        sequence.output.append(token)
+        if index is None:
+            sequence.output.append(token)
+        else:
+            sequence.output[index] = token  # the last one: the next step is marked after this
         if sequence.first_token_at is None:
             sequence.first_token_at = now
             self.metrics.ttft.observe(now - sequence.arrived_at)
@@ -325,13 +404,20 @@ class EngineCore:
             sequence.itl_total += now - (sequence.last_token_at or now)
         sequence.last_token_at = now
         reason = ""
-        if sequence.sampling.is_stop(token):
+        stop_check = sequence.call.stop_check
+        if sequence.sampling.is_stop(token) or (stop_check and stop_check(sequence.output)):
             reason = "stop"
         elif len(sequence.output) >= sequence.sampling.max_tokens:
             reason = "length"
         usage = self._usage(sequence) if reason else None
         output = SampleOutput(
-            sequence.call.request_id, sequence.sample_index, (token,), bool(reason), reason, usage
+            sequence.call.request_id,
+            sequence.sample_index,
+            (token,),
+            bool(reason),
+            reason,
+            usage,
+            (logprob,) if logprob is not None else (),
         )
         if not reason and self.role.after_first_token(sequence, output):
             return
@@ -367,7 +453,7 @@ class EngineCore:
         pools = self.manager.pools.values()
         usable = sum(pool.num_usable for pool in pools) or 1
         in_use = sum(pool.num_in_use for pool in pools)
-        retained = self.scheduler.retained_pages()
+        retained = self._retained_pages()
         self._load = EngineLoad(
             self.config.max_batch_size,
             len(self.scheduler.running),
@@ -379,6 +465,23 @@ class EngineCore:
         self.metrics.load(self._load)
         self.metrics.preemptions.inc(self.scheduler.preemptions - self._counted_preemptions)
         self._counted_preemptions = self.scheduler.preemptions
+
+    def _fail_request(self, request_id: str, reason: str) -> None:
+        log.warning("request %s failed: %s", request_id, reason)
+        handle = self._handles.get(request_id)
+        if handle is not None:
+            handle.put(SequenceFailedError(f"request {request_id}: {reason}"))
+        self._remove(request_id)
+
+    def _retained_pages(self) -> int:
+        """Retained pages, recounted at most every RETAINED_RECOUNT_SECONDS while sequences
+        run: the count walks every retained page, which at batch 256 costs more than a decode
+        step's host work. Between steps of an idle core it is always fresh."""
+        now = time.monotonic()
+        if self.scheduler.running and now - self._retained_at < RETAINED_RECOUNT_SECONDS:
+            return self._retained
+        self._retained, self._retained_at = self.scheduler.retained_pages(), now
+        return self._retained
 
     def _fail_all(self, error: BaseException) -> None:
         for request_id, handle in list(self._handles.items()):

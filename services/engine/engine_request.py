@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
-from .sampling import SamplingParams
+from .sampling_params import SamplingParams, TokenLogprob
 
 
 class InvalidRequestError(ValueError):
@@ -19,6 +20,10 @@ class EngineStoppedError(RuntimeError):
     """The engine core stopped before the request finished."""
 
 
+class SequenceFailedError(RuntimeError):
+    """One request failed inside a step (say, its logits were not finite); others go on."""
+
+
 @dataclass(frozen=True)
 class GenerateCall:
     """One request: a prompt, how to sample it, and `num_samples` = 1 + child samples."""
@@ -28,6 +33,15 @@ class GenerateCall:
     sampling: SamplingParams
     conversation_id: str | None = None
     num_samples: int = 1
+    # True when the output so far ends in a stop string (needs the tokenizer, so the caller
+    # that has one builds it from `sampling.stop`).
+    stop_check: Callable[[Sequence[int]], bool] | None = None
+    cache_salt: str = ""  # requests share cached blocks only with the same salt
+
+    @property
+    def extra_key(self) -> bytes:
+        """The block hash's extra key: the salt, so salted prefixes never match unsalted ones."""
+        return b"salt:" + self.cache_salt.encode() if self.cache_salt else b""
 
 
 @dataclass(frozen=True)
@@ -51,6 +65,7 @@ class SampleOutput:
     finished: bool = False
     finish_reason: str = ""
     usage: Usage | None = None
+    logprobs: tuple[TokenLogprob, ...] = ()  # one per token, when the request asked for them
 
 
 @dataclass(frozen=True)

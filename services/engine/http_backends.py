@@ -2,6 +2,7 @@
 
 The HTTP layer turns a body into a `BackendRequest` and reads `SampleOutput`s back; which
 backend answers is the only difference between an engine's HTTP port and the fleet's.
+Nothing here imports torch: the router process serves the OpenAI API through RouterBackend.
 """
 
 from __future__ import annotations
@@ -10,22 +11,27 @@ import asyncio
 import threading
 from collections.abc import AsyncIterator, Mapping
 from dataclasses import dataclass
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol
 
 import grpc
 from kvfleet.proto import common_pb2, router_pb2, router_pb2_grpc
+from kvfleet.proto.limits import GRPC_MESSAGE_OPTIONS
 
-from .config import ModelConfig
-from .engine_core import EngineCore
+from .detokenizer import StopChecker
 from .engine_request import (
     EngineStoppedError,
     GenerateCall,
     InvalidRequestError,
     SampleOutput,
+    SequenceFailedError,
     Usage,
 )
-from .sampling import SamplingParams
+from .sampling_params import SamplingParams, TokenLogprob
 from .tokenizer import Tokenizer
+
+if TYPE_CHECKING:
+    from .config import ModelConfig
+    from .engine_core import EngineCore
 
 POLL_SECONDS = 0.25
 ROUTER_TIMEOUT_SECONDS = 600.0
@@ -41,6 +47,7 @@ class BackendRequest:
     sampling: SamplingParams
     conversation_id: str | None = None
     num_samples: int = 1
+    cache_salt: str = ""
 
 
 def model_card(model: ModelConfig) -> dict[str, int]:
@@ -71,6 +78,7 @@ class EngineBackend:
         self.model_card = model_card(core.model_config)
 
     async def generate(self, request: BackendRequest) -> AsyncIterator[SampleOutput]:
+        stops = request.sampling.stop
         handle = self.core.submit(
             GenerateCall(
                 request.request_id,
@@ -78,6 +86,8 @@ class EngineBackend:
                 request.sampling,
                 request.conversation_id,
                 request.num_samples,
+                StopChecker(self.tokenizer, stops).hit if stops else None,
+                request.cache_salt,
             )
         )
         try:
@@ -87,6 +97,24 @@ class EngineBackend:
                     yield output
         finally:
             handle.cancel()  # a client that went away frees its pages
+
+
+def sampling_to_proto(sampling: SamplingParams) -> common_pb2.SamplingParams:
+    """The proto form of validated sampling params (what the router forwards to a rank)."""
+    proto = common_pb2.SamplingParams(
+        temperature=sampling.temperature,
+        top_p=sampling.top_p,
+        stop_token_ids=list(sampling.stop_token_ids),
+        stop=list(sampling.stop),
+        presence_penalty=sampling.presence_penalty,
+        frequency_penalty=sampling.frequency_penalty,
+        repetition_penalty=sampling.repetition_penalty,
+    )
+    if sampling.seed is not None:
+        proto.seed = sampling.seed
+    if sampling.logprobs is not None:
+        proto.logprobs = sampling.logprobs
+    return proto
 
 
 class RouterBackend:
@@ -102,7 +130,7 @@ class RouterBackend:
         self.tokenizer = tokenizer
         self.model_names = model_names
         self.model_card = dict(card or {})
-        self._channel = grpc.insecure_channel(router_address)
+        self._channel = grpc.insecure_channel(router_address, options=GRPC_MESSAGE_OPTIONS)
         self._stub = router_pb2_grpc.RouterStub(self._channel)
 
     def close(self) -> None:
@@ -110,21 +138,15 @@ class RouterBackend:
 
     async def generate(self, request: BackendRequest) -> AsyncIterator[SampleOutput]:
         sampling = request.sampling
-        proto_sampling = common_pb2.SamplingParams(
-            temperature=sampling.temperature,
-            top_p=sampling.top_p,
-            stop_token_ids=list(sampling.stop_token_ids),
-        )
-        if sampling.seed is not None:
-            proto_sampling.seed = sampling.seed
         call = self._stub.Generate(
             router_pb2.GenerateRequest(
                 request_id=request.request_id,
                 conversation_id=request.conversation_id or "",
                 prompt_token_ids=common_pb2.TokenIds(ids=list(request.prompt_token_ids)),
-                sampling=proto_sampling,
+                sampling=sampling_to_proto(sampling),
                 max_tokens=sampling.max_tokens,
                 child_samples=request.num_samples - 1,
+                cache_salt=request.cache_salt,
             ),
             # NOTE: the router forwards the remaining deadline; with none it gets none left.
             timeout=ROUTER_TIMEOUT_SECONDS,
@@ -143,15 +165,22 @@ class RouterBackend:
                     return
                 yield _output(response.chunk)
         except grpc.RpcError as error:
-            if error.code() == grpc.StatusCode.INVALID_ARGUMENT:
-                details = error.details() or ""
-                if details.startswith("rank "):  # the router passes on an engine's refusal
-                    details = details.partition(": ")[2]
-                field, _, message = details.partition(": ")
-                raise InvalidRequestError(field, message) from error
-            raise EngineStoppedError(f"router: {error.code().name} {error.details()}") from error
+            raise _http_error(error) from error
         finally:
             call.cancel()
+
+
+def _http_error(error: grpc.RpcError) -> Exception:
+    """The engine error a router status stands for (the HTTP layer maps those to bodies)."""
+    code, details = error.code(), error.details() or ""
+    if details.startswith("rank "):  # the router passes on an engine's refusal
+        details = details.partition(": ")[2]
+    if code == grpc.StatusCode.INVALID_ARGUMENT:
+        field, _, message = details.partition(": ")
+        return InvalidRequestError(field, message)
+    if code == grpc.StatusCode.INTERNAL:
+        return SequenceFailedError(details)
+    return EngineStoppedError(f"router: {code.name} {details}")
 
 
 def _output(chunk: common_pb2.GenerationChunk) -> SampleOutput:
@@ -166,4 +195,10 @@ def _output(chunk: common_pb2.GenerationChunk) -> SampleOutput:
         chunk.finished,
         chunk.finish_reason,
         usage,
+        tuple(logprob_from_proto(item) for item in chunk.logprobs),
     )
+
+
+def logprob_from_proto(item: common_pb2.TokenLogprob) -> TokenLogprob:
+    top = tuple(zip(item.top_token_ids, item.top_logprobs, strict=True))
+    return TokenLogprob(item.token_id, item.logprob, top)

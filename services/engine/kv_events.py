@@ -35,9 +35,12 @@ class BlockTokens:
         self._blocks: dict[int, tuple[int | None, tuple[int, ...]]] = {}
         self._retired: list[str] = []
 
-    def extend(self, key: str, token_ids: Sequence[int]) -> None:
-        """Add tokens to a sequence and remember the blocks they complete."""
-        hashes, tokens = self._sequences.setdefault(key, (SequenceHashes(self.block_size), []))
+    def extend(self, key: str, token_ids: Sequence[int], extra_key: bytes = b"") -> None:
+        """Add tokens to a sequence and remember the blocks they complete (`extra_key`, the
+        cache salt, counts when the sequence is new)."""
+        if key not in self._sequences:
+            self._sequences[key] = (SequenceHashes(self.block_size, extra_key), [])
+        hashes, tokens = self._sequences[key]
         before = len(hashes.hashes)
         tokens.extend(token_ids)
         hashes.extend(token_ids)

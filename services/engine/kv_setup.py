@@ -2,8 +2,9 @@
 
 The model's layer groups (`full`, `window`) map one to one onto kvstore life cycles of the
 same names, so a page id from the manager's page table indexes the same group's K/V tensors.
-Pool sizes come from kvstore's `plan_pools` for a typical step of this rank (its slots, the
-model's context, the step budget, the retained turns) unless `kv_pages` fixes them. The K/V
+Pool sizes come from kvstore's `plan_pools` for the typical step of this rank (kvstore's
+`rank_typical_step`: its slots, the model's context, the step budget, the retained turns),
+within the device KV's byte budget (kv_budget.py), unless `kv_pages` fixes them. The K/V
 tensors are the kvstore tiers' device KV (`open_kv_tiers`), under which sit a host tier and the
 shared disk tier; the model reads them through `DeviceKVCache`.
 """
@@ -19,7 +20,7 @@ import torch
 from kvfleet.kvstore.config import KVStoreConfig
 from kvfleet.kvstore.life_cycles import FullLifeCycle, LifeCycle, WindowLifeCycle
 from kvfleet.kvstore.policies import REUSE_POLICIES, make_reuse_policy
-from kvfleet.kvstore.sizing import TypicalStep, plan_pools
+from kvfleet.kvstore.sizing import TypicalStep, plan_pools, rank_typical_step
 from kvfleet.kvstore.tiers.build import TierConfig, build_tiers
 from kvfleet.kvstore.tiers.layout import KVLayout
 from kvfleet.kvstore.tiers.stack import KVTiers
@@ -27,6 +28,7 @@ from kvfleet.services.core.model_disk import model_disk_root
 
 from .config import FULL_GROUP, WINDOW_GROUP, ModelConfig
 from .engine_config import EngineConfig
+from .kv_budget import KVBudget
 
 log = logging.getLogger(__name__)
 
@@ -45,28 +47,34 @@ def life_cycles_for(model: ModelConfig, config: EngineConfig) -> tuple[LifeCycle
 
 
 def typical_step(model: ModelConfig, config: EngineConfig) -> TypicalStep:
-    """A rank's peak: every slot at the model's context, plus one conversation's retained
-    turns (root and branch records included: `policy.retained_turns`) per slot."""
-    policy = make_reuse_policy(config.reuse_policy, **_policy_params(config))
-    return TypicalStep(
-        num_slots=config.max_batch_size,
-        max_context_tokens=model.max_position,
-        chunk_tokens=config.max_num_batched_tokens,
-        retained_turns=config.max_batch_size * policy.retained_turns,
-        checkpoint=config.checkpoint,
-        branch_points=bool(policy.keep_branch_points),
-        branch_records=config.max_batch_size * int(policy.keep_branch_points),
+    """A rank's peak by kvstore's rule (`rank_typical_step`, which the simulator uses too):
+    every slot at the model's context, plus the retained turns of `retained_conversations`
+    conversations (default: one per slot)."""
+    conversations = config.retained_conversations
+    return rank_typical_step(
+        config.max_batch_size,
+        model.max_position,
+        config.max_num_batched_tokens,
+        config.max_batch_size if conversations is None else conversations,
+        make_reuse_policy(config.reuse_policy, **_policy_params(config)),
+        config.checkpoint,
     )
 
 
-def kvstore_config(model: ModelConfig, config: EngineConfig) -> KVStoreConfig:
-    """The manager's config: block size = page size, pools sized for the typical step."""
+def kvstore_config(
+    model: ModelConfig,
+    config: EngineConfig,
+    budget: KVBudget | None = None,
+    layout: KVLayout | None = None,
+) -> KVStoreConfig:
+    """The manager's config: block size = page size, pools sized for the typical step (within
+    `budget`, whose bytes `layout` gives per page; None: the whole peak)."""
     life_cycles = life_cycles_for(model, config)
     if config.kv_pages is not None:
         pool_pages = {lc.name: config.kv_pages for lc in life_cycles}
     else:
         step = typical_step(model, config)
-        pool_pages = dict(plan_pools(step, life_cycles, config.page_size).pool_pages)
+        pool_pages = budget_pool_pages(step, life_cycles, config.page_size, budget, layout)
     unknown = set(dict(config.kv_pool_pages)) - set(pool_pages)
     if unknown:
         raise ValueError(f"kv_pool_pages: pools {sorted(unknown)} not in {sorted(pool_pages)}")
@@ -81,6 +89,49 @@ def kvstore_config(model: ModelConfig, config: EngineConfig) -> KVStoreConfig:
     )
 
 
+def budget_pool_pages(
+    step: TypicalStep,
+    life_cycles: tuple[LifeCycle, ...],
+    page_size: int,
+    budget: KVBudget | None,
+    layout: KVLayout | None,
+) -> dict[str, int]:
+    """The typical step's peak pages when they fit `budget`, else the budget's pages split by
+    the typical step (`plan_pools`, as the simulator splits its gpu_pages), with a warning."""
+    peak = dict(plan_pools(step, life_cycles, page_size).pool_pages)
+    if budget is None or layout is None:
+        return peak
+    page_bytes = {name: layout.page_bytes(name) for name in peak}
+    peak_bytes = sum(pages * page_bytes[name] for name, pages in peak.items())
+    if peak_bytes <= budget.budget_bytes:
+        log.info(
+            "device KV: the typical step's peak %s fits (%s)", _gib(peak_bytes), budget.explanation
+        )
+        return peak
+    # Pages in the peak's proportions, as many as the budget's bytes buy.
+    total_pages = int(budget.budget_bytes * sum(peak.values()) / peak_bytes)
+    if total_pages < 2 * len(peak):
+        raise ValueError(
+            f"device KV budget {budget.explanation} buys {total_pages} pages: too few for "
+            f"{len(peak)} pools (set kv_pages, or lower max_batch_size / max_num_batched_tokens)"
+        )
+    pages = dict(plan_pools(step, life_cycles, page_size, total_pages).pool_pages)
+    used = sum(count * page_bytes[name] for name, count in pages.items())
+    log.warning(
+        "device KV budget cannot hold the typical step's peak: %s of %s needed (%s slots at "
+        "%d tokens, %d retained turns); pools %s of peak %s; budget %s",
+        _gib(used),
+        _gib(peak_bytes),
+        step.num_slots,
+        step.max_context_tokens,
+        step.retained_turns,
+        pages,
+        peak,
+        budget.explanation,
+    )
+    return pages
+
+
 @dataclass(frozen=True)
 class KVSetup:
     """The manager's config and the page layout every tier stores."""
@@ -89,9 +140,12 @@ class KVSetup:
     layout: KVLayout
 
 
-def build_kv(model: ModelConfig, config: EngineConfig, dtype: torch.dtype) -> KVSetup:
-    """Size the pools and describe their pages (nothing is allocated yet)."""
-    return KVSetup(kvstore_config(model, config), kv_layout(model, config, dtype))
+def build_kv(
+    model: ModelConfig, config: EngineConfig, dtype: torch.dtype, budget: KVBudget | None = None
+) -> KVSetup:
+    """Size the pools within `budget` and describe their pages (nothing is allocated yet)."""
+    layout = kv_layout(model, config, dtype)
+    return KVSetup(kvstore_config(model, config, budget, layout), layout)
 
 
 def kv_layout(model: ModelConfig, config: EngineConfig, dtype: torch.dtype) -> KVLayout:
@@ -160,6 +214,10 @@ def _tier_pages(
     if pages is not None:
         return dict.fromkeys(device_pages, pages)
     return tier_pages(gib * GIB, device_pages, layout)
+
+
+def _gib(num_bytes: float) -> str:
+    return f"{num_bytes / GIB:.2f} GiB"
 
 
 def _policy_params(config: EngineConfig) -> dict[str, int | bool]:

@@ -1,7 +1,8 @@
-"""Building blocks of the decoder: RMSNorm, rotary embedding, SwiGLU, attention projections.
+"""Building blocks of the decoder: RMSNorm, SwiGLU, attention projections, decoder layers.
 
-Parameter names follow the Llama checkpoints on the Hugging Face hub, so that a local
-safetensors file of that layout loads as is.
+Parameter names follow the Hugging Face checkpoints (Llama, Qwen: `self_attn.q_proj`,
+`mlp.gate_proj`, `mlp.experts.gate_up_proj`, ...), so that their tensors load by name;
+`weights.py` maps the few older layouts (per-expert tensors, Mixtral's names) onto these.
 """
 
 from __future__ import annotations
@@ -11,10 +12,15 @@ import torch.nn.functional as F
 from torch import nn
 
 from .config import ModelConfig
+from .fused import fusable
+from .models.moe import SparseMoE
+from .models.rope import apply_rope, rope_angles
+
+__all__ = ["AttentionProjections", "DecoderLayer", "RMSNorm", "SwiGLU", "apply_rope", "rope_angles"]
 
 
 class RMSNorm(nn.Module):
-    """x / rms(x) * weight, computed in fp32."""
+    """x / rms(x) * weight: normalised in fp32, cast back, then scaled (as transformers does)."""
 
     def __init__(self, size: int, eps: float) -> None:
         super().__init__()
@@ -22,28 +28,15 @@ class RMSNorm(nn.Module):
         self.eps = eps
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        x32 = x.float()
-        x32 = x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + self.eps)
-        return (x32 * self.weight.float()).to(x.dtype)
+        return rms_norm(x, self.weight, self.eps)
 
 
-def rope_angles(
-    positions: torch.Tensor, head_dim: int, theta: float
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """cos and sin `[tokens, 1, head_dim // 2]` of each position (computed once per forward)."""
-    half = head_dim // 2
-    exponents = torch.arange(0, half, device=positions.device, dtype=torch.float32) / half
-    inv_freq = 1.0 / (theta**exponents)
-    angles = positions.to(torch.float32)[:, None] * inv_freq[None, :]
-    return angles.cos()[:, None, :], angles.sin()[:, None, :]
-
-
-def apply_rope(x: torch.Tensor, rope: tuple[torch.Tensor, torch.Tensor]) -> torch.Tensor:
-    """Rotate `x [tokens, heads, head_dim]` by `rope_angles` (halves layout, as Llama does)."""
-    cos, sin = rope
-    half = x.shape[-1] // 2
-    x1, x2 = x[..., :half].float(), x[..., half:].float()
-    return torch.cat((x1 * cos - x2 * sin, x2 * cos + x1 * sin), dim=-1).to(x.dtype)
+@fusable
+def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    """RMSNorm's math (one fused kernel on CUDA: fused.py)."""
+    x32 = x.float()
+    x32 = x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + eps)
+    return weight * x32.to(x.dtype)
 
 
 class SwiGLU(nn.Module):
@@ -51,25 +44,38 @@ class SwiGLU(nn.Module):
 
     def __init__(self, config: ModelConfig) -> None:
         super().__init__()
-        self.gate_proj = nn.Linear(config.hidden_size, config.intermediate_size, bias=False)
-        self.up_proj = nn.Linear(config.hidden_size, config.intermediate_size, bias=False)
-        self.down_proj = nn.Linear(config.intermediate_size, config.hidden_size, bias=False)
+        h, i, bias = config.hidden_size, config.intermediate_size, config.mlp_bias
+        self.gate_proj = nn.Linear(h, i, bias=bias)
+        self.up_proj = nn.Linear(h, i, bias=bias)
+        self.down_proj = nn.Linear(i, h, bias=bias)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
+        return self.down_proj(silu_mul(self.gate_proj(x), self.up_proj(x)))
+
+
+@fusable
+def silu_mul(gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
+    """silu(gate) * up (one fused kernel on CUDA: fused.py)."""
+    return F.silu(gate) * up
 
 
 class AttentionProjections(nn.Module):
-    """q/k/v/o projections and RoPE of one layer; the attention itself is a backend's job."""
+    """q/k/v/o projections, per-head q/k norms (Qwen3) and RoPE of one layer; the attention
+    itself is a backend's job."""
 
     def __init__(self, config: ModelConfig) -> None:
         super().__init__()
         h, d = config.hidden_size, config.head_dim
         self.num_heads, self.num_kv_heads, self.head_dim = config.num_heads, config.num_kv_heads, d
-        self.q_proj = nn.Linear(h, config.num_heads * d, bias=False)
-        self.k_proj = nn.Linear(h, config.num_kv_heads * d, bias=False)
-        self.v_proj = nn.Linear(h, config.num_kv_heads * d, bias=False)
-        self.o_proj = nn.Linear(config.num_heads * d, h, bias=False)
+        self.q_proj = nn.Linear(h, config.num_heads * d, bias=config.qkv_bias)
+        self.k_proj = nn.Linear(h, config.num_kv_heads * d, bias=config.qkv_bias)
+        self.v_proj = nn.Linear(h, config.num_kv_heads * d, bias=config.qkv_bias)
+        self.o_proj = nn.Linear(config.num_heads * d, h, bias=config.o_bias)
+        if config.qk_norm:
+            self.q_norm = RMSNorm(d, config.rms_norm_eps)
+            self.k_norm = RMSNorm(d, config.rms_norm_eps)
+        else:
+            self.q_norm = self.k_norm = None
 
     def qkv(
         self, x: torch.Tensor, rope: tuple[torch.Tensor, torch.Tensor]
@@ -78,19 +84,17 @@ class AttentionProjections(nn.Module):
         q = self.q_proj(x).view(-1, self.num_heads, self.head_dim)
         k = self.k_proj(x).view(-1, self.num_kv_heads, self.head_dim)
         v = self.v_proj(x).view(-1, self.num_kv_heads, self.head_dim)
-        return (
-            apply_rope(q, rope),
-            apply_rope(k, rope),
-            v,
-        )
+        if self.q_norm is not None:
+            q, k = self.q_norm(q), self.k_norm(k)
+        return apply_rope(q, rope), apply_rope(k, rope), v
 
 
 class DecoderLayer(nn.Module):
-    """Pre-norm attention block then pre-norm SwiGLU block, each with a residual."""
+    """Pre-norm attention block then pre-norm MLP block (SwiGLU or experts), each residual."""
 
-    def __init__(self, config: ModelConfig) -> None:
+    def __init__(self, config: ModelConfig, layer: int = 0) -> None:
         super().__init__()
         self.input_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
         self.self_attn = AttentionProjections(config)
         self.post_attention_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
-        self.mlp = SwiGLU(config)
+        self.mlp = SparseMoE(config) if config.is_moe_layer(layer) else SwiGLU(config)

@@ -1,4 +1,4 @@
-"""The Llama-style decoder and its forward over a paged KV cache."""
+"""The decoder (Llama, Mistral, Qwen2/3, MoE variants) and its forward over a paged KV cache."""
 
 from __future__ import annotations
 
@@ -12,19 +12,20 @@ from .attn_reference import dense_attention
 from .batch import ForwardBatch
 from .config import ModelConfig
 from .kv_cache import PagedKVCache
-from .layers import DecoderLayer, RMSNorm, rope_angles
+from .layers import DecoderLayer, RMSNorm
+from .models.rope import rope_angles
 
 # One layer's attention: (layer index, q, k, v, positions) -> output [T, H, D].
 AttendFn = Callable[[int, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]
 
 
 class DecoderStack(nn.Module):
-    """Embedding, layers, final norm (named `model.*` as in Llama checkpoints)."""
+    """Embedding, layers, final norm (named `model.*` as in Hugging Face checkpoints)."""
 
     def __init__(self, config: ModelConfig) -> None:
         super().__init__()
         self.embed_tokens = nn.Embedding(config.vocab_size, config.hidden_size)
-        self.layers = nn.ModuleList(DecoderLayer(config) for _ in range(config.num_layers))
+        self.layers = nn.ModuleList(DecoderLayer(config, i) for i in range(config.num_layers))
         self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps)
 
 
@@ -85,7 +86,7 @@ class CausalLM(nn.Module):
         self, token_ids: torch.Tensor, positions: torch.Tensor, attend: AttendFn
     ) -> torch.Tensor:
         hidden = self.model.embed_tokens(token_ids)
-        rope = rope_angles(positions, self.config.head_dim, self.config.rope_theta)
+        rope = rope_angles(positions, self.config)
         for index, layer in enumerate(self.model.layers):
             q, k, v = layer.self_attn.qkv(layer.input_layernorm(hidden), rope)
             attn = attend(index, q, k, v, positions)

@@ -1,4 +1,5 @@
-"""A local model directory without weights: `config.json` + a byte-level `tokenizer.json`.
+"""Local model directories: without weights (`config.json` + a byte-level `tokenizer.json`),
+or, with `--arch`, a tiny random Hugging Face checkpoint (models/tiny_checkpoint.py).
 
 Peer routers load a tokenizer from the `model_path` a worker reports; pointing them at this
 directory means none of them downloads one. The `sim` compute backend needs no weights, so
@@ -60,16 +61,36 @@ def write_model_dir(path: str | Path, model: ModelConfig) -> Path:
     return path
 
 
+# Kept here (not imported from the registry) so `kvfleet --help` does not import torch.
+ARCHITECTURES = (
+    "LlamaForCausalLM", "MistralForCausalLM", "MixtralForCausalLM", "Qwen2ForCausalLM",
+    "Qwen3ForCausalLM", "Qwen3MoeForCausalLM",
+)  # fmt: skip
+
+
 def register(subparsers) -> None:
-    """`kvfleet model-dir DIR --model PRESET`: write a weightless model directory."""
+    """`kvfleet model-dir DIR [--model PRESET | --arch ARCH]`: write a model directory."""
     parser = subparsers.add_parser(
         "model-dir",
-        help="write config.json + a byte tokenizer.json (for --model-path of sim ranks, peers)",
-        description="Write a model directory without weights: a preset's config.json and a "
-        "byte tokenizer.json, for --model-path of sim ranks and of peer routers.",
+        help="write config.json + a byte tokenizer.json (for --model-path of sim ranks, peers), "
+        "or with --arch a tiny random Hugging Face checkpoint that `kvfleet up` serves",
+        description="Write a model directory: without --arch, a preset's config.json and a byte "
+        "tokenizer.json without weights, for --model-path of sim ranks and of peer routers; with "
+        "--arch, a tiny random Hugging Face checkpoint (sharded safetensors, tokenizer with a chat "
+        "template) that `kvfleet up --model-path` serves.",
     )
     parser.add_argument("path", help="directory to write (created if missing)")
     parser.add_argument("--model", default="tiny", help="preset shape (tiny, 1b, 8b)")
+    parser.add_argument(
+        "--arch",
+        choices=ARCHITECTURES,
+        default=None,
+        help="write a tiny random checkpoint of this architecture (config, sharded "
+        "safetensors, tokenizer with a chat template, generation_config)",
+    )
+    parser.add_argument("--dtype", default="bfloat16", choices=("bfloat16", "float16", "float32"),
+                        help="--arch: the weights' dtype (config.json's torch_dtype)")  # fmt: skip
+    parser.add_argument("--seed", type=int, default=0, help="--arch: seed of the random weights")
     parser.add_argument(
         "--max-model-len", type=int, default=None, help="context length (default: the preset's)"
     )
@@ -79,6 +100,12 @@ def register(subparsers) -> None:
 def _run(args) -> int:
     from .config import preset
 
+    if args.arch:
+        from .models.tiny_checkpoint import write_tiny_checkpoint
+
+        path = write_tiny_checkpoint(args.path, args.arch, args.seed, args.dtype)
+        print(f"{args.arch} checkpoint: {path} (serve it: kvfleet up --model-path {path})")
+        return 0
     model = preset(args.model)
     if args.max_model_len is not None:
         model = model.with_changes(max_position=args.max_model_len)

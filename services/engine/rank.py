@@ -4,10 +4,11 @@ from __future__ import annotations
 
 import logging
 import socket
+import time
 from dataclasses import dataclass
-from pathlib import Path
 
 import grpc
+from kvfleet.services.router.fleet_secret import load_fleet_secret
 from prometheus_client import start_http_server
 
 from .engine_config import EngineConfig
@@ -19,7 +20,7 @@ from .metrics import EngineMetrics
 from .openai_http import build_app
 from .podinfo import PodInfo
 from .router_link import RouterLink
-from .tokenizer import load_tokenizer
+from .tokenizer import tokenizer_for_model
 from .worker_http import WorkerInfo, add_worker_routes
 
 log = logging.getLogger(__name__)
@@ -36,6 +37,8 @@ class RankAddresses:
     router: str | None = None
     rank_id: str = "rank-0"
     advertise_host: str | None = None
+    # Shown to the router's rank port; None: $KVFLEET_FLEET_SECRET if set.
+    fleet_secret: str | None = None
 
 
 class EngineRank:
@@ -48,7 +51,7 @@ class EngineRank:
         self.addresses = addresses
         # The downward API's view of this pod (None: not in Kubernetes, never draining).
         self.podinfo = PodInfo(podinfo_dir)
-        self.tokenizer = load_tokenizer(_tokenizer_path(config))
+        self.tokenizer = tokenizer_for_model(config.model_path)
         self.metrics = EngineMetrics()
         self.link: RouterLink | None = None
         self.core = EngineCore(config, metrics=self.metrics, kv_event_sink=self._publish)
@@ -58,12 +61,13 @@ class EngineRank:
         self.http: HttpServer | None = None
         self._metrics_http = None
         self.metrics_port: int | None = None
+        self._terminating = False  # SIGTERM: report draining whatever the pod's mark says
 
     def start(self) -> EngineRank:
         """Start the core, the servers and (with a router address) registration."""
         a = self.addresses
         self.core.start()
-        self.grpc_server, self._health, self.grpc_port = create_engine_server(
+        self.grpc_server, self._health, self.grpc_port, self.engine_servicer = create_engine_server(
             f"{a.host}:{a.grpc_port}", self.core, self.tokenizer
         )
         if a.http_port is not None:
@@ -86,6 +90,7 @@ class EngineRank:
                 self.config.page_size,
                 self.core.load,
                 self.read_draining,
+                a.fleet_secret or load_fleet_secret(),
             ).start()
         log.info("rank %s: grpc %s, http %s", a.rank_id, self.grpc_port, self.http_port)
         return self
@@ -108,10 +113,24 @@ class EngineRank:
             self._metrics_http.server_close()
         self.core.stop()
 
+    def drain_and_stop(self, drain_seconds: float, poll_seconds: float = 0.2) -> None:
+        """Leave gracefully (SIGTERM): report draining so the router pins nothing new here and
+        the retained prefixes reach the shared disk, let running and queued requests finish for
+        up to `drain_seconds`, then stop."""
+        self._terminating = True
+        self.read_draining()  # the next heartbeat (about a second) tells the router
+        deadline = time.monotonic() + drain_seconds
+        while time.monotonic() < deadline:
+            load = self.core.load()
+            if load.running + load.queued == 0:
+                break
+            time.sleep(poll_seconds)
+        self.stop(grace=max(0.5, min(2.0, deadline - time.monotonic())))
+
     def read_draining(self) -> bool:
         """The pod's drain mark now (each heartbeat reads it); the core hears of every change
         and, on its own thread, flushes the retained prefixes to the shared disk tier."""
-        draining = self.podinfo.draining()
+        draining = self._terminating or self.podinfo.draining()
         self.core.set_draining(draining)
         return draining
 
@@ -131,13 +150,6 @@ class EngineRank:
     def _publish(self, events) -> None:
         if self.link is not None:
             self.link.publish(events)
-
-
-def _tokenizer_path(config: EngineConfig) -> str | None:
-    if not config.model_path:
-        return None
-    path = Path(config.model_path) / "tokenizer.json"
-    return str(path) if path.is_file() else None
 
 
 def _default_host(bind_host: str) -> str:

@@ -6,7 +6,10 @@ import math
 from collections.abc import Sequence
 
 from .engine_request import InvalidRequestError
-from .sampling import SamplingParams
+from .sampling_params import MAX_TOP_LOGPROBS, SamplingParams
+
+MAX_STOP_STRINGS = 16
+MAX_STOP_CHARS = 1000  # the engine decodes a tail about 4x this long per token
 
 
 def make_sampling(
@@ -18,6 +21,11 @@ def make_sampling(
     stop_token_ids: Sequence[int] = (),
     default_max_tokens: int = 16,
     prefix: str = "",
+    stop: Sequence[str] = (),
+    presence_penalty: float | None = None,
+    frequency_penalty: float | None = None,
+    repetition_penalty: float | None = None,
+    logprobs: int | None = None,
 ) -> SamplingParams:
     """SamplingParams from client values; InvalidRequestError names the bad field."""
     temperature = 1.0 if temperature is None else float(temperature)
@@ -31,10 +39,30 @@ def make_sampling(
         raise InvalidRequestError("max_tokens", f"{max_tokens} must be >= 1")
     if seed is not None and not 0 <= int(seed) < 2**63:
         raise InvalidRequestError(f"{prefix}seed", f"{seed} not in [0, 2**63)")
+    penalties = {
+        "presence_penalty": (presence_penalty, 0.0, -2.0, 2.0),
+        "frequency_penalty": (frequency_penalty, 0.0, -2.0, 2.0),
+        "repetition_penalty": (repetition_penalty, 1.0, 1e-9, 10.0),
+    }
+    values = {}
+    for name, (value, default, low, high) in penalties.items():
+        value = default if value is None else float(value)
+        if not math.isfinite(value) or not low <= value <= high:
+            raise InvalidRequestError(f"{prefix}{name}", f"{value} not in [{low:g}, {high:g}]")
+        values[name] = value
+    if len(stop) > MAX_STOP_STRINGS:
+        raise InvalidRequestError(f"{prefix}stop", f"{len(stop)} strings > {MAX_STOP_STRINGS}")
+    if any(len(s) > MAX_STOP_CHARS for s in stop):
+        raise InvalidRequestError(f"{prefix}stop", f"a stop string over {MAX_STOP_CHARS} chars")
+    if logprobs is not None and not 0 <= logprobs <= MAX_TOP_LOGPROBS:
+        raise InvalidRequestError(f"{prefix}logprobs", f"{logprobs} not in 0..{MAX_TOP_LOGPROBS}")
     return SamplingParams(
         temperature=temperature,
         top_p=top_p,
         seed=None if seed is None else int(seed),
         max_tokens=max_tokens,
         stop_token_ids=tuple(int(t) for t in stop_token_ids),
+        stop=tuple(s for s in stop if s),
+        logprobs=logprobs,
+        **values,
     )

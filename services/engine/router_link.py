@@ -15,6 +15,7 @@ from collections.abc import Callable, Iterator
 import grpc
 from kvfleet.kvstore.events import KVEventKind
 from kvfleet.proto import common_pb2, router_pb2, router_pb2_grpc
+from kvfleet.services.router.fleet_secret import secret_metadata
 
 from .engine_request import EngineLoad
 from .kv_events import BlockEvent
@@ -55,8 +56,10 @@ class RouterLink:
         block_size: int,
         load: Callable[[], EngineLoad],
         draining: Callable[[], bool] = lambda: False,
+        fleet_secret: str | None = None,
     ) -> None:
         self.rank_id = rank_id
+        self._metadata = secret_metadata(fleet_secret)  # shown on every RankRegistry call
         self._registration = router_pb2.RegisterRequest(
             rank_id=rank_id,
             address=advertise_address,
@@ -94,7 +97,9 @@ class RouterLink:
         self._channel.close()
 
     def _register(self) -> float:
-        reply = self._registry.Register(self._registration, timeout=RPC_TIMEOUT_SECONDS)
+        reply = self._registry.Register(
+            self._registration, timeout=RPC_TIMEOUT_SECONDS, metadata=self._metadata
+        )
         self.registered.set()
         log.info("rank %s registered", self.rank_id)
         return reply.heartbeat_interval_seconds or 1.0
@@ -117,12 +122,18 @@ class RouterLink:
                         ),
                     ),
                     timeout=RPC_TIMEOUT_SECONDS,
+                    metadata=self._metadata,
                 )
                 if not reply.registered:
                     self.registered.clear()
                     continue
             except grpc.RpcError as error:
-                log.warning("rank %s: router unreachable (%s)", self.rank_id, error.code().name)
+                log.warning(
+                    "rank %s: router refused or unreachable (%s %s)",
+                    self.rank_id,
+                    error.code().name,
+                    error.details(),
+                )
                 self.registered.clear()
                 self._stop.wait(RETRY_SECONDS)
                 continue
@@ -144,7 +155,7 @@ class RouterLink:
             if not self.registered.wait(RETRY_SECONDS):
                 continue
             try:
-                self._registry.PublishKvEvents(self._batches())
+                self._registry.PublishKvEvents(self._batches(), metadata=self._metadata)
                 return
             except grpc.RpcError as error:
                 log.warning("rank %s: KV event stream broke (%s)", self.rank_id, error.code().name)

@@ -48,7 +48,9 @@ class Scheduler(StepPlanner[Sequence, ScheduledChunk]):
 
     def add(self, sequence: Sequence) -> None:
         """Queue a sequence and let the manager hash its prompt."""
-        self.manager.add_request(sequence.key, sequence.prompt, sequence.conversation_id)
+        self.manager.add_request(
+            sequence.key, sequence.prompt, sequence.conversation_id, sequence.call.extra_key
+        )
         sequence.kv_prompt_len = len(sequence.prompt)
         self.waiting.append(sequence)
 
@@ -136,6 +138,9 @@ class Scheduler(StepPlanner[Sequence, ScheduledChunk]):
 
     def _recompute_tokens(self, victim: Sequence) -> list[int]:
         return victim.tokens(0, victim.num_tokens)
+
+    def _extra_key(self, item: Sequence) -> bytes:
+        return item.call.extra_key
 
     def _on_preempted(self, victim: Sequence, num_tokens: int) -> None:
         victim.kv_prompt_len = num_tokens

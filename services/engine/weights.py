@@ -1,4 +1,6 @@
-"""Weights: deterministic init from a seed, and local safetensors checkpoints.
+"""Weights: deterministic init from a seed, and saving the engine's own checkpoints.
+
+Hugging Face checkpoints (single or sharded safetensors) load through `models/checkpoint.py`.
 
 The seeded init draws every weight from a counter-based hash (splitmix64 of the element index,
 keyed by the seed and the parameter's name) in integer arithmetic, which CPU and CUDA compute
@@ -13,7 +15,6 @@ import zlib
 from pathlib import Path
 
 import torch
-from torch import nn
 
 from .config import ModelConfig
 from .model import CausalLM
@@ -109,65 +110,16 @@ def save_checkpoint(model: CausalLM, directory: str | Path) -> Path:
 def load_checkpoint(
     directory: str | Path,
     device: torch.device | str = "cpu",
-    dtype: torch.dtype = torch.float32,
+    dtype: torch.dtype | None = None,
 ) -> CausalLM:
-    """Load a local checkpoint written by `save_checkpoint` (or a Llama one of the same names)."""
-    from safetensors.torch import load_file
+    """A local checkpoint: ours (`save_checkpoint`) or a Hugging Face one (models/checkpoint.py)."""
+    from .models.checkpoint import load_checkpoint as load
 
-    directory = Path(directory)
-    config = config_from_file(directory / CONFIG_FILE)
-    state = load_file(str(directory / WEIGHTS_FILE), device=str(device))
-    with torch.device("meta"):
-        model = CausalLM(config)
-    model = model.to_empty(device=device)
-    if config.tie_embeddings:
-        model.lm_head.weight = model.model.embed_tokens.weight
-        state.pop("lm_head.weight", None)
-    expected = {
-        k for k in model.state_dict() if not (config.tie_embeddings and k == "lm_head.weight")
-    }
-    missing, unexpected = sorted(expected - set(state)), sorted(set(state) - expected)
-    if missing or unexpected:
-        raise ValueError(
-            f"checkpoint {directory}: missing {missing[:5]}, unexpected {unexpected[:5]}"
-        )
-    _load_exact(model, state)
-    return model.to(dtype).eval().requires_grad_(False)
-
-
-@torch.no_grad()
-def _load_exact(model: nn.Module, state: dict[str, torch.Tensor]) -> None:
-    params = dict(model.named_parameters())
-    for name, tensor in state.items():
-        if params[name].shape != tensor.shape:
-            raise ValueError(
-                f"{name}: checkpoint shape {tuple(tensor.shape)} != {tuple(params[name].shape)}"
-            )
-        params[name].copy_(tensor)
-
-
-# Hugging Face Llama config keys -> ModelConfig fields.
-_HF_KEYS = {
-    "vocab_size": "vocab_size",
-    "hidden_size": "hidden_size",
-    "intermediate_size": "intermediate_size",
-    "num_hidden_layers": "num_layers",
-    "num_attention_heads": "num_heads",
-    "num_key_value_heads": "num_kv_heads",
-    "head_dim": "head_dim",
-    "max_position_embeddings": "max_position",
-    "rope_theta": "rope_theta",
-    "rms_norm_eps": "rms_norm_eps",
-    "tie_word_embeddings": "tie_embeddings",
-}
+    return load(directory, device, dtype)
 
 
 def config_from_file(path: str | Path) -> ModelConfig:
-    """Read our `config.json`, or a Hugging Face Llama one (`num_hidden_layers`, ...)."""
-    data = json.loads(Path(path).read_text())
-    if "num_hidden_layers" not in data:
-        return ModelConfig.from_dict(data)
-    fields = {ours: data[hf] for hf, ours in _HF_KEYS.items() if hf in data}
-    fields.setdefault("head_dim", data["hidden_size"] // data["num_attention_heads"])
-    fields.setdefault("num_kv_heads", data["num_attention_heads"])
-    return ModelConfig(**fields, name=data.get("_name_or_path", "checkpoint"))
+    """The ModelConfig of our `config.json` or of a Hugging Face one (`architectures`)."""
+    from .models.checkpoint import config_from_dict
+
+    return config_from_dict(json.loads(Path(path).read_text()), Path(path).parent.name)

@@ -12,13 +12,12 @@ import uuid
 from dataclasses import dataclass, field
 
 from kvfleet.services.engine.engine_config import EngineConfig
-from kvfleet.services.engine.http_backends import RouterBackend, model_card
-from kvfleet.services.engine.http_server import HttpServer
-from kvfleet.services.engine.openai_http import build_app
+from kvfleet.services.engine.http_backends import model_card
 from kvfleet.services.engine.rank import EngineRank, RankAddresses
 from kvfleet.services.router.admission import AdmissionConfig
 
 from .metrics import FleetMetrics, serve_fleet_metrics
+from .router_front import RouterFront
 
 log = logging.getLogger(__name__)
 
@@ -64,8 +63,7 @@ class EmbeddedFleet:
         self.ranks: list[EngineRank] = []
         self.router = None
         self.router_port: int | None = None
-        self.http: HttpServer | None = None
-        self._backend: RouterBackend | None = None
+        self.http: RouterFront | None = None
         self._metrics_http = None
         self.metrics_port: int | None = None
 
@@ -93,8 +91,9 @@ class EmbeddedFleet:
             self.ranks.append(EngineRank(c.engine, addresses).start())
         first = self.ranks[0]  # every rank runs the same model
         card = model_card(first.core.model_config)
-        self._backend = RouterBackend(self.router_address, first.tokenizer, first.model_names, card)
-        self.http = HttpServer(build_app(self._backend), c.host, c.http_port).start()
+        self.http = RouterFront(
+            self.router_address, first.tokenizer, first.model_names, card, c.host, c.http_port
+        ).start()
         if c.metrics_port is not None:
             ranks = {rank.addresses.rank_id: rank.metrics.registry for rank in self.ranks}
             collector = FleetMetrics(self.router.metrics.registry, ranks)
@@ -113,8 +112,6 @@ class EmbeddedFleet:
             self._metrics_http.server_close()
         if self.http is not None:
             self.http.stop()
-        if self._backend is not None:
-            self._backend.close()
         for rank in self.ranks:
             rank.stop(grace=1.0)
         if self.router is not None:

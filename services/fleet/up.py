@@ -1,4 +1,6 @@
-"""`kvfleet up`: a router and engine ranks in one process, with one OpenAI front and /metrics.
+"""`kvfleet up`: a router and engine ranks in one process, with one OpenAI front and /metrics:
+the tiny preset on CPU by default, or a local Hugging Face checkpoint with `--model-path DIR`
+(its tokenizer and chat template too).
 
 Prints where to send requests; Ctrl-C (SIGINT/SIGTERM) stops everything. `--smoke` sends a
 two-turn conversation through the router's gRPC API and through the OpenAI HTTP API, prints
@@ -15,6 +17,7 @@ import logging
 import signal
 import sys
 import threading
+from pathlib import Path
 
 # Step token budget when --max-num-batched-tokens is not given: the model forward on CPU is
 # slow per token, the cost model is not (it prices chunks of the simulator's default size).
@@ -40,7 +43,10 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("--ranks", type=int, default=2, help="engine ranks")
     parser.add_argument("--model", default="tiny", help="model preset: tiny, 1b, 8b")
     parser.add_argument(
-        "--model-path", default="", help="local checkpoint directory (overrides --model's shape)"
+        "--model-path",
+        default="",
+        help="a local Hugging Face model directory (config.json, safetensors, tokenizer); "
+        "`kvfleet model-dir --arch ARCH DIR` writes a tiny one",
     )
     parser.add_argument(
         "--compute-backend",
@@ -75,6 +81,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         default="redis://127.0.0.1:6379/0",
         help="used when it answers; else pins stay in-process",
     )
+    parser.add_argument("--dtype", default="auto", help="auto (the checkpoint's), float32, ...")
     parser.add_argument(
         "--smoke",
         "--once",
@@ -93,9 +100,12 @@ def fleet_config(args: argparse.Namespace):
     from .embedded import FleetConfig
 
     step_tokens = args.max_num_batched_tokens or DEFAULT_STEP_TOKENS[args.compute_backend]
+    # A checkpoint is served under its directory's name (and "kvfleet").
+    model = Path(args.model_path).name if args.model_path else args.model
     engine = EngineConfig(
-        model=args.model,
+        model=model,
         model_path=args.model_path,
+        dtype=args.dtype,
         compute_backend=args.compute_backend,
         sim_time_scale=args.sim_time_scale,
         max_batch_size=args.max_batch_size,
@@ -146,7 +156,7 @@ def run(args: argparse.Namespace) -> int:
         print(f"OpenAI base URL: {fleet.http_base_url}", flush=True)
         if fleet.metrics_port is not None:
             print(f"metrics: http://{args.host}:{fleet.metrics_port}/metrics", flush=True)
-        model = args.model_path or args.model
+        model = Path(args.model_path).name if args.model_path else args.model
         print(f"ranks: {', '.join(r.addresses.rank_id for r in fleet.ranks)} (model {model}, "
               f"{args.compute_backend}, {args.max_batch_size} slots each, "
               f"{args.affinity} affinity)", flush=True)  # fmt: skip

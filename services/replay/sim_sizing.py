@@ -1,14 +1,15 @@
 """How a simulated rank's kvstore is sized: its reuse policy, device pools and lower tiers.
 
-The device pools are split by the kvstore's own sizing rule (`plan_pools`) for a typical step
-of the fleet's options; the host and disk tiers are split like the device pools.
+The device pools are split by the kvstore's own sizing rule (`plan_pools`) for the typical step
+kvstore builds from the fleet's options (`rank_typical_step`, as the engine does); the host and
+disk tiers are split like the device pools.
 """
 
 from __future__ import annotations
 
 from kvfleet.kvstore.config import KVStoreConfig
-from kvfleet.kvstore.policies import make_reuse_policy
-from kvfleet.kvstore.sizing import TypicalStep, plan_pools
+from kvfleet.kvstore.policies import ReusePolicy, make_reuse_policy
+from kvfleet.kvstore.sizing import TypicalStep, plan_pools, rank_typical_step
 from kvfleet.kvstore.tiers.stack import KVTiers
 from kvfleet.services.core.cost_figures import ModelShape
 
@@ -26,7 +27,7 @@ def rank_kvstore(fleet: FleetOptions, model: ModelShape) -> tuple[KVStoreConfig,
     if fleet.reuse_policy != "per_conversation":
         policy_params = {}
     policy = make_reuse_policy(fleet.reuse_policy, **policy_params)
-    step = typical_step(fleet, policy.retained_turns, int(policy.keep_branch_points))
+    step = typical_step(fleet, policy)
     pool_pages = plan_pools(step, life_cycles, fleet.block_size, fleet.gpu_pages).pool_pages
     kv_config = KVStoreConfig(
         fleet.block_size, life_cycles, pool_pages, policy, checkpoint=fleet.checkpoint
@@ -41,28 +42,15 @@ def rank_kvstore(fleet: FleetOptions, model: ModelShape) -> tuple[KVStoreConfig,
     return kv_config, tiers
 
 
-def typical_step(
-    fleet: FleetOptions, turns_per_conversation: int, branches_per_conversation: int = 0
-) -> TypicalStep:
-    """The step a rank's pools are split for: its slots resident, plus the retained turns of
-    `retained_conversations` conversations between turns (none when the policy retains none;
-    root and branch records count among the turns, `branches_per_conversation` of them are
-    branch records, and residents then keep a branch window too).
-
-    NOTE: a conversation's retained turns share its full-attention prefix, so each turn counts
-    1/turns of the longest context on whole-prefix pools, and its own endpoint (and checkpoint)
-    windows on window pools.
-    """
-    retained = fleet.retained_conversations * turns_per_conversation
-    return TypicalStep(
+def typical_step(fleet: FleetOptions, policy: ReusePolicy) -> TypicalStep:
+    """The step a rank's pools are split for: kvstore's rule, from the fleet's options."""
+    return rank_typical_step(
         fleet.slots,
         fleet.max_context_tokens,
         fleet.chunk_tokens,
-        retained,
+        fleet.retained_conversations,
+        policy,
         fleet.checkpoint,
-        fleet.max_context_tokens // max(1, turns_per_conversation),
-        branches_per_conversation > 0,
-        fleet.retained_conversations * branches_per_conversation,
     )
 
 

@@ -3,17 +3,20 @@
 No gRPC here: the router service, `kvfleet up` and the fleet simulator drive this same code
 through `enqueue`, `run_pass` and `remove_silent_ranks`, with their own clock and store.
 
-One admission pass, over the requests in arrival order:
+One admission pass takes the waiting requests in three groups, each in arrival order:
 
-| group | who                                             | where                              |
-|-------|-------------------------------------------------|------------------------------------|
-| 1     | still pinned: home alive and, strict: within    | home rank; when full: waits        |
-|       | the wait bound; lenient: home has room          | (strict) or policy (lenient)       |
+| group | requests                   | placed on                                          |
+|-------|----------------------------|----------------------------------------------------|
+| 1     | still pinned (below)       | home; when full: waits (strict), policy (lenient)  |
+| 2     | with an explicit rank      | that rank; relaxed and full: policy                |
+| 3     | released by the wait bound | home if it has room (as lenient), else policy      |
+| 3     | new conversations          | policy                                             |
+
+Still pinned: the pin is alive and, strict: the request is within its wait bound; lenient: its
+home has room. Eligibility, not the pin alone, decides the group.
 
 A deferral is a placement given up: a pass that makes a pinned request wait counts one only when
 another rank had room for it, so passes on a fully busy fleet do not use up the bound.
-| 2     | explicit rank                                   | that rank; relaxed: policy if full |
-| 3     | new conversations, pins released by the bound   | placement policy                   |
 
 Placement by policy (groups 2 relaxed and 3, lenient away) skips draining ranks: a rank whose
 pod is leaving on scale-in keeps serving its pinned turns, but gets nothing new.
@@ -22,13 +25,13 @@ pod is leaving on scale-in keeps serving its pinned turns, but gets nothing new.
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
-from kvfleet.services.router.model import Admission, PendingRequest, Placement, RankSlots, Role
+from kvfleet.services.router.model import PendingRequest, Placement, RankSlots, Role
+from kvfleet.services.router.pass_state import PassResult, PassState
 from kvfleet.services.router.policies import (
     AFFINITY_POLICIES,
     PLACEMENT_POLICIES,
-    AffinityPolicy,
     WaitBound,
 )
 from kvfleet.services.router.prefix_index import PrefixIndex
@@ -46,8 +49,10 @@ class AdmissionConfig:
 
     affinity: str = "strict"
     placement: str = "load"
-    max_wait_passes: int = 4
-    max_wait_seconds: float = 5.0
+    # Strict affinity's wait, bounded in time only (docs/simulator.md, "Shipped defaults"): a
+    # returning turn's prefix saves more than it waits, up to ~30 s of a saturated fleet.
+    max_wait_passes: int = 1_000_000
+    max_wait_seconds: float = 30.0
     pin_ttl_seconds: float = 3600.0
     heartbeat_timeout_seconds: float = 10.0
 
@@ -61,20 +66,6 @@ class AdmissionConfig:
         if self.heartbeat_timeout_seconds <= 0:
             raise ValueError(f"heartbeat_timeout_seconds: {self.heartbeat_timeout_seconds} <= 0")
         WaitBound(self.max_wait_passes, self.max_wait_seconds)
-
-
-@dataclass
-class PassResult:
-    """What one admission pass did."""
-
-    admitted: list[Admission] = field(default_factory=list)
-    deferrals: int = 0
-    failed: list[tuple[PendingRequest, str]] = field(default_factory=list)
-    free_slots: dict[str, int] = field(default_factory=dict)  # per rank, after the pass
-
-    def count(self, placement: Placement) -> int:
-        """Admissions with this placement."""
-        return sum(1 for admission in self.admitted if admission.placement is placement)
 
 
 def open_for_placement(ranks: dict[str, RankSlots]) -> dict[str, RankSlots]:
@@ -134,74 +125,80 @@ class AdmissionQueue:
 
     def run_pass(self, degraded: bool = False) -> PassResult:
         """Admit what fits now. `degraded`: the shared store is away, use lenient affinity."""
-        affinity = AFFINITY_POLICIES["lenient" if degraded else self.config.affinity]
-        now = self._clock()
         every_rank = self.store.snapshot()
-        ranks = {
-            rank_id: slots
-            for rank_id, (slots, _) in every_rank.items()
-            if slots.info.role in self.roles
-        }
-        free = {rank_id: slots.free for rank_id, slots in ranks.items()}
+        state = PassState(
+            affinity=AFFINITY_POLICIES["lenient" if degraded else self.config.affinity],
+            now=self._clock(),
+            ranks={
+                rank_id: slots
+                for rank_id, (slots, _) in every_rank.items()
+                if slots.info.role in self.roles
+            },
+        )
         conversations = {r.conversation_id for r in self._waiting if r.conversation_id}
-        pins = self.store.get_pins(conversations, now) if conversations else {}
+        pins = self.store.get_pins(conversations, state.now) if conversations else {}
+        pinned, explicit, others = self._group(state, pins)
+        self._admit_pinned(state, pinned)
+        self._admit_explicit(state, explicit)
+        self._admit_released_and_new(state, others)
 
-        pinned, explicit, others = self._group(affinity, now, ranks, free, pins)
-        result = PassResult()
-        admitted_ids: set[str] = set()
-        failed_ids: set[str] = set()
+        result = state.result
+        result.free_slots = {rank_id: slots.free for rank_id, (slots, _) in every_rank.items()}
+        for admission in result.admitted:
+            result.free_slots[admission.rank.rank_id] -= admission.request.slots
+        self._waiting = [r for r in self._waiting if r.request_id not in state.done]
+        return result
 
-        def admit(request: PendingRequest, rank_id: str, placement: Placement) -> None:
-            result.admitted.append(Admission(request, ranks[rank_id].info, placement))
-            admitted_ids.add(request.request_id)
-
+    def _admit_pinned(self, state: PassState, pinned: list[tuple[PendingRequest, str]]) -> None:
+        """Group 1: home when it has room; else wait for it (strict) or go by policy."""
+        free = state.free
         for request, home in pinned:
-            if free[home] >= request.slots and self._reserve(request, home, free, now):
-                admit(request, home, Placement.PINNED)
-            elif affinity.waits_for_home(request, now - request.enqueued_at, self._bound):
+            if free[home] >= request.slots and self._reserve(request, home, free, state.now):
+                state.admit(request, home, Placement.PINNED)
+            elif state.affinity.waits_for_home(request, state.waited(request), self._bound):
                 # NOTE: a deferral is a placement given up: it counts only when another rank
                 # had room. A pass where every rank is full (or a periodic tick with nothing
                 # new) costs the request nothing, so it must not use up the bound; counting
                 # those sent returning turns away after a few 50 ms ticks on a saturated fleet.
-                if self._room_elsewhere(request, home, ranks, free):
+                if self._room_elsewhere(request, home, state.ranks, free):
                     request.deferrals += 1
-                    result.deferrals += 1
+                    state.result.deferrals += 1
                 # NOTE: hold what is left of the home rank for this request during the pass, so
                 # later requests cannot take the slots it waits for (a parent needing several).
                 free[home] -= min(free[home], request.slots)
             else:
-                rank_id = self._place(request, ranks, free, now)
+                rank_id = self._place(request, state.ranks, free, state.now)
                 if rank_id is not None:
-                    admit(request, rank_id, RELEASED_PLACEMENT[affinity.name])
+                    state.admit(request, rank_id, RELEASED_PLACEMENT[state.affinity.name])
 
+    def _admit_explicit(self, state: PassState, explicit: list[PendingRequest]) -> None:
+        """Group 2: the named rank; relaxed: by policy when it is full; gone: failed."""
         for request in explicit:
             rank_id = request.explicit_rank
-            has_room = rank_id in ranks and free[rank_id] >= request.slots
-            if has_room and self._reserve(request, rank_id, free, now):
-                admit(request, rank_id, Placement.EXPLICIT)
-                continue
-            if request.relax_rank:
-                placed = self._place(request, ranks, free, now)
+            has_room = rank_id in state.ranks and state.free[rank_id] >= request.slots
+            if has_room and self._reserve(request, rank_id, state.free, state.now):
+                state.admit(request, rank_id, Placement.EXPLICIT)
+            elif request.relax_rank:
+                placed = self._place(request, state.ranks, state.free, state.now)
                 if placed is not None:
-                    admit(request, placed, Placement.AWAY)
-            elif rank_id not in ranks:
-                result.failed.append((request, f"rank {rank_id!r} is no longer registered"))
-                failed_ids.add(request.request_id)
+                    state.admit(request, placed, Placement.AWAY)
+            elif rank_id not in state.ranks:
+                state.fail(request, f"rank {rank_id!r} is no longer registered")
 
-        for request, released_from in others:
-            rank_id = self._place(request, ranks, free, now)
+    def _admit_released_and_new(
+        self, state: PassState, others: list[tuple[PendingRequest, str | None]]
+    ) -> None:
+        """Group 3: a request released from its wait is placed as lenient affinity places (its
+        home first when it has room); a new conversation by the placement policy."""
+        for request, home in others:
+            has_room = home is not None and state.free[home] >= request.slots
+            if has_room and self._reserve(request, home, state.free, state.now):
+                state.admit(request, home, Placement.PINNED)
+                continue
+            rank_id = self._place(request, state.ranks, state.free, state.now)
             if rank_id is not None:
-                placement = (
-                    Placement.NEW if released_from is None else RELEASED_PLACEMENT[affinity.name]
-                )
-                admit(request, rank_id, placement)
-
-        result.free_slots = {rank_id: slots.free for rank_id, (slots, _) in every_rank.items()}
-        for admission in result.admitted:
-            result.free_slots[admission.rank.rank_id] -= admission.request.slots
-        done = admitted_ids | failed_ids
-        self._waiting = [r for r in self._waiting if r.request_id not in done]
-        return result
+                released = RELEASED_PLACEMENT[state.affinity.name]
+                state.admit(request, rank_id, Placement.NEW if home is None else released)
 
     def remove_silent_ranks(self) -> list[str]:
         """Remove ranks whose last heartbeat is older than the timeout; returns their ids."""
@@ -217,13 +214,12 @@ class AdmissionQueue:
         return silent
 
     def _group(
-        self,
-        affinity: AffinityPolicy,
-        now: float,
-        ranks: dict[str, RankSlots],
-        free: dict[str, int],
-        pins: dict[str, str],
-    ) -> tuple[list[tuple[PendingRequest, str]], list[PendingRequest], list[tuple]]:
+        self, state: PassState, pins: dict[str, str]
+    ) -> tuple[
+        list[tuple[PendingRequest, str]],
+        list[PendingRequest],
+        list[tuple[PendingRequest, str | None]],
+    ]:
         """Split the queue into the three placement groups, keeping arrival order in each."""
         pinned: list[tuple[PendingRequest, str]] = []
         explicit: list[PendingRequest] = []
@@ -233,10 +229,10 @@ class AdmissionQueue:
                 explicit.append(request)
                 continue
             home = pins.get(request.conversation_id)
-            if home not in ranks:
+            if home not in state.ranks:
                 others.append((request, None))
-            elif affinity.still_pinned(
-                request, now - request.enqueued_at, self._bound, free[home] >= request.slots
+            elif state.affinity.still_pinned(
+                request, state.waited(request), self._bound, state.free[home] >= request.slots
             ):
                 pinned.append((request, home))
             else:

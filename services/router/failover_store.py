@@ -1,14 +1,19 @@
 """Redis first, local state when Redis is away, and a resync when it returns.
 
+Safe to call from several threads: the mirror locks itself, and no lock is held over a Redis
+call (a hung Redis holds up the calling thread alone).
+
 While Redis answers, every change is also kept in a local mirror (ranks, pins seen, this
 router's own reservations). When a Redis call fails the store turns degraded: calls go to the
-mirror, and the router admits with lenient affinity (it can no longer see other replicas'
-reservations). `try_recover` writes the mirror back once Redis answers again.
+mirror, and the router admits with lenient affinity on its share of each rank's slots (it can no
+longer see other replicas' reservations, so the replicas split the slots rather than each
+taking all). `try_recover` writes the mirror back once Redis answers again.
 """
 
 from __future__ import annotations
 
 import logging
+import threading
 from collections.abc import Callable, Iterable
 from typing import TypeVar
 
@@ -38,6 +43,9 @@ class FailoverStore:
         self._on_redis_error = on_redis_error
         self._on_degraded = on_degraded
         self.degraded = False
+        self._flag_lock = threading.Lock()  # degraded turns on or off once per outage
+        self.recovered_at: float | None = None  # `now` of the last resync
+        self.live_replicas: list[str] = []  # replica ids holding a lease, at the last beat
 
     def _remote_call(self, call: Callable[[], T]) -> tuple[bool, T | None]:
         """Run a Redis call unless degraded; (False, None) when Redis is away."""
@@ -51,9 +59,10 @@ class FailoverStore:
             return False, None
 
     def _set_degraded(self, degraded: bool, reason: str) -> None:
-        if degraded == self.degraded:
-            return
-        self.degraded = degraded
+        with self._flag_lock:
+            if degraded == self.degraded:
+                return
+            self.degraded = degraded
         if degraded:
             log.warning(
                 "redis unreachable (%s): serving from local state, lenient affinity", reason
@@ -112,14 +121,37 @@ class FailoverStore:
         )
         if ok and not admitted:
             return False
+        if not ok and not self._fits_share(rank_id, slots):
+            return False
         mirrored = self.local.try_admit(rank_id, request_id, slots, conversation_id, pin_ttl, now)
         if ok and not mirrored:
             log.error("local mirror refused %s on %s that redis admitted", request_id, rank_id)
         return True if ok else mirrored
 
+    def share(self, rank_id: str) -> int:
+        """This replica's part of a rank's slots while degraded: the rank's slots split over
+        the replicas that held a lease when Redis was last seen (this one counted in), the
+        remainder to the first ids, so the replicas together never exceed the rank."""
+        record = self.local.ranks().get(rank_id)
+        if record is None:
+            return 0
+        replicas = sorted(set(self.live_replicas) | {self.remote.owner})
+        base, extra = divmod(record.info.max_batch_size, len(replicas))
+        return base + (1 if replicas.index(self.remote.owner) < extra else 0)
+
+    def _fits_share(self, rank_id: str, slots: int) -> bool:
+        held = sum(self.local.reservations().get(rank_id, {}).values())
+        return held + slots <= self.share(rank_id)
+
     def release(self, rank_id: str, request_id: str) -> None:
         self.local.release(rank_id, request_id)
         self._remote_call(lambda: self.remote.release(rank_id, request_id))
+
+    def expire_pins(self, now: float) -> int:
+        """Forget expired pins in the mirror, and trim Redis's per-rank pin sets."""
+        expired = self.local.expire_pins(now)
+        self._remote_call(lambda: self.remote.expire_pins(now))
+        return expired
 
     def try_recover(self, now: float) -> bool:
         """When degraded and Redis answers: write the local state back; True when recovered."""
@@ -133,7 +165,10 @@ class FailoverStore:
         except redis.RedisError as error:
             self._on_redis_error(error)
             return False
+        self.recovered_at = now
         self._set_degraded(False, "resync done")
+        # NOTE: admissions and finishes made locally while the resync ran are written now.
+        self._remote_call(lambda: self.remote.replace_reservations(self.local.reservations()))
         return True
 
     def check_integrity(self) -> None:

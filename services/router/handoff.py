@@ -17,20 +17,23 @@ so the generation rank pulls the KV and decodes from the next token.
 from __future__ import annotations
 
 import logging
+import time
 from collections.abc import Callable, Iterator
 
 import grpc
 from kvfleet.proto import common_pb2, engine_pb2, router_pb2
+from kvfleet.services.router.engine_outcomes import Outcome, full_backoff, outcome_of
 from kvfleet.services.router.errors import EngineRejected, RankUnavailable
 from kvfleet.services.router.model import Admission, PendingRequest
+from kvfleet.services.router.stream_watch import IDLE_REASON, AbandonedStream, watched_chunks
 
 log = logging.getLogger(__name__)
 
 HANDOFF_REASON = "handoff"
 GENERATION_PIN_SUFFIX = "@generation"
-# Engine errors that mean the rank itself is gone, not that the request was bad.
-RANK_FAILURE_CODES = frozenset({grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.CANCELLED})
 MAX_GENERATION_ATTEMPTS = 3
+# The held KV of the context rank expires; a turn no generation rank takes soon enough fails.
+MAX_FULL_REQUEUES = 20
 
 
 def is_handoff(chunk: common_pb2.GenerationChunk) -> bool:
@@ -64,7 +67,17 @@ def generation_request(
 class HandoffForwarder:
     """Runs the generation half of a turn; the router servicer calls it after a hand-off."""
 
-    def __init__(self, runtime, channels, clock: Callable[[], float], wait_for_admission) -> None:
+    def __init__(
+        self,
+        runtime,
+        channels,
+        clock: Callable[[], float],
+        wait_for_admission,
+        call_timeout,
+        watch,
+    ) -> None:
+        self._watch = watch
+        self._call_timeout = call_timeout  # context -> timeout of a forwarded call (None: none)
         self._runtime = runtime
         self._channels = channels
         self._clock = clock
@@ -80,12 +93,15 @@ class HandoffForwarder:
     ) -> Iterator[router_pb2.GenerateResponse]:
         """Place the turn on a generation rank and stream its tokens after the first."""
         sent = 0
-        for _attempt in range(MAX_GENERATION_ATTEMPTS):
+        failures = 0
+        times_full = 0
+        while True:
             pending = generation_request(request, request_id, request.conversation_id, self._clock)
             admission = self._wait_for_admission(pending, context, "generation")
             if admission is None:
                 return  # client went away while queued
             rank_id = admission.rank.rank_id
+            reason = ""
             try:
                 for response in self._forward(request, request_id, admission, context_admission,
                                               handoff, context, first=sent == 0):  # fmt: skip
@@ -93,22 +109,44 @@ class HandoffForwarder:
                     yield response
                 return
             except grpc.RpcError as error:
-                if error.code() not in RANK_FAILURE_CODES or not context.is_active():
+                outcome = outcome_of(error.code())
+                if (
+                    outcome is Outcome.REQUEST_FAILED
+                    or (outcome is Outcome.RANK_FULL and sent)
+                    or not context.is_active()
+                ):
                     raise EngineRejected(
                         error.code(), f"generation rank {rank_id}: {error.details()}"
                     ) from error
-                self._runtime.rank_failed(rank_id, error.details() or "")
-                reason = f"{error.code().name} {error.details()}"
+                if outcome is Outcome.RANK_GONE:
+                    self._runtime.rank_failed(rank_id, error.details() or "")
+                    reason = f"{error.code().name} {error.details()}"
+            except AbandonedStream as error:
+                reason = str(error)
+                if error.reason == IDLE_REASON:
+                    self._runtime.rank_failed(rank_id, reason)
             finally:
                 self._runtime.finish(admission)
+            if not reason:  # no room on that generation rank: queue again after a pause
+                times_full += 1
+                self._runtime.metrics.requeued_full.inc()
+                time.sleep(full_backoff(times_full))
+                if not context.is_active() or times_full > MAX_FULL_REQUEUES:
+                    raise EngineRejected(
+                        grpc.StatusCode.RESOURCE_EXHAUSTED,
+                        f"generation ranks had no room {times_full} times",
+                    )
+                continue
             if sent:
                 raise RankUnavailable(
                     f"generation rank {rank_id} failed after {sent} chunks were sent "
                     f"({reason}); retry the request"
                 )
+            failures += 1
+            if failures >= MAX_GENERATION_ATTEMPTS:
+                raise RankUnavailable(f"{MAX_GENERATION_ATTEMPTS} generation ranks failed")
             self._runtime.metrics.retries.inc()
             log.warning("request %s: generation rank %s failed (%s)", request_id, rank_id, reason)
-        raise RankUnavailable(f"{MAX_GENERATION_ATTEMPTS} generation ranks failed")
 
     def _forward(
         self, request, request_id, admission, context_admission, handoff, context, first: bool
@@ -121,16 +159,17 @@ class HandoffForwarder:
             num_samples=1,
             kv_source_address=context_admission.rank.address,
             handoff_token_ids=list(handoff.token_ids),
+            cache_salt=request.cache_salt,
         )
         if request.HasField("prompt_token_ids"):
             engine_request.prompt_token_ids.CopyFrom(request.prompt_token_ids)
         else:
             engine_request.prompt_text = request.prompt_text
         stub = self._channels.stub(admission.rank.address)
-        call = stub.Generate(engine_request, timeout=context.time_remaining())
+        call = stub.Generate(engine_request, timeout=self._call_timeout(context))
         context.add_callback(call.cancel)
         finished = False
-        for chunk in call:
+        for chunk in watched_chunks(self._watch, admission.rank.rank_id, call):
             if chunk.HasField("usage"):
                 # The turn's reuse and first token are the context rank's.
                 chunk.usage.cached_tokens = handoff.usage.cached_tokens

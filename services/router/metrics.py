@@ -61,6 +61,11 @@ class RouterMetrics:
         self.retries = Counter(
             "kvfleet_router_retries", "Requests re-queued after their rank failed", registry=r
         )
+        self.requeued_full = Counter(
+            "kvfleet_router_requeued_full",
+            "Requests queued again after their rank answered RESOURCE_EXHAUSTED",
+            registry=r,
+        )
         self.ranks_removed = Counter(
             "kvfleet_router_ranks_removed", "Ranks removed (silent or failed)", registry=r
         )

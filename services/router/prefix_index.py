@@ -2,12 +2,14 @@
 
 Engines name blocks by their own hash; the router re-keys every stored block by a chained hash
 of its tokens (`parent key, tokens`), so it can hash a new prompt the same way without knowing
-the engine's hash function. The router's gRPC layer is the only writer; placement reads.
+the engine's hash function. The router's gRPC layer is the only writer; placement reads. Each
+call locks the index (KV event streams and the admission pass run on different threads).
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import threading
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 ROOT_KEY = 0
@@ -34,6 +36,12 @@ class PrefixIndex:
 
     def __init__(self) -> None:
         self._ranks: dict[str, _RankBlocks] = {}
+        self._lock = threading.RLock()
+
+    def atomically(self, apply: Callable[[PrefixIndex], object]) -> object:
+        """Run several changes as one step."""
+        with self._lock:
+            return apply(self)
 
     def stored(
         self,
@@ -51,6 +59,10 @@ class PrefixIndex:
             raise ValueError(
                 f"token_ids: {len(token_ids)} tokens for {len(block_hashes)} blocks of {block_size}"
             )
+        with self._lock:
+            return self._stored(rank_id, block_hashes, parent_hash, token_ids, block_size)
+
+    def _stored(self, rank_id, block_hashes, parent_hash, token_ids, block_size) -> int:
         blocks = self._ranks.setdefault(rank_id, _RankBlocks())
         if parent_hash is None:
             parent_key = ROOT_KEY
@@ -68,6 +80,10 @@ class PrefixIndex:
 
     def removed(self, rank_id: str, block_hashes: Sequence[int]) -> None:
         """Forget blocks a rank evicted."""
+        with self._lock:
+            self._removed(rank_id, block_hashes)
+
+    def _removed(self, rank_id: str, block_hashes: Sequence[int]) -> None:
         blocks = self._ranks.get(rank_id)
         if blocks is None:
             return
@@ -83,21 +99,24 @@ class PrefixIndex:
 
     def clear(self, rank_id: str) -> None:
         """Forget everything about a rank (cleared cache, or rank removed)."""
-        self._ranks.pop(rank_id, None)
+        with self._lock:
+            self._ranks.pop(rank_id, None)
 
     def overlap(self, rank_id: str, prompt_keys: Sequence[int]) -> int:
         """Leading blocks of the prompt (as chained keys) that the rank holds."""
-        blocks = self._ranks.get(rank_id)
-        if blocks is None:
-            return 0
-        count = 0
-        for key in prompt_keys:
-            if key not in blocks.key_counts:
-                break
-            count += 1
-        return count
+        with self._lock:
+            blocks = self._ranks.get(rank_id)
+            if blocks is None:
+                return 0
+            count = 0
+            for key in prompt_keys:
+                if key not in blocks.key_counts:
+                    break
+                count += 1
+            return count
 
     def block_count(self, rank_id: str) -> int:
         """Blocks indexed for a rank."""
-        blocks = self._ranks.get(rank_id)
-        return len(blocks.engine_to_key) if blocks else 0
+        with self._lock:
+            blocks = self._ranks.get(rank_id)
+            return len(blocks.engine_to_key) if blocks else 0

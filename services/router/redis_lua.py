@@ -2,13 +2,14 @@
 
 Keys (prefix `P`): `P:ranks` hash rank -> registration json; `P:hb` hash rank -> heartbeat json;
 `P:res:<rank>` hash `<router>|<request>` -> slots; `P:pin:<conversation>` -> rank (with TTL);
-`P:rank_pins:<rank>` zset of conversations pinned there (score: expiry). Scripts touch keys they
-derive from the prefix, so they suit one Redis (or a primary), not Redis Cluster.
+`P:rank_pins:<rank>` zset of conversations pinned there (score: expiry); `P:replica:<router>`
+a router replica's lease (with TTL), `P:replicas` the set of replica ids seen. Scripts touch
+keys they derive from the prefix, so they suit one Redis (or a primary), not Redis Cluster.
 """
 
 # KEYS: ranks, res:<rank>, pin:<conv>, rank_pins:<rank>
-# ARGV: rank, field, slots, conversation ('' = no pin), ttl_ms, expires_at
-# Returns 1 admitted, 0 no room, -1 unknown rank.
+# ARGV: rank, field, slots, conversation ('' = no pin), ttl_ms, expires_at, now
+# Returns 1 admitted, 0 no room, -1 unknown rank. Expired entries of rank_pins go on the way.
 TRY_ADMIT = """
 local info = redis.call('HGET', KEYS[1], ARGV[1])
 if not info then return -1 end
@@ -20,6 +21,7 @@ redis.call('HSET', KEYS[2], ARGV[2], ARGV[3])
 if ARGV[4] ~= '' then
   redis.call('SET', KEYS[3], ARGV[1], 'PX', ARGV[5])
   redis.call('ZADD', KEYS[4], ARGV[6], ARGV[4])
+  redis.call('ZREMRANGEBYSCORE', KEYS[4], '-inf', '(' .. ARGV[7])
 end
 return 1
 """
@@ -74,4 +76,71 @@ for _, name in ipairs(fields) do
 end
 for i = 2, #ARGV, 2 do redis.call('HSET', KEYS[1], ARGV[i], ARGV[i + 1]) end
 return 1
+"""
+
+# KEYS: ranks, hb. ARGV: rank, registration json, heartbeat json, its time.
+# Resync of one rank after an outage: written only where Redis has no heartbeat of the rank
+# as new as this replica's (another replica back first may have heard from it since).
+RESYNC_RANK = """
+local current = redis.call('HGET', KEYS[2], ARGV[1])
+if current and redis.call('HEXISTS', KEYS[1], ARGV[1]) == 1
+   and cjson.decode(current)['t'] >= tonumber(ARGV[4]) then return 0 end
+redis.call('HSET', KEYS[1], ARGV[1], ARGV[2])
+redis.call('HSET', KEYS[2], ARGV[1], ARGV[3])
+return 1
+"""
+
+# KEYS: replica:<id>, replicas. ARGV: replica id, lease ms.
+# Takes or renews a replica's lease; returns 1 when it was still held, 0 when it had lapsed.
+RENEW_LEASE = """
+local held = redis.call('EXISTS', KEYS[1])
+redis.call('SET', KEYS[1], '1', 'PX', ARGV[2])
+redis.call('SADD', KEYS[2], ARGV[1])
+return held
+"""
+
+# KEYS: ranks, replicas. ARGV: key prefix.
+# Deletes the reservations of every replica whose lease lapsed (killed, or cut off from Redis
+# for longer than a lease). Returns {reservations deleted, live replica id, ...}.
+REAP_RESERVATIONS = """
+local live = {}
+local ids = {}
+for _, id in ipairs(redis.call('SMEMBERS', KEYS[2])) do
+  if redis.call('EXISTS', ARGV[1] .. ':replica:' .. id) == 1 then
+    live[id] = true
+    table.insert(ids, id)
+  else
+    redis.call('SREM', KEYS[2], id)
+  end
+end
+local reaped = 0
+for _, rank in ipairs(redis.call('HKEYS', KEYS[1])) do
+  local key = ARGV[1] .. ':res:' .. rank
+  for _, name in ipairs(redis.call('HKEYS', key)) do
+    local owner = string.match(name, '^([^|]*)|')
+    if owner and not live[owner] then
+      redis.call('HDEL', key, name)
+      reaped = reaped + 1
+    end
+  end
+end
+table.insert(ids, 1, reaped)
+return ids
+"""
+
+# KEYS: ranks, replica:<id>. ARGV: key prefix, owner prefix ('<id>|').
+# A replica starting (or stopping) under its id: its old reservations and its lease go.
+CLEAR_OWNER = """
+local cleared = 0
+for _, rank in ipairs(redis.call('HKEYS', KEYS[1])) do
+  local key = ARGV[1] .. ':res:' .. rank
+  for _, name in ipairs(redis.call('HKEYS', key)) do
+    if string.sub(name, 1, #ARGV[2]) == ARGV[2] then
+      redis.call('HDEL', key, name)
+      cleared = cleared + 1
+    end
+  end
+end
+redis.call('DEL', KEYS[2])
+return cleared
 """

@@ -7,10 +7,15 @@ from collections.abc import Iterable
 
 import redis
 from kvfleet.services.router.model import RankInfo, RankLoad, RankSlots, Role
+from kvfleet.services.router.redis_connect import RedisSettings, connect
 from kvfleet.services.router.redis_lua import (
+    CLEAR_OWNER,
     HEARTBEAT,
+    REAP_RESERVATIONS,
     REMOVE_RANK,
+    RENEW_LEASE,
     REPLACE_OWNER_RESERVATIONS,
+    RESYNC_RANK,
     SNAPSHOT,
     TRY_ADMIT,
 )
@@ -33,16 +38,18 @@ class RedisStore:
         self._heartbeat = client.register_script(HEARTBEAT)
         self._remove_rank = client.register_script(REMOVE_RANK)
         self._replace_owner = client.register_script(REPLACE_OWNER_RESERVATIONS)
+        self._resync_rank = client.register_script(RESYNC_RANK)
+        self._renew_lease = client.register_script(RENEW_LEASE)
+        self._reap = client.register_script(REAP_RESERVATIONS)
+        self._clear_owner = client.register_script(CLEAR_OWNER)
+        self._replicas_key = f"{prefix}:replicas"
 
     @classmethod
     def from_url(
         cls, url: str, prefix: str = "kvfleet", owner: str = "router", timeout: float = 1.0
     ) -> RedisStore:
         """Connect with short timeouts, so an outage is noticed, not waited on."""
-        client = redis.Redis.from_url(
-            url, socket_timeout=timeout, socket_connect_timeout=timeout, decode_responses=True
-        )
-        return cls(client, prefix, owner)
+        return cls(connect(RedisSettings(url=url), timeout), prefix, owner)
 
     def _res_key(self, rank_id: str) -> str:
         return f"{self.prefix}:res:{rank_id}"
@@ -108,12 +115,21 @@ class RedisStore:
             slots,
             conversation_id,
             max(1, int(pin_ttl * 1000)),
-            now + pin_ttl,
+            repr(now + pin_ttl),
+            repr(now),
         ]
         return int(self._try_admit(keys=keys, args=args)) == 1
 
     def release(self, rank_id: str, request_id: str) -> None:
         self.client.hdel(self._res_key(rank_id), self._field(request_id))
+
+    def expire_pins(self, now: float) -> int:
+        """Trim expired conversations from every rank's rank_pins (the pins expire by TTL)."""
+        ranks = self.client.hkeys(self._ranks_key)
+        pipe = self.client.pipeline(transaction=False)
+        for rank_id in ranks:
+            pipe.zremrangebyscore(self._rank_pins_key(rank_id), "-inf", f"({now!r}")
+        return sum(pipe.execute())
 
     def ping(self) -> bool:
         """True when Redis answers."""
@@ -128,16 +144,22 @@ class RedisStore:
     ) -> None:
         """Write back what this router kept while Redis was away.
 
-        Ranks are re-registered, pins set only where Redis has none (the first replica back
-        wins, so replicas agree), and this router's reservations replace its old ones.
+        Ranks are re-registered where Redis has none, heartbeats written only where newer than
+        Redis's (a replica's stale view of a rank that heartbeats elsewhere must not make it
+        look silent), pins set only where Redis has none (the first replica back wins, so
+        replicas agree), and this router's reservations replace its old ones.
         """
         pipe = self.client.pipeline(transaction=False)
         for record in ranks.values():
-            pipe.hset(self._ranks_key, record.info.rank_id, _info_json(record.info))
-            pipe.hset(
-                self._hb_key,
-                record.info.rank_id,
-                _heartbeat_json(record.last_heartbeat, record.load),
+            self._resync_rank(
+                keys=[self._ranks_key, self._hb_key],
+                args=[
+                    record.info.rank_id,
+                    _info_json(record.info),
+                    _heartbeat_json(record.last_heartbeat, record.load),
+                    repr(record.last_heartbeat),
+                ],
+                client=pipe,
             )
         for conv, (rank_id, expires_at) in pins.items():
             ttl_ms = int((expires_at - now) * 1000)
@@ -145,12 +167,34 @@ class RedisStore:
                 pipe.set(self._pin_key(conv), rank_id, px=ttl_ms, nx=True)
                 pipe.zadd(self._rank_pins_key(rank_id), {conv: expires_at})
         pipe.execute()
-        for rank_id in ranks:
-            held = reservations.get(rank_id, {})
+        self.replace_reservations({rank_id: reservations.get(rank_id, {}) for rank_id in ranks})
+
+    def replace_reservations(self, reservations: dict[str, dict[str, int]]) -> None:
+        """Make this router's reservations on each given rank exactly these."""
+        for rank_id, held in reservations.items():
             args = [f"{self.owner}|"]
             for request_id, slots in held.items():
                 args += [self._field(request_id), slots]
             self._replace_owner(keys=[self._res_key(rank_id)], args=args)
+
+    # Leases: a replica's reservations live as long as its lease (see replica_lease.py).
+    def renew_lease(self, lease_seconds: float) -> bool:
+        """Take or renew this replica's lease; False when it had lapsed (or was never held)."""
+        keys = [self._lease_key(self.owner), self._replicas_key]
+        return int(self._renew_lease(keys=keys, args=[self.owner, int(lease_seconds * 1000)])) == 1
+
+    def reap_lapsed(self) -> tuple[int, list[str]]:
+        """Delete the reservations of replicas without a lease; (deleted, live replica ids)."""
+        reaped, *live = self._reap(keys=[self._ranks_key, self._replicas_key], args=[self.prefix])
+        return int(reaped), sorted(live)
+
+    def clear_own(self) -> int:
+        """Delete this replica's reservations and lease (at start and at a clean stop)."""
+        keys = [self._ranks_key, self._lease_key(self.owner)]
+        return int(self._clear_owner(keys=keys, args=[self.prefix, f"{self.owner}|"]))
+
+    def _lease_key(self, owner: str) -> str:
+        return f"{self.prefix}:replica:{owner}"
 
     def check_integrity(self) -> None:
         for rank_id, (slots, _) in self.snapshot().items():

@@ -8,20 +8,27 @@ import uuid
 from collections.abc import Callable
 from concurrent import futures
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 from kvfleet.proto import router_pb2, router_pb2_grpc
+from kvfleet.proto.limits import GRPC_MESSAGE_OPTIONS
 from kvfleet.services.router.admission import GENERATION_ROLES, AdmissionConfig, AdmissionQueue
 from kvfleet.services.router.failover_store import FailoverStore
+from kvfleet.services.router.fleet_secret import FleetSecretInterceptor
 from kvfleet.services.router.metrics import RouterMetrics
 from kvfleet.services.router.prefix_index import PrefixIndex
+from kvfleet.services.router.redis_connect import RedisSettings, connect
 from kvfleet.services.router.redis_store import RedisStore
+from kvfleet.services.router.registry_service import RankRegistryServicer
+from kvfleet.services.router.replica_lease import ReplicaLease
 from kvfleet.services.router.runtime import RouterRuntime
-from kvfleet.services.router.service import EngineChannels, RankRegistryServicer, RouterServicer
+from kvfleet.services.router.service import EngineChannels, RouterServicer
 from kvfleet.services.router.store import AdmissionStore, LocalStore
+from kvfleet.services.router.stream_watch import StreamWatch
 from kvfleet.services.router.validation import RequestLimits
 from prometheus_client import start_http_server
 
@@ -42,11 +49,43 @@ class RouterConfig:
     redis_url: str | None = None
     redis_prefix: str = "kvfleet"
     redis_timeout_seconds: float = 1.0
+    redis_password: str | None = None  # when the URL has none (see redis_connect.py)
+    redis_ca_file: str | None = None
+    redis_sentinels: tuple[str, ...] = ()
+    redis_sentinel_master: str | None = None
+    redis_tls: bool = False  # Sentinel: TLS to the master
+    redis_retry_seconds: float = 0.5  # while degraded, how often Redis is tried again
+    # Reservations of a replica whose lease lapsed (killed) are released by the others.
+    lease_seconds: float = 10.0
+    # After a resync, how long no rank counts as silent (None: one heartbeat timeout).
+    resync_grace_seconds: float | None = None
+    pin_sweep_seconds: float = 10.0  # how often expired pins leave memory and rank_pins sets
     router_id: str = field(default_factory=lambda: uuid.uuid4().hex[:12])
     max_queue_seconds: float = 600.0
+    # Cap on one forwarded engine call (None: the client's deadline alone, or none).
+    max_call_seconds: float | None = None
+    # An engine stream silent this long is cancelled and its rank taken for failed.
+    stream_idle_seconds: float = 120.0
     tick_seconds: float = 0.05
     max_workers: int = 256
     metrics_port: int | None = None  # None: no /metrics endpoint; 0: any free port
+    # Rank-facing services (RankRegistry) on their own HOST:PORT (port 0: any); None: on the
+    # client port (in-process fleets). With a fleet secret, every RankRegistry call must show it.
+    rank_address: str | None = None
+    fleet_secret: str | None = None
+    # TLS on the client port: PEM certificate chain and key files (both or neither).
+    tls_cert_file: str | None = None
+    tls_key_file: str | None = None
+
+    def redis_settings(self) -> RedisSettings:
+        return RedisSettings(
+            url=self.redis_url,
+            password=self.redis_password,
+            ca_file=self.redis_ca_file,
+            sentinels=self.redis_sentinels,
+            sentinel_master=self.redis_sentinel_master,
+            tls=self.redis_tls,
+        )
 
 
 class RouterServer:
@@ -59,8 +98,15 @@ class RouterServer:
         channels: EngineChannels,
         metrics: RouterMetrics,
         health_servicer: health.HealthServicer,
+        lease: ReplicaLease | None = None,
+        watch: StreamWatch | None = None,
+        rank_server: grpc.Server | None = None,
     ) -> None:
+        self._watch = watch
+        self.rank_server = rank_server
+        self.rank_port: int | None = None  # where RankRegistry listens (None: the client port)
         self.grpc_server = grpc_server
+        self.lease = lease
         self.runtime = runtime
         self.metrics = metrics
         self._channels = channels
@@ -79,8 +125,14 @@ class RouterServer:
     def stop(self, grace: float | None = 5.0) -> None:
         """Refuse new calls, let streams finish for `grace` seconds, then stop everything."""
         self._health.enter_graceful_shutdown()
+        if self.rank_server is not None:
+            self.rank_server.stop(0)
         self.grpc_server.stop(grace).wait(timeout=(grace or 0) + 5)
         self.runtime.stop()
+        if self._watch is not None:
+            self._watch.stop()
+        if self.lease is not None:
+            self.lease.stop()
         self._channels.close()
         if self._metrics_http is not None:
             self._metrics_http.shutdown()
@@ -91,18 +143,41 @@ class RouterServer:
 
 
 def build_store(config: RouterConfig, metrics: RouterMetrics) -> AdmissionStore:
-    """Redis with a local fallback when a URL is given, else in-process only."""
-    if config.redis_url is None:
+    """Redis with a local fallback when Redis is configured, else in-process only."""
+    settings = config.redis_settings()
+    if not settings.configured:
         return LocalStore()
-    remote = RedisStore.from_url(
-        config.redis_url, config.redis_prefix, config.router_id, config.redis_timeout_seconds
-    )
+    client = connect(settings, config.redis_timeout_seconds)
+    remote = RedisStore(client, config.redis_prefix, config.router_id)
     return FailoverStore(
         remote,
         config.admission.pin_ttl_seconds,
         on_redis_error=lambda _error: metrics.redis_errors.inc(),
         on_degraded=lambda degraded: metrics.degraded.set(1 if degraded else 0),
     )
+
+
+def _grpc_server(config: RouterConfig, name: str, interceptors) -> grpc.Server:
+    return grpc.server(
+        futures.ThreadPoolExecutor(max_workers=config.max_workers, thread_name_prefix=name),
+        interceptors=interceptors,
+        options=GRPC_MESSAGE_OPTIONS,
+    )
+
+
+def _bind(server: grpc.Server, address: str, config: RouterConfig) -> int:
+    """Bind the client port, with TLS when certificate files are given; returns the port."""
+    if bool(config.tls_cert_file) != bool(config.tls_key_file):
+        raise ValueError("tls_cert_file and tls_key_file: give both or neither")
+    if config.tls_cert_file:
+        key = Path(config.tls_key_file).read_bytes()
+        chain = Path(config.tls_cert_file).read_bytes()
+        port = server.add_secure_port(address, grpc.ssl_server_credentials([(key, chain)]))
+    else:
+        port = server.add_insecure_port(address)
+    if port == 0:
+        raise OSError(f"could not bind the router to {address}")
+    return port
 
 
 def create_server(
@@ -127,31 +202,52 @@ def create_server(
         clock,
         config.max_queue_seconds,
         config.tick_seconds,
+        config.redis_retry_seconds,
         generation_queue=generation_queue,
+        resync_grace_seconds=config.resync_grace_seconds,
+        pin_sweep_seconds=config.pin_sweep_seconds,
     )
     channels = EngineChannels()
-    grpc_server = grpc.server(
-        futures.ThreadPoolExecutor(max_workers=config.max_workers, thread_name_prefix="router-grpc")
-    )
+    watch = StreamWatch(config.stream_idle_seconds, lambda: set(runtime.ranks())).start()
+    runtime.removal_listeners.append(watch.rank_removed)
+    interceptors = (FleetSecretInterceptor(config.fleet_secret),) if config.fleet_secret else ()
+    grpc_server = _grpc_server(config, "router-grpc", interceptors)
     router_pb2_grpc.add_RouterServicer_to_server(
-        RouterServicer(runtime, channels, config.limits, clock), grpc_server
+        RouterServicer(runtime, channels, config.limits, clock, watch, config.max_call_seconds),
+        grpc_server,
     )
-    router_pb2_grpc.add_RankRegistryServicer_to_server(
-        RankRegistryServicer(runtime, config.admission.heartbeat_timeout_seconds / 3), grpc_server
-    )
+    registry = RankRegistryServicer(runtime, config.admission.heartbeat_timeout_seconds)
+    rank_server = None
+    if config.rank_address is None:
+        router_pb2_grpc.add_RankRegistryServicer_to_server(registry, grpc_server)
+    else:
+        rank_server = _grpc_server(config, "router-ranks", interceptors)
+        router_pb2_grpc.add_RankRegistryServicer_to_server(registry, rank_server)
     health_servicer = health.HealthServicer()
-    health_pb2_grpc.add_HealthServicer_to_server(health_servicer, grpc_server)
+    for target in (grpc_server, rank_server):
+        if target is not None:
+            health_pb2_grpc.add_HealthServicer_to_server(health_servicer, target)
     for name in ("", *SERVICE_NAMES):
         health_servicer.set(name, health_pb2.HealthCheckResponse.SERVING)
     reflection.enable_server_reflection(
         (*SERVICE_NAMES, health.SERVICE_NAME, reflection.SERVICE_NAME), grpc_server
     )
-    port = grpc_server.add_insecure_port(address)
-    if port == 0:
-        raise OSError(f"could not bind the router to {address}")
+    port = _bind(grpc_server, address, config)
+    rank_port = None
+    if rank_server is not None:
+        rank_port = rank_server.add_insecure_port(config.rank_address)
+        if rank_port == 0:
+            raise OSError(f"could not bind the rank port to {config.rank_address}")
+        rank_server.start()
+    lease = None
+    if isinstance(store, FailoverStore):
+        lease = ReplicaLease(store, config.lease_seconds).start()
     runtime.start()
     grpc_server.start()
-    server = RouterServer(grpc_server, runtime, channels, metrics, health_servicer)
+    server = RouterServer(
+        grpc_server, runtime, channels, metrics, health_servicer, lease, watch, rank_server
+    )
+    server.rank_port = rank_port
     if config.metrics_port is not None:
         server.serve_metrics(config.metrics_port)
     log.info(

@@ -1,37 +1,41 @@
-"""The gRPC servicers: thin translations between protos and the router runtime."""
+"""The client-facing gRPC servicer (Router.Generate): a thin translation onto the runtime.
+
+The rank-facing one (RankRegistry) is in registry_service.py."""
 
 from __future__ import annotations
 
 import logging
 import threading
+import time
 import uuid
 from collections.abc import Callable, Iterator
-from functools import partial
 
 import grpc
 from kvfleet.proto import common_pb2, engine_pb2, engine_pb2_grpc, router_pb2, router_pb2_grpc
+from kvfleet.proto.limits import GRPC_MESSAGE_OPTIONS
+from kvfleet.services.router.deadlines import call_timeout
+from kvfleet.services.router.engine_outcomes import Outcome, full_backoff, outcome_of
 from kvfleet.services.router.errors import (
     DuplicateRequest,
     EngineRejected,
+    QueueTimeout,
     RankUnavailable,
     RouterError,
     grpc_code,
 )
 from kvfleet.services.router.handoff import HandoffForwarder, as_first_token, is_handoff
-from kvfleet.services.router.model import Admission, PendingRequest, RankInfo, RankLoad, Role
+from kvfleet.services.router.model import Admission, PendingRequest
 from kvfleet.services.router.runtime import RouterRuntime
+from kvfleet.services.router.stream_watch import (
+    IDLE_REASON,
+    AbandonedStream,
+    StreamWatch,
+    watched_chunks,
+)
 from kvfleet.services.router.validation import RequestLimits, validate
 
 log = logging.getLogger(__name__)
 
-ROLES = {
-    common_pb2.RANK_ROLE_UNSPECIFIED: Role.BOTH,
-    common_pb2.RANK_ROLE_BOTH: Role.BOTH,
-    common_pb2.RANK_ROLE_CONTEXT: Role.CONTEXT,
-    common_pb2.RANK_ROLE_GENERATION: Role.GENERATION,
-}
-# Engine errors that mean the rank itself is gone, not that the request was bad.
-RANK_FAILURE_CODES = frozenset({grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.CANCELLED})
 MAX_ATTEMPTS = 3
 
 
@@ -50,7 +54,7 @@ class EngineChannels:
     def stub(self, address: str) -> engine_pb2_grpc.EngineStub:
         with self._lock:
             if address not in self._stubs:
-                channel = grpc.insecure_channel(address)
+                channel = grpc.insecure_channel(address, options=GRPC_MESSAGE_OPTIONS)
                 self._channels.append(channel)
                 self._stubs[address] = engine_pb2_grpc.EngineStub(channel)
             return self._stubs[address]
@@ -72,14 +76,23 @@ class RouterServicer(router_pb2_grpc.RouterServicer):
         channels: EngineChannels,
         limits: RequestLimits,
         clock: Callable[[], float],
+        watch: StreamWatch,
+        max_call_seconds: float | None = None,
     ) -> None:
         self._runtime = runtime
+        self._watch = watch
         self._channels = channels
         self._limits = limits
         self._clock = clock
+        self._max_call_seconds = max_call_seconds
         self._in_flight: set[str] = set()
         self._in_flight_lock = threading.Lock()
-        self._handoff = HandoffForwarder(runtime, channels, clock, self._wait_for_admission)
+        self._handoff = HandoffForwarder(
+            runtime, channels, clock, self._wait_for_admission, self._call_timeout, self._watch
+        )
+
+    def _call_timeout(self, context) -> float | None:
+        return call_timeout(context, self._max_call_seconds)
 
     def Generate(self, request, context) -> Iterator[router_pb2.GenerateResponse]:
         request_id = request.request_id or uuid.uuid4().hex
@@ -107,13 +120,18 @@ class RouterServicer(router_pb2_grpc.RouterServicer):
         relax = request.relax_rank
         explicit = request.rank_id if request.HasField("rank_id") else None
         sent = 0
+        failures = 0  # ranks lost before output
+        times_full = 0  # ranks that turned the request away as full
+        arrived = self._clock()
         handoff: list[common_pb2.GenerationChunk] = []
-        for attempt in range(1, MAX_ATTEMPTS + 1):
+        while True:
             admission = self._wait_for_admission(
                 self._pending(request, request_id, explicit, relax), context
             )
             if admission is None:
                 return  # client went away while queued
+            rank_id = admission.rank.rank_id
+            reason = ""
             try:
                 for response in self._forward(
                     request, request_id, admission, context, sent == 0, handoff
@@ -124,37 +142,63 @@ class RouterServicer(router_pb2_grpc.RouterServicer):
                     break  # the context slot is given back first (finally), then generation
                 return
             except grpc.RpcError as error:
-                if error.code() not in RANK_FAILURE_CODES or not context.is_active():
+                outcome = outcome_of(error.code())
+                if (
+                    outcome is Outcome.REQUEST_FAILED
+                    or (outcome is Outcome.RANK_FULL and sent)
+                    or not context.is_active()
+                ):
                     raise EngineRejected(
-                        error.code(), f"rank {admission.rank.rank_id}: {error.details()}"
+                        error.code(), f"rank {rank_id}: {error.details()}"
                     ) from error
-                self._runtime.rank_failed(admission.rank.rank_id, error.details() or "")
-                reason = f"{error.code().name} {error.details()}"
+                if outcome is Outcome.RANK_GONE:
+                    reason = f"{error.code().name} {error.details()}"
+                    self._runtime.rank_failed(rank_id, error.details() or "")
             except TruncatedStream as error:
                 reason = str(error)
-                self._runtime.rank_failed(admission.rank.rank_id, reason)
+                self._runtime.rank_failed(rank_id, reason)
+            except AbandonedStream as error:
+                reason = str(error)
+                if error.reason == IDLE_REASON:  # a hung engine; a removed one is gone already
+                    self._runtime.rank_failed(rank_id, reason)
             finally:
                 self._runtime.finish(admission)
+            if not reason:  # the rank was full: queue again after a short pause
+                times_full += 1
+                self._runtime.metrics.requeued_full.inc()
+                if not self._pause(context, full_backoff(times_full), arrived):
+                    return
+                continue
             if sent:
                 raise RankUnavailable(
-                    f"rank {admission.rank.rank_id} failed after {sent} chunks were sent "
-                    f"({reason}); retry the request"
+                    f"rank {rank_id} failed after {sent} chunks were sent ({reason}); "
+                    "retry the request"
                 )
             if explicit is not None and not relax:
                 raise RankUnavailable(f"rank {explicit} failed: {reason}")
             explicit = None
+            failures += 1
+            if failures >= MAX_ATTEMPTS:
+                raise RankUnavailable(f"{MAX_ATTEMPTS} ranks failed before producing output")
             self._runtime.metrics.retries.inc()
             log.warning(
                 "request %s: rank %s failed before output (%s), attempt %d of %d",
                 request_id,
-                admission.rank.rank_id,
+                rank_id,
                 reason,
-                attempt,
+                failures,
                 MAX_ATTEMPTS,
             )
-        else:
-            raise RankUnavailable(f"{MAX_ATTEMPTS} ranks failed before producing output")
         yield from self._handoff.run(request, request_id, admission, handoff[0], context)
+
+    def _pause(self, context, seconds: float, arrived: float) -> bool:
+        """Wait before requeueing a request a full rank turned away; False: stop trying
+        (the client left). QueueTimeout once the request has waited the queue's limit."""
+        limit = self._runtime.max_queue_seconds
+        if self._clock() - arrived + seconds > limit:
+            raise QueueTimeout(f"no rank had room within {limit:g} s (ranks reported full)")
+        time.sleep(seconds)
+        return context.is_active()
 
     def _pending(
         self, request, request_id: str, explicit: str | None, relax: bool
@@ -200,18 +244,18 @@ class RouterServicer(router_pb2_grpc.RouterServicer):
             sampling=request.sampling,
             max_tokens=request.max_tokens,
             num_samples=admission.request.slots,
+            cache_salt=request.cache_salt,
         )
         if request.HasField("prompt_token_ids"):
             engine_request.prompt_token_ids.CopyFrom(request.prompt_token_ids)
         else:
             engine_request.prompt_text = request.prompt_text
         stub = self._channels.stub(admission.rank.address)
-        timeout = context.time_remaining()
-        call = stub.Generate(engine_request, timeout=timeout)
+        call = stub.Generate(engine_request, timeout=self._call_timeout(context))
         context.add_callback(call.cancel)
         rank_id = admission.rank.rank_id
         finished = 0
-        for chunk in call:
+        for chunk in watched_chunks(self._watch, rank_id, call):
             placement = admission.placement.value if first else ""
             first = False
             finished += chunk.finished
@@ -229,81 +273,3 @@ class RouterServicer(router_pb2_grpc.RouterServicer):
         code = grpc_code(error)
         self._runtime.metrics.failed.labels(code.name).inc()
         context.abort(code, str(error))
-
-
-class RankRegistryServicer(router_pb2_grpc.RankRegistryServicer):
-    """Engine-facing registry: register, heartbeat, KV events."""
-
-    def __init__(self, runtime: RouterRuntime, heartbeat_interval_seconds: float) -> None:
-        self._runtime = runtime
-        self._interval = heartbeat_interval_seconds
-
-    def Register(self, request, context) -> router_pb2.RegisterResponse:
-        try:
-            info = RankInfo(
-                rank_id=request.rank_id,
-                address=request.address,
-                max_batch_size=request.max_batch_size,
-                role=ROLES.get(request.role, Role.BOTH),
-                block_size=request.block_size or 16,
-            )
-        except ValueError as error:
-            context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(error))
-        if not request.address:
-            context.abort(grpc.StatusCode.INVALID_ARGUMENT, "address: empty")
-        self._runtime.register(info)
-        log.info(
-            "rank %s registered at %s with %d slots",
-            info.rank_id,
-            info.address,
-            info.max_batch_size,
-        )
-        return router_pb2.RegisterResponse(heartbeat_interval_seconds=self._interval)
-
-    def Heartbeat(self, request, context) -> router_pb2.HeartbeatResponse:
-        reported = request.load
-        load = RankLoad(reported.free_slots, reported.queued, reported.kv_usage, reported.draining)
-        return router_pb2.HeartbeatResponse(
-            registered=self._runtime.heartbeat(request.rank_id, load)
-        )
-
-    def PublishKvEvents(self, request_iterator, context) -> router_pb2.KvEventsAck:
-        applied = 0
-        for batch in request_iterator:
-            rank = self._runtime.ranks().get(batch.rank_id)
-            if rank is None:
-                return context.abort(  # raises: the stream ends here
-                    grpc.StatusCode.FAILED_PRECONDITION,
-                    f"rank_id: {batch.rank_id!r} is not registered",
-                )
-            events = list(batch.events)
-            try:
-                self._runtime.with_prefix_index(
-                    partial(
-                        _apply_events,
-                        rank_id=batch.rank_id,
-                        events=events,
-                        block_size=rank.info.block_size,
-                    )
-                )
-            except ValueError as error:
-                context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"events: {error}")
-            applied += len(events)
-        return router_pb2.KvEventsAck(events_applied=applied)
-
-
-def _apply_events(index, rank_id: str, events, block_size: int) -> None:
-    for event in events:
-        _apply_event(index, rank_id, event, block_size)
-
-
-def _apply_event(index, rank_id: str, event, block_size: int) -> None:
-    kind = event.WhichOneof("event")
-    if kind == "stored":
-        stored = event.stored
-        parent = stored.parent_block_hash if stored.HasField("parent_block_hash") else None
-        index.stored(rank_id, list(stored.block_hashes), parent, list(stored.token_ids), block_size)
-    elif kind == "removed":
-        index.removed(rank_id, list(event.removed.block_hashes))
-    elif kind == "cleared":
-        index.clear(rank_id)

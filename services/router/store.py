@@ -7,6 +7,8 @@ degraded mode). Every call takes `now` from the caller's clock so a simulator ca
 
 from __future__ import annotations
 
+import functools
+import threading
 from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Protocol
@@ -67,24 +69,39 @@ class AdmissionStore(Protocol):
         """Raise StoreIntegrityError when reservations exceed a rank or point nowhere."""
 
 
+def _locked(method):
+    """Run a LocalStore method under the store's lock."""
+
+    @functools.wraps(method)
+    def locked(self, *args, **kwargs):
+        with self._lock:
+            return method(self, *args, **kwargs)
+
+    return locked
+
+
 class LocalStore:
     """In-process store: plain dicts, one writer (its caller), same rules as RedisStore."""
 
     def __init__(self) -> None:
+        self._lock = threading.RLock()  # heartbeats, finishes and passes come from many threads
         self._ranks: dict[str, RankRecord] = {}
         self._reservations: dict[str, dict[str, int]] = {}
         self._pins: dict[str, tuple[str, float]] = {}  # conversation -> (rank, expires_at)
 
+    @_locked
     def register_rank(self, info: RankInfo, now: float) -> None:
         previous = self._ranks.get(info.rank_id)
         load = previous.load if previous else RankLoad(free_slots=info.max_batch_size)
         self.put_rank(RankRecord(info, now, load))
 
+    @_locked
     def put_rank(self, record: RankRecord) -> None:
         """Add or replace a rank record as given (mirroring another store)."""
         self._ranks[record.info.rank_id] = record
         self._reservations.setdefault(record.info.rank_id, {})
 
+    @_locked
     def heartbeat(self, rank_id: str, load: RankLoad, now: float) -> bool:
         record = self._ranks.get(rank_id)
         if record is None:
@@ -92,6 +109,7 @@ class LocalStore:
         self._ranks[rank_id] = RankRecord(record.info, now, load)
         return True
 
+    @_locked
     def remove_rank(self, rank_id: str) -> int:
         self._ranks.pop(rank_id, None)
         self._reservations.pop(rank_id, None)
@@ -100,6 +118,7 @@ class LocalStore:
             del self._pins[conv]
         return len(doomed)
 
+    @_locked
     def snapshot(self) -> dict[str, tuple[RankSlots, float]]:
         return {
             rank_id: (
@@ -109,6 +128,7 @@ class LocalStore:
             for rank_id, record in self._ranks.items()
         }
 
+    @_locked
     def get_pins(self, conversation_ids: Iterable[str], now: float) -> dict[str, str]:
         pins = {}
         for conv in conversation_ids:
@@ -121,6 +141,7 @@ class LocalStore:
             pins[conv] = entry[0]
         return pins
 
+    @_locked
     def try_admit(
         self,
         rank_id: str,
@@ -138,26 +159,40 @@ class LocalStore:
             self._pins[conversation_id] = (rank_id, now + pin_ttl)
         return True
 
+    @_locked
     def release(self, rank_id: str, request_id: str) -> None:
         self._reservations.get(rank_id, {}).pop(request_id, None)
 
+    @_locked
+    def expire_pins(self, now: float) -> int:
+        """Forget pins whose time is up; returns how many."""
+        expired = [conv for conv, (_, expires_at) in self._pins.items() if expires_at <= now]
+        for conv in expired:
+            del self._pins[conv]
+        return len(expired)
+
     # Used by FailoverStore to mirror and to resync Redis.
+    @_locked
     def set_pin(self, conversation_id: str, rank_id: str, expires_at: float) -> None:
         """Record a pin seen elsewhere (no reservation)."""
         self._pins[conversation_id] = (rank_id, expires_at)
 
+    @_locked
     def pins(self) -> dict[str, tuple[str, float]]:
         """Every pin with its expiry time."""
         return dict(self._pins)
 
+    @_locked
     def ranks(self) -> dict[str, RankRecord]:
         """Every rank record."""
         return dict(self._ranks)
 
+    @_locked
     def reservations(self) -> dict[str, dict[str, int]]:
         """request id -> slots, per rank."""
         return {rank: dict(held) for rank, held in self._reservations.items()}
 
+    @_locked
     def check_integrity(self) -> None:
         for rank_id, held in self._reservations.items():
             record = self._ranks.get(rank_id)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 from engine_helpers import small_config
+from kvfleet.kvstore.block_pool import IntegrityError
 from kvfleet.services.engine import ForwardBatch, PagedKVCache, SequenceChunk, preset
 
 
@@ -83,5 +84,5 @@ def test_integrity_check_catches_a_write_to_the_null_page():
     """The null page is shared by every nulled entry; writing it would corrupt others."""
     cache = _cache()
     cache.kv(0)[0][0, 0, 0, 0] = 1.0
-    with pytest.raises(AssertionError, match="null page 0 holds 1 non-zero values"):
+    with pytest.raises(IntegrityError, match="null page 0 holds 1 non-zero values"):
         cache.check_integrity()

@@ -33,8 +33,9 @@ def test_pools_are_sized_for_slots_and_retained_turns():
     """Pools sized for one window per request evict the retained turns under load."""
     config = EngineConfig(max_batch_size=2, max_num_turns=2, page_size=16)
     store = kvstore_config(preset("tiny"), config)
-    # full: 2 slots x 256 blocks + 4 retained turns x 256 blocks, plus the null page
-    assert store.pool_pages["full"] == 2 * 256 + 4 * 256 + 1
+    # full: 2 slots x 256 blocks + 2 conversations x 2 retained turns x 128 blocks (a
+    # conversation's turns share its prefix: together one context), plus the null page
+    assert store.pool_pages["full"] == 2 * 256 + 4 * 128 + 1
     assert store.reuse_policy.retained_turns == 2
 
 

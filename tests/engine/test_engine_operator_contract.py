@@ -106,3 +106,184 @@ def test_rank_reports_the_drain_mark_and_its_gauges(router, tmp_path):
         rank.core.check_integrity()
     finally:
         rank.stop(grace=0.5)
+
+
+# ---- engine.yaml and the command lines the operator renders
+
+
+def _operator_spec():
+    from kvfleet.operator.spec import parse_spec
+
+    return parse_spec(
+        {
+            "model": {
+                "name": "tiny",
+                "path": "",
+                "config": {"dtype": "float32", "maxModelLen": 512},
+            },
+            "pools": {"generation": {"gpusPerPod": 2, "ranksPerPod": 2}},
+            "kvTiers": {"hostGiB": 4},
+        }
+    )
+
+
+def _yaml_leaves(node, path=()):
+    if isinstance(node, dict) and node:
+        for key, value in node.items():
+            yield from _yaml_leaves(value, (*path, key))
+    else:
+        yield path, node
+
+
+def _changed(path, value):
+    if isinstance(value, bool):
+        return not value
+    if isinstance(value, int):
+        return value + 1
+    if isinstance(value, float):
+        return value / 2
+    return {
+        "name": "1b",
+        "path": "/other/model",
+        "policy": "per_request",
+        "dtype": "bfloat16",
+        "dir": "/other/disk",
+    }[path[-1]]
+
+
+def _set(data, path, value):
+    import copy
+
+    out = copy.deepcopy(data)
+    node = out
+    for part in path[:-1]:
+        node = node[part]
+    node[path[-1]] = value
+    return out
+
+
+def _rendered_yaml():
+    from kvfleet.operator.render_config import engine_config
+
+    return engine_config(_operator_spec(), "generation")
+
+
+@pytest.mark.parametrize("path", [p for p, _ in _yaml_leaves(_rendered_yaml())], ids=".".join)
+def test_every_rendered_engine_yaml_key_changes_the_engine_config(path):
+    """A key the operator renders but the engine ignores is a CR field that does nothing."""
+    from kvfleet.services.engine.engine_config import engine_config_from_dict
+
+    rendered = _rendered_yaml()
+    value = dict(_yaml_leaves(rendered))[path]
+    changed = _set(rendered, path, _changed(path, value))
+    assert engine_config_from_dict(changed) != engine_config_from_dict(rendered), ".".join(path)
+
+
+@pytest.mark.parametrize(
+    ("data", "key"),
+    [
+        ({"kv_tiers": {"disk": {"gibs": 3}}}, "kv_tiers.disk.gibs"),
+        ({"model": {"config": {"max_len": 3}}}, "model.config.max_len"),
+        ({"engine": {"pagesize": 16}}, "engine.pagesize"),
+        ({"ranks_per_pd": 2}, "ranks_per_pd"),
+    ],
+)
+def test_an_unknown_engine_yaml_key_is_an_error_naming_it(tmp_path, data, key):
+    """A misspelt key would run the engine on a default nobody chose."""
+    import yaml
+    from kvfleet.services.engine.engine_config import load_engine_config
+
+    path = tmp_path / "engine.yaml"
+    path.write_text(yaml.safe_dump(data))
+    with pytest.raises(ValueError, match=f"{key}: unknown key"):
+        load_engine_config(path)
+
+
+def test_rendered_engine_yaml_reaches_the_engine():
+    """gpuMemoryFraction, ranksPerPod and model.config must arrive, not just be rendered."""
+    from kvfleet.services.engine.engine_config import engine_config_from_dict
+
+    config = engine_config_from_dict(_rendered_yaml())
+    assert (config.ranks_per_pod, config.gpu_memory_fraction) == (2, 0.9)
+    assert (config.dtype, config.max_model_len, config.host_kv_gib) == ("float32", 512, 4)
+
+
+def test_ranks_of_a_pod_get_their_own_ports_ids_and_gpus():
+    """Two ranks of one pod on the same ports (or GPU, or id) would not start or would collide."""
+    from kvfleet.services.engine.engine_config import EngineConfig
+    from kvfleet.services.engine.pod_ranks import pod_ranks
+
+    addresses = RankAddresses(grpc_port=50061, http_port=8000, metrics_port=9401, rank_id="p-0")
+    ranks = pod_ranks(EngineConfig(ranks_per_pod=2, device="cuda"), addresses)
+    assert [(a.rank_id, a.grpc_port, a.http_port, a.metrics_port) for _, a in ranks] == [
+        ("p-0-0", 50061, 8000, 9401),
+        ("p-0-1", 50062, 8001, 9402),
+    ]
+    assert [c.device for c, _ in ranks] == ["cuda:0", "cuda:1"]
+    [(_, same)] = pod_ranks(EngineConfig(), addresses)
+    assert same == addresses
+
+
+def test_rendered_engine_args_parse_with_the_engine_cli():
+    """A flag the engine does not know crashes every engine pod at start."""
+    import argparse
+
+    from kvfleet.operator.names import FleetRef
+    from kvfleet.operator.render_pools import engine_args
+
+    parser = argparse.ArgumentParser()
+    register(parser.add_subparsers())
+    args = engine_args(FleetRef("f", "ns", "uid"), _operator_spec(), "generation")
+    parsed = parser.parse_args(args[1:])
+    assert parsed.drain_seconds == 120
+    assert parsed.config == "/etc/kvfleet/engine.yaml"
+
+
+def test_sigterm_drain_lets_running_requests_finish(router, tmp_path):
+    """A pod deletion, eviction or config roll must not cut the requests a rank is running:
+    the rank reports draining at once and stops only when they are done (or the budget ends)."""
+    import threading
+
+    _, address = router
+    addresses = RankAddresses(router=address, rank_id="gen-2", metrics_port=None)
+    rank = EngineRank(TEST_CONFIG, addresses, podinfo_dir=str(tmp_path)).start()
+    assert rank.link.registered.wait(10)
+    call = GenerateCall("t2", tuple(range(1, 40)), SamplingParams(0.0, max_tokens=120), "c2")
+    handle = rank.core.submit(call)
+    wait_until(lambda: rank.core.load().running == 1, timeout=10)
+    leaving = threading.Thread(target=rank.drain_and_stop, args=(120.0,))
+    leaving.start()
+    outputs = list(handle.outputs(120))
+    leaving.join(130)
+    assert not leaving.is_alive()
+    assert outputs[-1].finished
+    assert sum(len(o.token_ids) for o in outputs) == 120
+    assert rank.read_draining() is True  # whatever the pod's annotations say
+
+
+def _router_parser():
+    import argparse
+
+    from kvfleet.services.router.cli import register as register_router
+
+    parser = argparse.ArgumentParser()
+    register_router(parser.add_subparsers())
+    return parser
+
+
+def _router_has_http_port() -> bool:
+    router = _router_parser()._subparsers._group_actions[0].choices["router"]
+    return "--http-port" in router._option_string_actions
+
+
+@pytest.mark.skipif(
+    not _router_has_http_port(), reason="the router's --http-port (OpenAI front) is not here yet"
+)
+def test_rendered_router_args_parse_with_the_router_cli():
+    """A flag the router does not know crashes every router pod at start."""
+    from kvfleet.operator.names import FleetRef
+    from kvfleet.operator.render_router import router_args
+
+    args = router_args(FleetRef("f", "ns", "uid"), _operator_spec())
+    parsed = _router_parser().parse_args(args[1:])
+    assert parsed.replica_id == "$(POD_NAME)"  # expanded by the kubelet

@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 from kvfleet.services.engine import SamplingParams, make_generator, sample_batch, sample_token
+from kvfleet.services.engine.sampling import SampleFailure
 
 LOGITS = torch.tensor([0.1, 2.0, 1.9, -1.0, 0.5, 1.0])
 
@@ -70,3 +71,31 @@ def test_invalid_sampling_values_are_refused(fields, message):
     """Bad sampling values must raise ValueError (the server maps it to 400)."""
     with pytest.raises(ValueError, match=message):
         SamplingParams(**fields)
+
+
+@pytest.mark.parametrize(
+    "fields",
+    [
+        {"temperature": 1e-40},
+        {"temperature": 1e-40, "top_p": 1e-40},
+        {"temperature": 5e-324},
+        {"temperature": 1.0, "top_p": 1e-40},
+        {"temperature": 100.0, "top_p": 5e-324},
+    ],
+)
+def test_extreme_accepted_values_never_make_nan(fields):
+    """Extreme values that pass validation once made NaN probabilities and failed the batch."""
+    params = SamplingParams(**fields, seed=0)
+    for logits in (LOGITS, LOGITS * 3e37, torch.tensor([-3.4e38, 3.4e38, 3.3e38, 0.0])):
+        token = sample_token(logits, params, make_generator(params))
+        assert 0 <= token < logits.numel()
+        if params.greedy or params.top_p < 1e-6:
+            assert token == int(logits.argmax())
+
+
+def test_a_row_with_nan_logits_fails_alone():
+    """A NaN row must come back as that row's failure, with the other rows sampled."""
+    logits = torch.stack([LOGITS, torch.full_like(LOGITS, float("nan")), LOGITS.flip(0)])
+    params = [SamplingParams(), SamplingParams(temperature=1.0, seed=1), SamplingParams()]
+    result = sample_batch(logits, params, [make_generator(p) for p in params])
+    assert result[0] == 1 and result[2] == 4 and isinstance(result[1], SampleFailure)

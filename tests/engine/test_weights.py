@@ -74,6 +74,7 @@ def test_hugging_face_llama_config_is_understood(tmp_path):
     path.write_text(
         json.dumps(
             {
+                "architectures": ["LlamaForCausalLM"],
                 "vocab_size": 128,
                 "hidden_size": 64,
                 "intermediate_size": 96,

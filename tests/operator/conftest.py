@@ -3,17 +3,14 @@
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import os
 
 import pytest
 import yaml
-from operator_testkit import load_crd
+from operator_testkit import POOL_CRD_PATH, load_crd, stop_operator
 
 # Fast timer ticks for tests; read when the handlers module is imported.
 os.environ.setdefault("KVFLEET_OPERATOR_TICK_SECONDS", "0.3")
-# How long the operator may take to stop by itself before the test cancels it.
-HUNG_TASK_GRACE_SECONDS = 1.0
 
 
 @pytest.fixture
@@ -22,17 +19,17 @@ def k8s(kmock):
     import kmock as kmock_lib
 
     kmock.resources.load_bundled()
-    crd = load_crd()
-    names, version = crd["spec"]["names"], crd["spec"]["versions"][0]
-    key = f"{crd['spec']['group']}/{version['name']}/{names['plural']}"
-    kmock.resources[key] = kmock_lib.ResourceInfo(
-        kind=names["kind"],
-        singular=names["singular"],
-        namespaced=True,
-        verbs={"get", "list", "watch", "create", "update", "patch", "delete"},
-        shortnames=set(names["shortNames"]),
-        subresources=set(version["subresources"]),
-    )
+    for crd in (load_crd(), load_crd(POOL_CRD_PATH)):
+        names, version = crd["spec"]["names"], crd["spec"]["versions"][0]
+        key = f"{crd['spec']['group']}/{version['name']}/{names['plural']}"
+        kmock.resources[key] = kmock_lib.ResourceInfo(
+            kind=names["kind"],
+            singular=names["singular"],
+            namespaced=True,
+            verbs={"get", "list", "watch", "create", "update", "patch", "delete"},
+            shortnames=set(names["shortNames"]),
+            subresources=set(version["subresources"]),
+        )
     return kmock
 
 
@@ -77,11 +74,4 @@ async def operator(kubeconfig, k8s):
     )  # fmt: skip
     await asyncio.wait_for(ready.wait(), timeout=10)
     yield task
-    stop.set()
-    # NOTE: a timer spawned by a watch event racing the stop is never stopped, and kopf then
-    # waits a fixed 5 s for such "hung" tasks; cancelling the operator cancels them at once.
-    done, _ = await asyncio.wait([task], timeout=HUNG_TASK_GRACE_SECONDS)
-    if not done:
-        task.cancel()
-    with contextlib.suppress(asyncio.CancelledError):
-        await asyncio.wait_for(task, timeout=15)
+    await stop_operator(task, stop, settings)

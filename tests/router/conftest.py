@@ -8,6 +8,7 @@ import pytest
 import redis
 from kvfleet.services.router.redis_store import RedisStore
 from kvfleet.services.router.store import LocalStore
+from own_redis import OwnRedis
 from router_fake_engine import SHARED_REDIS_URL
 
 
@@ -50,3 +51,12 @@ def store(request, redis_store):
         yield LocalStore()
     else:
         yield redis_store
+
+
+@pytest.fixture
+def own_redis():
+    """A redis-server of the test's own, stopped at the end."""
+    instance = OwnRedis()
+    instance.start()
+    yield instance
+    instance.stop()

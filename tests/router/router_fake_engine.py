@@ -12,6 +12,7 @@ from concurrent import futures
 
 import grpc
 from kvfleet.proto import common_pb2, engine_pb2_grpc, router_pb2, router_pb2_grpc
+from kvfleet.services.router.fleet_secret import secret_metadata
 
 # The shared Redis every test may use (unique key prefixes, cleaned up); never stopped.
 SHARED_REDIS_URL = "redis://127.0.0.1:6379/0"
@@ -20,14 +21,31 @@ SHARED_REDIS_URL = "redis://127.0.0.1:6379/0"
 class FakeEngine(engine_pb2_grpc.EngineServicer):
     """Streams `prompt[-1] + 1, + 2, ...` one token per chunk, `delay` seconds apart."""
 
-    def __init__(self, rank_id: str, max_batch_size: int, delay: float = 0.0) -> None:
+    def __init__(
+        self,
+        rank_id: str,
+        max_batch_size: int,
+        delay: float = 0.0,
+        role: int = common_pb2.RANK_ROLE_BOTH,
+    ) -> None:
         self.rank_id = rank_id
+        self.role = role
+        # Set by a test: Generate fails with this status (`fail_times` calls; None: every one).
+        self.fail_with: grpc.StatusCode | None = None
+        self.fail_times: int | None = None
+        # Set by a test: after this many chunks a call hangs (sends nothing) until `release`.
+        self.hang_after: int | None = None
+        self.release = threading.Event()
+        self._beating = threading.Event()
+        self._beating.set()
+        self.generate_calls = 0
         self.max_batch_size = max_batch_size
         self.delay = delay
         self.in_flight = 0
         self.max_in_flight = 0
         self.served: list[str] = []
         self.first_chunk_sent = threading.Event()
+        self.hanging = threading.Event()  # a call is hanging (see hang_after)
         self._lock = threading.Lock()
         self._stop = threading.Event()
         self._server = grpc.server(futures.ThreadPoolExecutor(max_workers=32))
@@ -43,13 +61,29 @@ class FakeEngine(engine_pb2_grpc.EngineServicer):
             self.in_flight += slots
             self.max_in_flight = max(self.max_in_flight, self.in_flight)
             self.served.append(request.request_id)
+            self.generate_calls += 1
+            failing = self.fail_with is not None and self.fail_times != 0
+            if failing and self.fail_times is not None:
+                self.fail_times -= 1
         try:
+            if failing:
+                context.abort(self.fail_with, f"fake engine {self.rank_id}: refused")
+            if self.role == common_pb2.RANK_ROLE_CONTEXT:
+                yield self._handoff_chunk(request)
+                return
             last = request.prompt_token_ids.ids[-1] if request.prompt_token_ids.ids else 0
             prompt_len = len(request.prompt_token_ids.ids) or len(request.prompt_text)
+            sent = 0
             for sample in range(slots):
                 for i in range(request.max_tokens):
+                    if self.hang_after is not None and sent >= self.hang_after:
+                        self.hanging.set()
+                        while not (self.release.wait(0.05) or self._stop.is_set()):
+                            if not context.is_active():
+                                return
                     if self._stop.wait(self.delay) or not context.is_active():
                         return
+                    sent += 1
                     done = i == request.max_tokens - 1
                     usage = (
                         common_pb2.Usage(
@@ -71,34 +105,58 @@ class FakeEngine(engine_pb2_grpc.EngineServicer):
             with self._lock:
                 self.in_flight -= slots
 
-    def join(self, router_address: str, heartbeat_interval: float = 0.1) -> None:
-        """Register with a router and heartbeat until killed."""
+    @staticmethod
+    def _handoff_chunk(request) -> common_pb2.GenerationChunk:
+        """A context rank's answer: the first token, finished with reason `handoff`."""
+        last = request.prompt_token_ids.ids[-1] if request.prompt_token_ids.ids else 0
+        return common_pb2.GenerationChunk(
+            request_id=request.request_id,
+            token_ids=[last + 1],
+            finished=True,
+            finish_reason="handoff",
+            usage=common_pb2.Usage(prompt_tokens=len(request.prompt_token_ids.ids)),
+        )
+
+    def join(
+        self, router_address: str, heartbeat_interval: float = 0.1, secret: str | None = None
+    ) -> None:
+        """Register with a router (showing the fleet secret, if any) and heartbeat until
+        killed."""
+        metadata = secret_metadata(secret)
         channel = grpc.insecure_channel(router_address)
         registry = router_pb2_grpc.RankRegistryStub(channel)
         registration = router_pb2.RegisterRequest(
             rank_id=self.rank_id,
             address=self.address,
             max_batch_size=self.max_batch_size,
-            role=common_pb2.RANK_ROLE_BOTH,
+            role=self.role,
             block_size=4,
         )
-        registry.Register(registration, timeout=5)
+        registry.Register(registration, timeout=5, metadata=metadata)
 
         def beat() -> None:
             while not self._stop.wait(heartbeat_interval):
+                if not self._beating.is_set():
+                    continue
                 try:
                     load = router_pb2.RankLoad(free_slots=self.max_batch_size - self.in_flight)
                     reply = registry.Heartbeat(
-                        router_pb2.HeartbeatRequest(rank_id=self.rank_id, load=load), timeout=2
+                        router_pb2.HeartbeatRequest(rank_id=self.rank_id, load=load),
+                        timeout=2,
+                        metadata=metadata,
                     )
                     if not reply.registered:
-                        registry.Register(registration, timeout=2)
+                        registry.Register(registration, timeout=2, metadata=metadata)
                 except grpc.RpcError:
                     continue
             channel.close()
 
         self._heartbeats = threading.Thread(target=beat, daemon=True)
         self._heartbeats.start()
+
+    def stop_heartbeats(self) -> None:
+        """Go silent to the router while still serving (a rank cut off from it)."""
+        self._beating.clear()
 
     def kill(self) -> None:
         """Stop serving at once (streams break) and stop heartbeating."""

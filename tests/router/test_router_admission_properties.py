@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from hypothesis import given, settings
+from hypothesis import example, given, settings
 from hypothesis import strategies as st
 from kvfleet.services.router.admission import AdmissionConfig, AdmissionQueue
 from kvfleet.services.router.model import PendingRequest, Placement, RankInfo
@@ -33,8 +33,28 @@ class Clock:
         return self.now
 
 
+# A pinned request past its wait bound (in time) when its full home frees a slot, while another
+# rank has more free: it must go home (lenient affinity), not to the least loaded rank.
+RELEASED_WITH_ROOM_AT_HOME = [
+    ("arrive", "c1", 0, "b", False),
+    ("pass",),
+    ("finish", 0),
+    ("arrive", "", 1, "b", False),
+    ("arrive", "", 0, "b", False),
+    ("pass",),
+    ("arrive", "c1", 0, None, False),
+    ("pass",),
+    ("tick", 2.0),
+    ("tick", 2.0),
+    ("tick", 2.0),
+    ("finish", 1),
+    ("pass",),
+]
+
+
 @settings(max_examples=150, deadline=None)
 @given(steps=st.lists(step, max_size=60), affinity=st.sampled_from(["strict", "lenient"]))
+@example(steps=RELEASED_WITH_ROOM_AT_HOME, affinity="strict")
 def test_random_traffic_keeps_admission_invariants(steps, affinity):
     """Capacity, exactly-once admission or the wait bound is broken somewhere in the core."""
     clock, store = Clock(), LocalStore()
@@ -56,6 +76,7 @@ def test_random_traffic_keeps_admission_invariants(steps, affinity):
         elif op[0] == "pass":
             pins_before = store.get_pins({r.conversation_id for r in queue.waiting()}, clock())
             result = queue.run_pass()
+            check_home_first(result, pins_before, queue)
             for admission in result.admitted:
                 request = admission.request
                 assert request.request_id not in admitted_ids
@@ -70,3 +91,23 @@ def test_random_traffic_keeps_admission_invariants(steps, affinity):
         store.check_integrity()
         waiting = {r.request_id for r in queue.waiting()}
         assert waiting.isdisjoint(admitted_ids)
+
+
+def check_home_first(result, pins_before, queue) -> None:
+    """A pinned request placed away from its home, its wait bound run out or not, found no room
+    there: lenient affinity (what a released request is placed by) tries home first.
+
+    Free slots only shrink within a pass, so room left at home after the pass was there when
+    the request was placed; unless a request still waiting for that home held it."""
+    held_homes = {pins_before.get(r.conversation_id) for r in queue.waiting()}
+    for admission in result.admitted:
+        request = admission.request
+        home = pins_before.get(request.conversation_id)
+        if request.explicit_rank is not None or home is None or home == admission.rank.rank_id:
+            continue
+        if home in held_homes or home not in result.free_slots:
+            continue
+        assert result.free_slots[home] < request.slots, (
+            f"{request.request_id} placed {admission.placement} on {admission.rank.rank_id} "
+            f"while its home {home} had {result.free_slots[home]} free"
+        )

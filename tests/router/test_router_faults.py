@@ -2,13 +2,10 @@
 
 from __future__ import annotations
 
-import socket
-import subprocess
 import threading
 import time
 
 import grpc
-import pytest
 import redis
 from kvfleet.proto import common_pb2, router_pb2, router_pb2_grpc
 from kvfleet.services.router.admission import AdmissionConfig
@@ -29,54 +26,6 @@ def first_response(stub, request, whole=False):
     """Run a request to its end; return its first response (or its rank id)."""
     first, *_rest = stub.Generate(request, timeout=10)
     return first if whole else first.rank_id
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
-class OwnRedis:
-    """A redis-server of the test's own on a free port (the shared one is never stopped)."""
-
-    def __init__(self) -> None:
-        self.port = free_port()
-        self.url = f"redis://127.0.0.1:{self.port}/0"
-        self.process: subprocess.Popen | None = None
-
-    def start(self) -> None:
-        self.process = subprocess.Popen(
-            [
-                "redis-server",
-                "--port",
-                str(self.port),
-                "--bind",
-                "127.0.0.1",
-                "--save",
-                "",
-                "--appendonly",
-                "no",
-            ],
-            stdout=subprocess.DEVNULL,
-            stderr=subprocess.DEVNULL,
-        )
-        client = redis.Redis(port=self.port, socket_timeout=1)
-        wait_until(lambda: _pings(client), timeout=10)
-        client.close()
-
-    def stop(self) -> None:
-        if self.process is not None:
-            self.process.terminate()
-            self.process.wait(timeout=10)
-            self.process = None
-
-
-def _pings(client) -> bool:
-    try:
-        return bool(client.ping())
-    except redis.RedisError:
-        return False
 
 
 def test_killed_rank_mid_stream_fails_cleanly_and_its_pins_move():
@@ -143,14 +92,6 @@ def test_rank_dead_before_output_is_retried_elsewhere():
         channel.close()
         alive.kill()
         server.stop(0)
-
-
-@pytest.fixture
-def own_redis():
-    instance = OwnRedis()
-    instance.start()
-    yield instance
-    instance.stop()
 
 
 def test_redis_outage_keeps_serving_then_pins_are_recovered(own_redis):

@@ -112,3 +112,32 @@ def test_health_and_metrics_are_served(fleet):
         "kvfleet_router_redis_errors_total",
     ):
         assert name in text
+
+
+def test_a_client_without_a_deadline_is_served(fleet):
+    """Forwarding gRPC's "no deadline" (about 9.2e18 s) as a timeout fails every such call."""
+    _server, stub, _engines, _ = fleet
+    responses = list(stub.Generate(turn("conv-no-deadline")))
+    assert responses[-1].chunk.finished
+
+
+def test_a_handed_off_turn_without_a_client_deadline_is_served():
+    """The generation half of a hand-off forwards the client's deadline too."""
+    server, port = create_server("127.0.0.1:0", RouterConfig())
+    engines = [
+        FakeEngine("ctx", 2, role=common_pb2.RANK_ROLE_CONTEXT),
+        FakeEngine("gen", 2, role=common_pb2.RANK_ROLE_GENERATION),
+    ]
+    for engine in engines:
+        engine.join(f"127.0.0.1:{port}")
+    wait_until(lambda: len(server.runtime.ranks()) == 2)
+    channel = grpc.insecure_channel(f"127.0.0.1:{port}")
+    try:
+        responses = list(router_pb2_grpc.RouterStub(channel).Generate(turn("conv-h")))
+        assert [r.rank_id for r in responses][:2] == ["ctx", "gen"]
+        assert responses[-1].chunk.finished
+    finally:
+        channel.close()
+        for engine in engines:
+            engine.kill()
+        server.stop(0)

@@ -3,9 +3,6 @@
 from __future__ import annotations
 
 import itertools
-import re
-import subprocess
-import sys
 import threading
 
 import grpc
@@ -14,60 +11,33 @@ import redis
 from kvfleet.proto import common_pb2, router_pb2, router_pb2_grpc
 from kvfleet.services.router.redis_store import RedisStore
 from router_fake_engine import SHARED_REDIS_URL, FakeEngine, wait_until
+from router_process import TEST_FLEET_SECRET, RouterProcess
+from router_process import start_router as start_process
 
 CONVERSATIONS = 12
 TURNS = 3
 
 
-def start_router(prefix: str) -> tuple[subprocess.Popen, int]:
-    process = subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "kvfleet.services.cli",
-            "router",
-            "--host",
-            "127.0.0.1",
-            "--grpc-port",
-            "0",
-            "--metrics-port",
-            "-1",
-            "--redis-url",
-            SHARED_REDIS_URL,
-            "--redis-prefix",
-            prefix,
-            "--max-wait-passes",
-            "1000",
-            "--max-wait-seconds",
-            "30",
-        ],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.DEVNULL,
-        text=True,
-    )
-    line = process.stdout.readline()
-    match = re.search(r"port (\d+)", line)
-    if match is None:
-        process.kill()
-        raise RuntimeError(f"router did not print its port: {line!r}")
-    return process, int(match.group(1))
+def start_router(prefix: str) -> RouterProcess:
+    wait = ("--max-wait-passes", "1000", "--max-wait-seconds", "30")
+    return start_process(SHARED_REDIS_URL, prefix, *wait)
 
 
 @pytest.fixture
 def two_routers(redis_prefix):
     started = [start_router(redis_prefix), start_router(redis_prefix)]
-    yield [port for _, port in started]
-    for process, _ in started:
-        process.terminate()
-        process.wait(timeout=30)
+    yield started
+    for router in started:
+        router.process.terminate()
+        router.process.wait(timeout=30)
 
 
 def test_two_routers_never_exceed_capacity_and_agree_on_pins(two_routers, redis_store):
     """Non-atomic admission would over-fill a rank; replicas with own pins would split turns."""
-    ports = two_routers
+    ports = [router.port for router in two_routers]
     engines = [FakeEngine(f"r{i}", 2, delay=0.005) for i in range(3)]
     for i, engine in enumerate(engines):
-        engine.join(f"127.0.0.1:{ports[i % 2]}")
+        engine.join(f"127.0.0.1:{two_routers[i % 2].rank_port}", secret=TEST_FLEET_SECRET)
     channels = [grpc.insecure_channel(f"127.0.0.1:{port}") for port in ports]
     stubs = [router_pb2_grpc.RouterStub(channel) for channel in channels]
     store = RedisStore(

@@ -1,0 +1,188 @@
+"""Fault matrix: real processes on loopback (redis-server, `kvfleet router`, three tiny-model
+`kvfleet engine` ranks), one fault at a time under client load; per fault a row of what the
+clients saw: sent, succeeded, failed cleanly, hung, wrong.
+
+    .venv/bin/python bench/fault_matrix.py
+
+`ok/s` of a row is its requests finished per second; the baseline row is the same load with no
+fault, measured in the same run. A few minutes on 2 cores.
+"""
+
+from __future__ import annotations
+
+import signal
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import grpc
+import redis
+
+sys.path.insert(0, str(Path(__file__).parent))  # the bench folder is not a package
+from fault_kit import (
+    HOST,
+    SECRET,
+    Counts,
+    Processes,
+    RedisProcess,
+    Turn,
+    run_load,
+    start_rank,
+    start_router,
+    wait_for,
+)
+from kvfleet.proto import router_pb2, router_pb2_grpc
+from kvfleet.services.router.fleet_secret import secret_metadata
+from kvfleet.services.router.redis_store import RedisStore
+
+RANKS = ("rank-0", "rank-1", "rank-2")
+ROUTER_FLAGS = (
+    *("--heartbeat-timeout-seconds", "3", "--stream-idle-seconds", "3"),
+    *("--lease-seconds", "3", "--redis-timeout-seconds", "1", "--affinity", "lenient"),
+)
+DEADLINE = 30.0
+ROWS: list[tuple[str, Counts, str]] = []
+
+
+def turns(tag: str, count: int, **kwargs) -> list[Turn]:
+    return [Turn(f"{tag}-{i}", **kwargs) for i in range(count)]
+
+
+def row(name: str, counts: Counts, note: str = "") -> None:
+    ROWS.append((name, counts, note))
+    print(f"  {name}: {counts.succeeded}/{counts.sent} ok {note}", flush=True)
+
+
+def ok_rate(counts: Counts) -> str:
+    return f"{counts.succeeded / max(counts.seconds, 1e-9):.1f} ok/s"
+
+
+def removed(router) -> float:
+    return router.metric("kvfleet_router_ranks_removed_total")
+
+
+def main() -> int:
+    workdir = Path(tempfile.mkdtemp(prefix="kvfleet-faults-"))
+    procs = Processes(workdir)
+    start = time.monotonic()
+    try:
+        run(procs)
+    finally:
+        procs.stop_all()
+    print_table()
+    print(f"{time.monotonic() - start:.0f} s; logs: {workdir}")
+    return 0
+
+
+def run(procs: Processes) -> None:
+    store = RedisProcess(procs)
+    store.start()
+    router = start_router(procs, "router-a", store.url, *ROUTER_FLAGS)
+    ranks = {rank_id: start_rank(procs, rank_id, router.rank_port) for rank_id in RANKS}
+    shared = RedisStore(redis.Redis(port=store.port, decode_responses=True), prefix="faults")
+    wait_for(lambda: len(shared.snapshot()) == len(RANKS), 180, "ranks registered")
+    run_load(router.port, turns("warm", 6), 6, DEADLINE)
+
+    baseline = run_load(router.port, turns("base", 24), 6, DEADLINE)
+    row("baseline (no fault)", baseline, ok_rate(baseline))
+
+    no_deadline = run_load(router.port, turns("nodl", 6), 6, None, hang_after=30)
+    row("client without a deadline", no_deadline)
+
+    before = removed(router)
+    mixed = turns("good", 12)
+    for i in range(3):
+        mixed.insert(4 * i, Turn(f"tiny-t-{i}", temperature=1e-40, bad=True))
+        mixed.insert(4 * i + 2, Turn(f"tiny-p-{i}", temperature=1.0, top_p=1e-40, bad=True))
+    sampler = run_load(router.port, mixed, 6, DEADLINE)
+    row(
+        "temperature / top_p = 1e-40 mixed in",
+        sampler,
+        f"ranks removed {removed(router) - before:g}; codes {sampler.codes}",
+    )
+
+    store.process.send_signal(signal.SIGSTOP)
+    hung_redis = run_load(router.port, turns("hang", 60), 6, DEADLINE)
+    store.process.send_signal(signal.SIGCONT)
+    row("redis hung (SIGSTOP)", hung_redis, f"{ok_rate(hung_redis)} (baseline {ok_rate(baseline)})")
+
+    before = removed(router)
+    store.kill()
+    outage = run_load(router.port, turns("out", 12), 6, DEADLINE)
+    store.start()
+    wait_for(lambda: router.metric("kvfleet_router_degraded") == 0, 30, "resync")
+    after = run_load(router.port, turns("back", 12), 6, DEADLINE)
+    outage.sent += after.sent
+    for name in ("succeeded", "failed_cleanly", "hung", "wrong"):
+        setattr(outage, name, getattr(outage, name) + getattr(after, name))
+    time.sleep(4)  # one heartbeat timeout past the resync: would silent ranks be swept?
+    row("redis killed, restarted empty", outage, f"ranks removed {removed(router) - before:g}")
+
+    def busy(rank_id: str) -> None:
+        wait_for(lambda: shared.snapshot()[rank_id][0].used > 0, 30, f"{rank_id} busy")
+
+    victim = ranks["rank-1"]
+
+    def hang_rank() -> None:
+        busy("rank-1")
+        victim.send_signal(signal.SIGSTOP)
+
+    hung_rank = run_load(router.port, turns("hungrank", 12, max_tokens=48), 6, DEADLINE, hang_rank)
+    victim.send_signal(signal.SIGCONT)
+    row("engine hung (SIGSTOP) mid-load", hung_rank, f"codes {hung_rank.codes}")
+    wait_for(lambda: len(shared.snapshot()) == len(RANKS), 60, "hung rank back")
+
+    def kill_rank() -> None:
+        busy("rank-2")
+        ranks["rank-2"].kill()
+
+    killed = run_load(router.port, turns("killrank", 12, max_tokens=48), 6, DEADLINE, kill_rank)
+    row("engine SIGKILL mid-stream", killed, f"codes {killed.codes}")
+
+    replica = start_router(procs, "router-b", store.url, *ROUTER_FLAGS)
+    reclaimed = {}
+
+    def kill_replica() -> None:
+        wait_for(lambda: any(s.used for s, _ in shared.snapshot().values()), 30, "b reserved")
+        replica.process.kill()
+        reclaimed["s"] = wait_for(
+            lambda: all(s.used == 0 for s, _ in shared.snapshot().values()), 60, "reaped"
+        )
+
+    via_b = run_load(replica.port, turns("viab", 4, max_tokens=400), 4, DEADLINE, kill_replica)
+    row("router replica SIGKILL", via_b, f"its slots back in {reclaimed.get('s', -1):.1f} s")
+
+    row("forged Register (no secret; live id)", forged_registers(router))
+
+
+def forged_registers(router) -> Counts:
+    """Two attempts to point a live rank at a fake address; each must be refused."""
+    counts = Counts(sent=2)
+    forged = router_pb2.RegisterRequest(rank_id="rank-0", address=f"{HOST}:9", max_batch_size=4)
+    with grpc.insecure_channel(f"{HOST}:{router.rank_port}") as channel:
+        registry = router_pb2_grpc.RankRegistryStub(channel)
+        for metadata in ((), secret_metadata(SECRET)):
+            try:
+                registry.Register(forged, timeout=10, metadata=metadata)
+                counts.add("wrong")  # accepted: the rank's traffic would go to the forger
+            except grpc.RpcError as error:
+                counts.add("failed_cleanly", error.code().name)
+    return counts
+
+
+def print_table() -> None:
+    header = ("fault", "sent", "succeeded", "failed cleanly", "hung", "wrong", "note")
+    lines = [header] + [
+        (name, c.sent, c.succeeded, c.failed_cleanly, c.hung, c.wrong, note)
+        for name, c, note in ROWS
+    ]
+    print()
+    print("| " + " | ".join(header) + " |")
+    print("|" + "|".join("---" for _ in header) + "|")
+    for line in lines[1:]:
+        print("| " + " | ".join(str(cell) for cell in line) + " |")
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,261 @@
+"""Serving-path speed through EngineCore: steady decode tok/s at a fixed batch, and the offline
+throughput shape nano-vllm and mini-sglang publish (256 sequences, input and output lengths
+uniform in 100-1024, no stop tokens), each with decode graphs off (the baseline) and on,
+against the memory/compute roofline of the steps that actually ran, measured in the same run.
+
+    .venv/bin/python bench/throughput_bench.py --small            # CPU smoke run (tiny model)
+On the H200 (bench/gpu/decode.sh; runs without `pip install -e`):
+    python3 bench/throughput_bench.py --models 8b,1b,qwen3-0.6b --modes off,auto
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import random
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from gpu_common import import_engine, measure_ceilings, print_table
+from serving_steps import StepRecorder, count_launches, qwen3_0_6b_shape
+
+import_engine()  # the device machine runs this from the checkout, not installed
+
+from kvfleet.services.engine import fused  # noqa: E402
+from kvfleet.services.engine.compute import TorchCompute  # noqa: E402
+from kvfleet.services.engine.config import PRESETS  # noqa: E402
+from kvfleet.services.engine.engine_config import EngineConfig  # noqa: E402
+from kvfleet.services.engine.engine_core import EngineCore  # noqa: E402
+from kvfleet.services.engine.engine_request import GenerateCall  # noqa: E402
+from kvfleet.services.engine.sampling import SamplingParams  # noqa: E402
+
+# Rows of the comparison: (decode_graphs, fused elementwise ops, next step planned ahead).
+MODES = {"off": ("off", False, False), "graphs": ("auto", False, False),
+         "no-ahead": ("auto", True, False), "auto": ("auto", True, True),
+         "static": ("static", False, True)}  # fmt: skip
+PRESETS.setdefault("qwen3-0.6b", qwen3_0_6b_shape)  # the shape, with random weights
+
+
+HOST_PROFILE = "--host-profile" in sys.argv
+
+
+def host_profile(step_fn, steps: int, title: str) -> None:
+    """cProfile of a few steps: where the host time of a step goes (printed, top 14)."""
+    import cProfile
+    import pstats
+
+    profiler = cProfile.Profile()
+    profiler.enable()
+    for _ in range(steps):
+        step_fn()
+    profiler.disable()
+    print(f"\n## host profile, {title}, {steps} steps (cProfile inflates the times)")
+    pstats.Stats(profiler).sort_stats("tottime").print_stats(14)
+
+
+def serve(compute, config, calls, recorder: StepRecorder, profile_after: int = 0):
+    """Run `calls` to the end on a fresh core driven from this thread; (wall s, usages).
+    With `profile_after`, the 3 steps after that many full decode steps run under the profiler
+    (their launch counts land in `recorder.launches`; they end the timed window)."""
+    compute.cache = compute.decode = None  # the old core's KV and graphs go before new ones
+    gc.collect()
+    if torch.cuda.is_available():
+        torch.cuda.empty_cache()
+    compute.config = config  # decode_graphs of this run (read when the core opens its tiers)
+    core = EngineCore(config, compute=compute)
+    if compute.decode is not None:
+        compute.decode.capture_all()  # as nano-vllm's warm-up does, before the clock starts
+    recorder.attach(compute)
+    handles = [core.submit(call) for call in calls]
+    start = time.perf_counter()
+    core.run_once()
+    profiled = not profile_after
+    recorder.timed_until, recorder.launches = 0, ("-", "-")
+    while core.scheduler.num_sequences:
+        decodes = sum(s.decode and s.sequences == len(calls) for s in recorder.steps)
+        if not profiled and decodes >= profile_after:
+            recorder.timed_until = len(recorder.steps)
+            recorder.launches = count_launches(core.run_once, steps=3)
+            if HOST_PROFILE:
+                host_profile(core.run_once, steps=5, title=f"{config.model} {config.decode_graphs}")
+            profiled = True
+        else:
+            core.run_once()
+    wall = time.perf_counter() - start
+    recorder.detach(compute)
+    outputs = [list(h.outputs(5)) for h in handles]
+    recorder.tokens = [[t for o in outs for t in o.token_ids] for outs in outputs]
+    usages = [outs[-1].usage for outs in outputs]
+    core.stop()
+    return wall, usages
+
+
+def decode_case(compute, config, batch, prompt, out, recorder, vocab, seed=0):
+    """Steady decode of `batch` sequences after `prompt`-token prompts, `out` tokens each:
+    (tok/s, roofline share, launches per step)."""
+    rng = random.Random(seed)
+    calls = [
+        GenerateCall(
+            f"d{i}",
+            tuple(rng.randrange(vocab) for _ in range(prompt)),
+            SamplingParams(max_tokens=out),
+            f"d{i}",
+        )
+        for i in range(batch)
+    ]
+    # Prefill takes ~batch * prompt / budget steps, during which the first sequences already
+    # decode: profile halfway through the steps that are left at full batch.
+    prefill_steps = -(-batch * prompt // config.max_num_batched_tokens)
+    serve(compute, config, calls, recorder, profile_after=max(3, (out - prefill_steps) // 2))
+    timed = recorder.steps[: recorder.timed_until or len(recorder.steps)]
+    rate, share, inside, outside = recorder.window_rate(recorder.decode_window(batch, timed))
+    return rate, share, inside, outside, recorder.launches
+
+
+def throughput_case(compute, config, recorder, vocab, num_seqs, lo, hi, seed=0):
+    """nano-vllm's bench shape: (output tok/s, roofline share, TTFT p50, p90, out tokens)."""
+    rng = random.Random(seed)
+    calls = [
+        GenerateCall(
+            f"t{i}",
+            tuple(rng.randrange(vocab) for _ in range(rng.randint(lo, hi))),
+            SamplingParams(max_tokens=rng.randint(lo, hi)),
+            f"t{i}",
+        )
+        for i in range(num_seqs)
+    ]
+    wall, usages = serve(compute, config, calls, recorder)
+    out_tokens = sum(u.completion_tokens for u in usages)
+    ttfts = sorted(u.ttft_seconds for u in usages)
+    p50 = statistics.median(ttfts)
+    p90 = ttfts[int(0.9 * (len(ttfts) - 1))]
+    return out_tokens / wall, recorder.floor_seconds() / wall, p50, p90, out_tokens
+
+
+def agreement_case(compute, base, recorder, vocab, batch=24, prompt=300, out=32, seed=1):
+    """Greedy tokens with decode graphs vs the eager step (both with the same fusion), same
+    requests: (identical sequences, identical tokens) as shares."""
+    rng = random.Random(seed)
+    prompts = [tuple(rng.randrange(vocab) for _ in range(prompt + 7 * i)) for i in range(batch)]
+    outputs = {}
+    for graphs in ("off", "auto"):
+        calls = [GenerateCall(f"g{graphs}{i}", p, SamplingParams(max_tokens=out), f"g{i}")
+                 for i, p in enumerate(prompts)]  # fmt: skip
+        config = base.with_changes(decode_graphs=graphs, max_batch_size=batch)
+        serve(compute, config, calls, recorder)
+        outputs[graphs] = recorder.tokens
+    same = [a == b for a, b in zip(outputs["off"], outputs["auto"], strict=True)]
+    tokens = [x == y for a, b in zip(outputs["off"], outputs["auto"], strict=True)
+              for x, y in zip(a, b, strict=True)]  # fmt: skip
+    return sum(same) / len(same), sum(tokens) / len(tokens)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--small", action="store_true", help="tiny model, small sizes (CPU)")
+    parser.add_argument("--models", default="8b,1b,qwen3-0.6b")
+    parser.add_argument("--modes", default="off,auto", help="off, graphs, no-ahead, auto, static")
+    parser.add_argument("--throughput-modes", default="auto", help="modes of the throughput case")
+    parser.add_argument("--decode", default="8b:64,1b:256,qwen3-0.6b:256", help="model:batch")
+    parser.add_argument("--decode-prompt", type=int, default=2000)
+    parser.add_argument("--decode-out", type=int, default=96)
+    parser.add_argument("--throughput-models", default="qwen3-0.6b,8b")
+    parser.add_argument("--kv-pages", default="8b:9000,1b:9000,qwen3-0.6b:9000")
+    parser.add_argument("--page-size", type=int, default=64)
+    parser.add_argument("--host-profile", action="store_true", help="cProfile a few steps")
+    parser.add_argument("--agreement-models", default="8b,qwen3-0.6b")
+    parser.add_argument("--budget-s", type=float, default=1e9, help="skip cases started later")
+    args = parser.parse_args()
+    device = torch.device("cuda" if torch.cuda.is_available() and not args.small else "cpu")
+    bandwidth, peak = measure_ceilings(device, args.small)
+    print(f"device {device}, copy BW {bandwidth / 1e12:.3f} TB/s, matmul {peak / 1e12:.1f} TFLOP/s")
+    models = ["tiny"] if args.small else args.models.split(",")
+    batches = dict(kv.split(":") for kv in args.decode.split(","))
+    pages = dict(kv.split(":") for kv in args.kv_pages.split(","))
+    prompt, out = (60, 20) if args.small else (args.decode_prompt, args.decode_out)
+    seqs, lo, hi = (8, 10, 40) if args.small else (256, 100, 1024)
+    started, rows, tput_rows, agree_rows = time.perf_counter(), [], [], []
+    for model in models:
+        batch = 4 if args.small else int(batches.get(model, 64))
+        base = EngineConfig(
+            model=model,
+            device=device.type,
+            max_batch_size=max(batch, seqs),
+            max_num_batched_tokens=512 if args.small else 16384,
+            page_size=16 if args.small else args.page_size,
+            kv_pages=600 if args.small else int(pages.get(model, 9000)),
+        )
+        compute = TorchCompute(base)
+        vocab = min(compute.model_config.vocab_size, 256 if args.small else 32000)
+        recorder = StepRecorder(compute.model_config, 2, bandwidth, peak)
+        for mode in args.modes.split(","):
+            if time.perf_counter() - started > args.budget_s:
+                print(f"!! {model} {mode}: skipped, past the {args.budget_s:.0f} s budget")
+                continue
+            graphs, fuse, ahead = MODES[mode]
+            fused.enable(fuse and device.type == "cuda")
+            base = base.with_changes(overlap_decode=ahead)
+            config = base.with_changes(decode_graphs=graphs, max_batch_size=batch)
+            rate, share, inside, outside, launches = decode_case(
+                compute, config, batch, prompt, out, recorder, vocab
+            )
+            rows.append([model, mode, batch, rate, share, inside, outside, *launches])
+            print(f"{model} decode_graphs={mode}: batch {batch} {rate:.0f} tok/s, "
+                  f"{share:.2f} of roofline, launches/step {launches}", flush=True)  # fmt: skip
+            tput_models = ["tiny"] if args.small else args.throughput_models.split(",")
+            if model in tput_models and mode in args.throughput_modes.split(","):
+                config = base.with_changes(decode_graphs=graphs)
+                result = throughput_case(compute, config, recorder, vocab, seqs, lo, hi)
+                tput_rows.append([model, mode, *result])
+                print(f"{model} throughput decode_graphs={mode}: {result[0]:.0f} out tok/s, "
+                      f"{result[1]:.2f} of roofline", flush=True)  # fmt: skip
+        if model in args.agreement_models.split(",") or args.small:
+            fused.enable(device.type == "cuda")
+            seqs_same, tokens_same = agreement_case(compute, base, recorder, vocab)
+            agree_rows.append([model, seqs_same, tokens_same])
+            print(f"{model} greedy graphs vs eager: {seqs_same:.1%} sequences, "
+                  f"{tokens_same:.1%} tokens identical", flush=True)  # fmt: skip
+        del compute
+    print_table(
+        f"decode through EngineCore (ctx {prompt}+{out}, page {base.page_size}), full-batch steps",
+        [
+            "model",
+            "decode_graphs",
+            "batch",
+            "tok/s",
+            "roofline share",
+            "launch-to-tokens ms",
+            "host ms",
+            "host launches/step",
+            "kernels/step",
+        ],
+        rows,
+    )
+    print_table(
+        f"throughput: {seqs} seqs, in/out uniform {lo}-{hi}, no stop tokens",
+        [
+            "model",
+            "decode_graphs",
+            "out tok/s",
+            "roofline share",
+            "TTFT p50 s",
+            "TTFT p90 s",
+            "out tokens",
+        ],
+        tput_rows,
+    )
+
+    print_table(
+        "greedy output, decode graphs vs eager step (same requests, fused ops in both)",
+        ["model", "identical sequences", "identical tokens"],
+        agree_rows,
+    )
+
+
+if __name__ == "__main__":
+    main()

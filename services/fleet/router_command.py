@@ -1,0 +1,30 @@
+"""`kvfleet router`: the router's own command (services/router/cli.py) plus the OpenAI HTTP
+front beside it (`--http-port`), composed here because the front is built on the engine's
+OpenAI app and the router knows no engine."""
+
+from __future__ import annotations
+
+import argparse
+
+from kvfleet.services.router import cli as router_cli
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:
+    """Add the `router` subcommand, serving the OpenAI API next to gRPC."""
+    router_cli.register(subparsers).set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    return router_cli.run(args, front=start_front)
+
+
+def start_front(args: argparse.Namespace, grpc_port: int):
+    """The OpenAI HTTP front over this process's router on `grpc_port`."""
+    from .router_front import RouterFront, front_tokenizer
+
+    local = "127.0.0.1" if args.host in ("0.0.0.0", "::", "") else args.host
+    tokenizer = front_tokenizer(args.model_path)
+    names = (args.model, "kvfleet")
+    return RouterFront(
+        f"{local}:{grpc_port}", tokenizer, names, None, args.host, args.http_port
+    ).start()

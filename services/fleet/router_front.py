@@ -1,0 +1,69 @@
+"""The OpenAI HTTP API served next to a router, over the router's own gRPC Generate.
+
+`kvfleet router --http-port 8000` starts one beside the router (the router Service's `http`
+port in a deployed fleet), and `kvfleet up` starts one in front of its embedded router, so
+OpenAI clients get the router's conversation pins. `GET /health` is 200 while the router's
+gRPC health answers SERVING (Kubernetes httpGet probes), else 503. Nothing here imports torch.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from pathlib import Path
+
+import grpc
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+from kvfleet.services.engine.http_backends import RouterBackend
+from kvfleet.services.engine.http_server import HttpServer
+from kvfleet.services.engine.openai_http import build_app
+from kvfleet.services.engine.tokenizer import Tokenizer, tokenizer_for_model
+
+HEALTH_TIMEOUT_SECONDS = 2.0
+
+
+def front_tokenizer(model_path: str | None) -> Tokenizer:
+    """The checkpoint's tokenizer (it must be the engines'), or the presets' byte tokenizer."""
+    if model_path and not (Path(model_path) / "tokenizer.json").is_file():
+        raise FileNotFoundError(f"--model-path {model_path}: no tokenizer.json there")
+    return tokenizer_for_model(model_path)
+
+
+class RouterFront:
+    """The OpenAI app over a router's Generate, on its own uvicorn thread."""
+
+    def __init__(
+        self,
+        router_address: str,
+        tokenizer: Tokenizer,
+        model_names: tuple[str, ...],
+        card: Mapping[str, int] | None = None,
+        host: str = "0.0.0.0",
+        port: int = 8000,
+    ) -> None:
+        self.backend = RouterBackend(router_address, tokenizer, model_names, card)
+        self._health_channel = grpc.insecure_channel(router_address)
+        self._health = health_pb2_grpc.HealthStub(self._health_channel)
+        self.http = HttpServer(build_app(self.backend, healthy=self.serving), host, port)
+
+    @property
+    def port(self) -> int | None:
+        return self.http.port
+
+    def serving(self) -> bool:
+        """Whether the router answers its gRPC health check with SERVING."""
+        try:
+            answer = self._health.Check(
+                health_pb2.HealthCheckRequest(service=""), timeout=HEALTH_TIMEOUT_SECONDS
+            )
+        except grpc.RpcError:
+            return False
+        return answer.status == health_pb2.HealthCheckResponse.SERVING
+
+    def start(self) -> RouterFront:
+        self.http.start()
+        return self
+
+    def stop(self) -> None:
+        self.http.stop()
+        self.backend.close()
+        self._health_channel.close()

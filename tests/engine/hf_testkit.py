@@ -1,0 +1,97 @@
+"""Tiny random Hugging Face models of every supported architecture, built in code.
+
+Each is saved with `save_pretrained` and a small `max_shard_size`, so that the engine loads a
+sharded checkpoint (model.safetensors.index.json) exactly as it would a real one.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+from kvfleet.services.engine import ForwardBatch, PagedKVCache, SequenceChunk, make_backend
+
+# Shared shape: small, but with GQA, 3 layers, and sizes grouped_mm accepts (multiples of 4).
+BASE = dict(
+    vocab_size=300,
+    hidden_size=64,
+    intermediate_size=96,
+    num_hidden_layers=3,
+    num_attention_heads=4,
+    num_key_value_heads=2,
+    max_position_embeddings=512,
+    initializer_range=0.08,  # peaked logits, so greedy choices are far from ties
+    bos_token_id=None,
+    eos_token_id=None,
+    pad_token_id=None,
+)
+
+# architecture -> (config class name, fields on top of BASE)
+ARCHS: dict[str, tuple[str, dict]] = {
+    "LlamaForCausalLM": ("LlamaConfig", {"attention_bias": True, "mlp_bias": True}),
+    "MistralForCausalLM": ("MistralConfig", {"sliding_window": 24, "head_dim": 16}),
+    "Qwen2ForCausalLM": (
+        "Qwen2Config",
+        {"use_sliding_window": True, "sliding_window": 24, "max_window_layers": 1},
+    ),
+    "Qwen3ForCausalLM": ("Qwen3Config", {"head_dim": 24, "tie_word_embeddings": True}),
+    "Qwen3MoeForCausalLM": (
+        "Qwen3MoeConfig",
+        {
+            "head_dim": 16,
+            "num_experts": 8,
+            "num_experts_per_tok": 2,
+            "moe_intermediate_size": 32,
+            "norm_topk_prob": False,
+            "mlp_only_layers": [1],
+        },
+    ),
+    "MixtralForCausalLM": ("MixtralConfig", {"num_local_experts": 4, "num_experts_per_tok": 2}),
+}
+
+
+def hf_config(arch: str, **changes):
+    import transformers
+
+    class_name, fields = ARCHS[arch]
+    config = getattr(transformers, class_name)(**{**BASE, **fields, **changes})
+    config.architectures = [arch]
+    return config
+
+
+def save_tiny(arch: str, directory: Path, seed: int = 0, dtype=torch.float32, **changes):
+    """(transformers model in eval mode, checkpoint directory) of a random tiny `arch`."""
+    import transformers
+
+    torch.manual_seed(seed)
+    config = hf_config(arch, **changes)
+    model = transformers.AutoModelForCausalLM.from_config(
+        config, attn_implementation="eager", dtype=dtype
+    ).eval()
+    model.save_pretrained(directory, max_shard_size="40KB")
+    return model, directory
+
+
+def hf_logits(model, tokens: list[int]) -> torch.Tensor:
+    """All-position logits `[n, vocab]` of one forward over `tokens`, fp32."""
+    with torch.no_grad():
+        return model(torch.tensor([tokens])).logits[0].float()
+
+
+def paged_logits(model, tokens: list[int], cuts: list[int], page_size: int = 4) -> torch.Tensor:
+    """Our all-token logits of `tokens` fed through a paged cache in chunks ending at `cuts`."""
+    num_pages = -(-len(tokens) // page_size) + 1
+    cache = PagedKVCache(model.config, num_pages, page_size, dtype=next(model.parameters()).dtype)
+    pages = {group: list(range(1, num_pages)) for group in cache.num_pages}
+    backend = make_backend("reference", "cpu")
+    pieces, start = [], 0
+    for end in [*cuts, len(tokens)]:
+        batch = ForwardBatch.build([SequenceChunk(tokens[start:end], start, pages)], cache)
+        pieces.append(model(batch, cache, backend, all_logits=True))
+        start = end
+    cache.check_integrity()
+    return torch.cat(pieces)
+
+
+def random_tokens(n: int, seed: int, vocab: int = 300) -> list[int]:
+    return torch.randint(0, vocab, (n,), generator=torch.Generator().manual_seed(seed)).tolist()

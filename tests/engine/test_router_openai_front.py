@@ -1,0 +1,115 @@
+"""`kvfleet router --http-port`: the OpenAI API and GET /health served by the router process.
+
+A real router process and a real engine rank on loopback; the `openai` client holds a
+two-turn chat through the router's HTTP port, with the conversation in `X-Conversation-Id`.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import signal
+import subprocess
+import sys
+import threading
+
+import httpx
+import openai
+import pytest
+from engine_testkit import TEST_CONFIG, wait_until
+from kvfleet.services.engine.rank import EngineRank, RankAddresses
+from kvfleet.services.router.fleet_secret import SECRET_ENV
+
+FLEET_SECRET = "front-test-secret"
+
+
+def start_router() -> tuple[subprocess.Popen, int, int]:
+    """A `kvfleet router` process on free ports; returns it, its rank and its HTTP port."""
+    process = subprocess.Popen(
+        [sys.executable, "-m", "kvfleet.services.cli", "router", "--host", "127.0.0.1",
+         "--grpc-port", "0", "--rank-port", "0", "--http-port", "0", "--metrics-port", "-1",
+         "--grace-seconds", "30"],
+        stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True,
+        env={**os.environ, SECRET_ENV: FLEET_SECRET},
+    )  # fmt: skip
+    lines = [process.stdout.readline(), process.stdout.readline()]
+    rank_port = re.search(r"rank port (\d+)", lines[0])
+    http_port = re.search(r"http port (\d+)", lines[1])
+    if rank_port is None or http_port is None:
+        process.kill()
+        raise RuntimeError(f"router did not print its ports: {lines!r}")
+    return process, int(rank_port.group(1)), int(http_port.group(1))
+
+
+@pytest.fixture(scope="module")
+def fleet():
+    process, rank_port, http_port = start_router()
+    addresses = RankAddresses(
+        router=f"127.0.0.1:{rank_port}", rank_id="front-rank", fleet_secret=FLEET_SECRET
+    )
+    rank = EngineRank(TEST_CONFIG, addresses).start()
+    try:
+        assert rank.link.registered.wait(30), "the rank did not register with the router"
+        yield process, f"http://127.0.0.1:{http_port}", rank
+    finally:
+        rank.stop(grace=0.5)
+        if process.poll() is None:
+            process.kill()
+        process.wait(30)
+
+
+def test_two_turn_chat_through_the_router_reuses_the_first_turn(fleet):
+    """Without an OpenAI entry point on the router, clients of a deployed fleet hit a rank
+    directly and lose the pins; through it the second turn reuses the first's KV."""
+    _process, base, _rank = fleet
+    headers = {"X-Conversation-Id": "front-chat-1"}
+    messages = [{"role": "user", "content": "Plan the refactor of the parser module. " * 4}]
+    with openai.OpenAI(base_url=f"{base}/v1", api_key="x", max_retries=0) as client:
+        assert [m.id for m in client.models.list()] == ["tiny", "kvfleet"]
+        first = client.chat.completions.create(
+            model="tiny", messages=messages, max_tokens=6, temperature=0, extra_headers=headers
+        )
+        messages += [
+            {"role": "assistant", "content": first.choices[0].message.content},
+            {"role": "user", "content": "Now write the tests."},
+        ]
+        stream = client.chat.completions.create(
+            model="tiny", messages=messages, max_tokens=6, temperature=0, stream=True,
+            stream_options={"include_usage": True}, extra_headers=headers,
+        )  # fmt: skip
+        chunks = list(stream)
+    assert first.usage.prompt_tokens_details.cached_tokens == 0
+    assert chunks[-1].usage.prompt_tokens_details.cached_tokens > 0
+    assert "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+
+
+def health(base: str) -> int | None:
+    try:
+        return httpx.get(f"{base}/health", timeout=10).status_code
+    except httpx.HTTPError:
+        return None
+
+
+def test_health_is_200_while_serving_and_503_once_the_router_stops(fleet):
+    """Kubernetes httpGet probes need an HTTP answer that follows the router's own health;
+    a stream in flight keeps its grace while the probe already says 503."""
+    process, base, rank = fleet
+    assert health(base) == 200
+    body = {"model": "tiny", "prompt": "a" * 40, "max_tokens": 2000, "stream": True,
+            "ignore_eos": True}  # fmt: skip
+    with (
+        httpx.Client(base_url=base, timeout=60) as http,
+        http.stream("POST", "/v1/completions", json=body) as response,
+    ):
+        lines = response.iter_lines()
+        assert next(lines).startswith("data: ")
+        release = threading.Event()  # the rank makes no progress until released: the stream
+        held = threading.Thread(target=rank.core.call_on_core, args=(lambda: release.wait(60), 60))
+        held.start()  # stays open whatever the machine's speed
+        process.send_signal(signal.SIGTERM)  # graceful stop: gRPC health turns NOT_SERVING
+        try:
+            wait_until(lambda: health(base) == 503, timeout=30)
+        finally:
+            release.set()
+            held.join()
+        assert any(line.startswith("data: ") for line in lines)  # streamed on within the grace
