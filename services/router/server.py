@@ -169,7 +169,7 @@ def _bind(server: grpc.Server, address: str, config: RouterConfig) -> int:
     """Bind the client port, with TLS when certificate files are given; returns the port."""
     if bool(config.tls_cert_file) != bool(config.tls_key_file):
         raise ValueError("tls_cert_file and tls_key_file: give both or neither")
-    if config.tls_cert_file:
+    if config.tls_cert_file and config.tls_key_file:
         key = Path(config.tls_key_file).read_bytes()
         chain = Path(config.tls_cert_file).read_bytes()
         port = server.add_secure_port(address, grpc.ssl_server_credentials([(key, chain)]))
