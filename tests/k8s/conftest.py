@@ -4,7 +4,6 @@ the chart's service account, so the chart's RBAC is what it gets."""
 
 from __future__ import annotations
 
-import asyncio
 import logging
 import os
 import shlex
@@ -89,10 +88,8 @@ def operator_identity(cluster, chart) -> Path:
 @pytest.fixture
 async def operator(operator_identity, monkeypatch):
     """The operator's handlers in kopf, in this event loop, as the chart's service account."""
-    import kopf
     import kubernetes.config.kube_config
-    import kvfleet.operator.handlers  # noqa: F401  (registers the handlers)
-    from operator_testkit import stop_operator
+    from operator_testkit import start_operator, stop_operator
 
     monkeypatch.setenv("KUBECONFIG", str(operator_identity))
     monkeypatch.setattr(
@@ -100,20 +97,9 @@ async def operator(operator_identity, monkeypatch):
     )
     forbidden = ForbiddenLog()
     logging.getLogger().addHandler(forbidden)
-    settings = kopf.OperatorSettings()
-    settings.watching.connect_timeout = 5
-    settings.watching.server_timeout = 10
-    settings.networking.request_timeout = 15
-    settings.queueing.idle_timeout = 0.5
-    settings.queueing.exit_timeout = 2
-    stop, ready = asyncio.Event(), asyncio.Event()
-    task = asyncio.create_task(
-        kopf.operator(
-            clusterwide=True, standalone=True, settings=settings,
-            stop_flag=stop, ready_flag=ready, memo=kopf.Memo(),
-        )
-    )  # fmt: skip
-    await asyncio.wait_for(ready.wait(), timeout=30)
+    task, stop, settings = await start_operator(
+        request_timeout=15, ready_timeout=30, server_timeout=10
+    )
     try:
         yield forbidden
     finally:

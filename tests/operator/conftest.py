@@ -2,12 +2,11 @@
 
 from __future__ import annotations
 
-import asyncio
 import os
 
 import pytest
 import yaml
-from operator_testkit import POOL_CRD_PATH, load_crd, stop_operator
+from operator_testkit import POOL_CRD_PATH, load_crd, start_operator, stop_operator
 
 # Fast timer ticks for tests; read when the handlers module is imported.
 os.environ.setdefault("KVFLEET_OPERATOR_TICK_SECONDS", "0.3")
@@ -57,21 +56,6 @@ def kubeconfig(k8s, tmp_path, monkeypatch):
 @pytest.fixture
 async def operator(kubeconfig, k8s):
     """The operator's handlers running in kopf, in this event loop, until the test ends."""
-    import kopf
-    import kvfleet.operator.handlers  # noqa: F401  (registers the handlers)
-
-    settings = kopf.OperatorSettings()
-    settings.watching.connect_timeout = 5
-    settings.networking.request_timeout = 10
-    settings.batching.idle_timeout = 0.5  # workers exit fast when the test stops the operator
-    settings.batching.exit_timeout = 2
-    stop, ready = asyncio.Event(), asyncio.Event()
-    task = asyncio.create_task(
-        kopf.operator(
-            clusterwide=True, standalone=True, settings=settings,
-            stop_flag=stop, ready_flag=ready, memo=kopf.Memo(),
-        )
-    )  # fmt: skip
-    await asyncio.wait_for(ready.wait(), timeout=10)
+    task, stop, settings = await start_operator(request_timeout=10, ready_timeout=10)
     yield task
     await stop_operator(task, stop, settings)

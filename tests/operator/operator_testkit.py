@@ -61,6 +61,32 @@ def _kopf_tasks() -> list[asyncio.Task]:
     ]
 
 
+async def start_operator(request_timeout: float, ready_timeout: float, **watching: float):
+    """kopf running the operator's handlers in this event loop: (task, stop flag, settings).
+
+    Workers exit fast once the test stops the operator (short idle and exit timeouts);
+    `watching` sets kopf's watch timeouts (connect_timeout, server_timeout).
+    """
+    import kopf
+    import kvfleet.operator.handlers  # noqa: F401  (registers the handlers)
+
+    settings = kopf.OperatorSettings()
+    for name, value in {"connect_timeout": 5, **watching}.items():
+        setattr(settings.watching, name, value)
+    settings.networking.request_timeout = request_timeout
+    settings.queueing.idle_timeout = 0.5
+    settings.queueing.exit_timeout = 2
+    stop, ready = asyncio.Event(), asyncio.Event()
+    task = asyncio.create_task(
+        kopf.operator(
+            clusterwide=True, standalone=True, settings=settings,
+            stop_flag=stop, ready_flag=ready, memo=kopf.Memo(),
+        )
+    )  # fmt: skip
+    await asyncio.wait_for(ready.wait(), timeout=ready_timeout)
+    return task, stop, settings
+
+
 async def stop_operator(task: asyncio.Task, stop: asyncio.Event, settings) -> None:
     """Stop the operator and everything it started while the mock API still answers.
 
