@@ -1,0 +1,89 @@
+"""Tensor parallelism on CPU: two gloo workers of one rank give TP-1's greedy tokens and
+logits (fp32, tight tolerance) over the paged cache, with chunked prefill and a prefix hit."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from kvfleet.services.engine import PagedKVCache, SequenceChunk, make_backend
+from kvfleet.services.engine.batch import ForwardBatch
+from kvfleet.services.engine.models.tiny_checkpoint import write_tiny_checkpoint
+from kvfleet.services.engine.tp import TPLayout, load_sharded_checkpoint, shard_config
+from kvfleet.services.engine.weights import load_checkpoint
+from tp_scenario import NUM_PAGES, PAGE_SIZE, run_scenario
+
+SCRIPT = Path(__file__).with_name("tp_scenario.py")
+DEADLINE_S = 300
+
+
+def _tp1(checkpoint: Path) -> dict:
+    model = load_checkpoint(checkpoint, "cpu", torch.float32)
+    cache = PagedKVCache(model.config, NUM_PAGES, PAGE_SIZE)
+    backend = make_backend(None, "cpu")
+
+    def forward(chunks):
+        return model(ForwardBatch.build(chunks, cache), cache, backend)
+
+    return run_scenario(forward, model.config.groups, SequenceChunk)
+
+
+def _tp_run(checkpoint: Path, world: int, tmp: Path) -> dict:
+    out, rendezvous = tmp / "result.pt", tmp / "rendezvous"
+    procs, logs = [], []
+    try:
+        for rank in range(world):
+            log = (tmp / f"worker{rank}.log").open("w")
+            logs.append(log)
+            cmd = [sys.executable, str(SCRIPT), f"--rank={rank}", f"--world={world}"]
+            cmd += [f"--rendezvous={rendezvous}", f"--checkpoint={checkpoint}", f"--out={out}"]
+            procs.append(subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT))
+        for proc in procs:
+            proc.wait(timeout=DEADLINE_S)
+    finally:
+        for proc in procs:
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()
+        for log in logs:
+            log.close()
+    failed = [(r, p.returncode) for r, p in enumerate(procs) if p.returncode != 0]
+    if failed:
+        text = "\n".join((tmp / f"worker{r}.log").read_text()[-3000:] for r, _ in failed)
+        pytest.fail(f"workers {failed} failed:\n{text}")
+    return torch.load(out)
+
+
+@pytest.mark.parametrize("arch", ["Qwen2ForCausalLM", "Qwen3MoeForCausalLM"])
+def test_tp2_matches_tp1(tmp_path: Path, arch: str) -> None:
+    checkpoint = write_tiny_checkpoint(tmp_path / "ckpt", arch, seed=3, dtype="float32")
+    expected = _tp1(checkpoint)
+    got = _tp_run(checkpoint, 2, tmp_path)
+    assert got["kv_heads"] == 1  # each worker's pages hold one of the two KV heads
+    assert got["tokens_a"] == expected["tokens_a"]
+    assert got["tokens_b"] == expected["tokens_b"]
+    assert len(got["logits"]) == len(expected["logits"])
+    for step, (a, b) in enumerate(zip(got["logits"], expected["logits"], strict=True)):
+        torch.testing.assert_close(a, b, atol=2e-5, rtol=1e-5, msg=f"step {step}")
+
+
+def test_shard_reads_only_its_slice(tmp_path: Path) -> None:
+    checkpoint = write_tiny_checkpoint(tmp_path / "ckpt", "Qwen2ForCausalLM", dtype="float32")
+    full = load_checkpoint(checkpoint, "cpu", torch.float32)
+    half = load_sharded_checkpoint(checkpoint, TPLayout(1, 2), dtype=torch.float32)
+    attn, ref = half.model.layers[0].self_attn, full.model.layers[0].self_attn
+    torch.testing.assert_close(attn.q_proj.weight, ref.q_proj.weight[32:])
+    torch.testing.assert_close(attn.k_proj.bias, ref.k_proj.bias[16:])
+    torch.testing.assert_close(attn.o_proj.weight, ref.o_proj.weight[:, 32:])
+    mlp, ref_mlp = half.model.layers[0].mlp, full.model.layers[0].mlp
+    torch.testing.assert_close(mlp.down_proj.weight, ref_mlp.down_proj.weight[:, 64:])
+
+
+def test_uneven_split_is_refused(tmp_path: Path) -> None:
+    checkpoint = write_tiny_checkpoint(tmp_path / "ckpt", "Qwen2ForCausalLM", dtype="float32")
+    config = load_checkpoint(checkpoint, "cpu", torch.float32).config
+    with pytest.raises(ValueError, match=r"tensor_parallel=4 does not divide.*num_kv_heads"):
+        shard_config(config, TPLayout(0, 4))
