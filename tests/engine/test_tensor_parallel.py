@@ -1,5 +1,6 @@
 """Tensor parallelism on CPU: two gloo workers of one rank give TP-1's greedy tokens and
-logits (fp32, tight tolerance) over the paged cache, with chunked prefill and a prefix hit."""
+logits (fp32, tight tolerance) over the paged cache, with chunked prefill and a prefix hit on
+pages that went through the host tier and back."""
 
 from __future__ import annotations
 
@@ -9,12 +10,12 @@ from pathlib import Path
 
 import pytest
 import torch
-from kvfleet.services.engine import PagedKVCache, SequenceChunk, make_backend
+from kvfleet.services.engine import SequenceChunk, make_backend
 from kvfleet.services.engine.batch import ForwardBatch
 from kvfleet.services.engine.models.tiny_checkpoint import write_tiny_checkpoint
 from kvfleet.services.engine.tp import TPLayout, load_sharded_checkpoint, shard_config
 from kvfleet.services.engine.weights import load_checkpoint
-from tp_scenario import NUM_PAGES, PAGE_SIZE, run_scenario
+from tp_scenario import kv_bytes, run_scenario
 
 SCRIPT = Path(__file__).with_name("tp_scenario.py")
 DEADLINE_S = 300
@@ -22,13 +23,13 @@ DEADLINE_S = 300
 
 def _tp1(checkpoint: Path) -> dict:
     model = load_checkpoint(checkpoint, "cpu", torch.float32)
-    cache = PagedKVCache(model.config, NUM_PAGES, PAGE_SIZE)
+    tier, cache = kv_bytes(model.config)
     backend = make_backend(None, "cpu")
 
     def forward(chunks):
         return model(ForwardBatch.build(chunks, cache), cache, backend)
 
-    return run_scenario(forward, model.config.groups, SequenceChunk)
+    return run_scenario(forward, model.config.groups, SequenceChunk, tier)
 
 
 def _tp_run(checkpoint: Path, world: int, tmp: Path) -> dict:

@@ -35,7 +35,21 @@ def _pages(groups, ids: list[int]) -> dict[str, list[int]]:
     return {g: list(ids) for g in groups}
 
 
-def run_scenario(forward: Forward, groups, chunk_type) -> dict:
+def kv_bytes(config):
+    """Device KV and a small host tier for `config`'s (a worker's) KV heads."""
+    from kvfleet.kvstore.tiers.layout import KVLayout
+    from kvfleet.kvstore.tiers.torch_bytes import TorchBytes
+    from kvfleet.services.engine.device_kv_cache import DeviceKVCache
+
+    layout = KVLayout(
+        PAGE_SIZE, config.num_kv_heads, config.head_dim, dict(config.groups), "float32"
+    )
+    groups = list(config.groups)
+    tier = TorchBytes(layout, dict.fromkeys(groups, NUM_PAGES), dict.fromkeys(groups, 4), "cpu")
+    return tier, DeviceKVCache(config, tier.kv)
+
+
+def run_scenario(forward: Forward, groups, chunk_type, tier) -> dict:
     gen = torch.Generator().manual_seed(7)
     prompt_a = torch.randint(0, 256, (13,), generator=gen).tolist()
     prompt_b = prompt_a[:8] + torch.randint(0, 256, (6,), generator=gen).tolist()
@@ -57,8 +71,13 @@ def run_scenario(forward: Forward, groups, chunk_type) -> dict:
         seq_a.append(tokens_a[-1])
         out = step([chunk_type([tokens_a[-1]], len(seq_a) - 1, _pages(groups, pages_a))])
         tokens_a.append(int(out[0].argmax()))
-    # B shares A's first two full pages (8 tokens): only its own tail is computed.
-    pages_b = pages_a[:2] + alloc.take(-(-(len(prompt_b) + 10) // PAGE_SIZE) - 2)
+    # A's first two full pages (8 tokens) go to the host tier and come back in fresh pages;
+    # B starts from those (a prefix hit after an onboard): only its own tail is computed.
+    onboarded = alloc.take(2)
+    for group in groups:
+        tier.offload(group, pages_a[:2], [2, 3])
+        tier.onboard(group, onboarded, [tier.host_row(group, slot) for slot in (2, 3)])
+    pages_b = onboarded + alloc.take(-(-(len(prompt_b) + 10) // PAGE_SIZE) - 2)
     out = step([chunk_type(prompt_b[8:], 8, _pages(groups, pages_b))])
     seq_b, tokens_b = list(prompt_b), [int(out[0].argmax())]
     for _ in range(4):  # both sequences decode in one batch
@@ -77,8 +96,9 @@ def run_scenario(forward: Forward, groups, chunk_type) -> dict:
 
 def _worker(args: argparse.Namespace) -> None:
     import torch.distributed as dist
-    from kvfleet.services.engine import PagedKVCache, SequenceChunk, make_backend
+    from kvfleet.services.engine import SequenceChunk, make_backend
     from kvfleet.services.engine.tp import (
+        ShardedBytes,
         StepPlanFollower,
         TPLayout,
         broadcast_chunks,
@@ -97,19 +117,20 @@ def _worker(args: argparse.Namespace) -> None:
     try:
         layout = TPLayout.from_process_group()
         model = load_sharded_checkpoint(args.checkpoint, layout, dtype=torch.float32)
-        cache = PagedKVCache(model.config, NUM_PAGES, PAGE_SIZE)
+        tier, cache = kv_bytes(model.config)
         backend = make_backend(None, "cpu")
         if layout.rank == 0:
 
             def forward(chunks):
                 return leader_forward(model, cache, backend, chunks)
 
-            result = run_scenario(forward, model.config.groups, SequenceChunk)
+            groups = model.config.groups
+            result = run_scenario(forward, groups, SequenceChunk, ShardedBytes(tier))
             broadcast_chunks(None)
             result["kv_heads"] = model.config.num_kv_heads
             torch.save(result, args.out)
         else:
-            StepPlanFollower(model, cache, backend).run()
+            StepPlanFollower(model, cache, backend, tier).run()
     finally:
         dist.destroy_process_group()
 

@@ -9,15 +9,18 @@ its KV heads' shard of every page: the page ids are the leader's, the bytes are 
 """
 
 from .loading import load_sharded_checkpoint
+from .sharded_bytes import ShardedBytes
 from .sharding import TPLayout, install_all_reduce, shard_config
-from .step_plan import StepPlanFollower, broadcast_chunks, leader_forward
+from .step_plan import StepPlanFollower, broadcast_chunks, leader_forward, send_to_workers
 
 __all__ = [
+    "ShardedBytes",
     "StepPlanFollower",
     "TPLayout",
     "broadcast_chunks",
     "install_all_reduce",
     "leader_forward",
     "load_sharded_checkpoint",
+    "send_to_workers",
     "shard_config",
 ]

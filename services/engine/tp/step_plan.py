@@ -1,15 +1,17 @@
-"""The leader's step plan, sent to every worker of the rank before each forward.
+"""The leader's orders, sent to every worker of the rank: forward steps and tier copies.
 
-Only worker 0 (the leader) runs the scheduler and the kvstore; a step's plan is its chunks
-(new tokens, cached length, page ids per layer group), plain Python data sent with
-`torch.distributed.broadcast_object_list`. Each worker builds the same `ForwardBatch` over
-its own KV shard and runs the same forward, so the all-reduces inside line up. A plan of
-None tells the workers to stop.
+Only worker 0 (the leader) runs the scheduler and the kvstore. Before each forward it sends the
+step's chunks (new tokens, cached length, page ids per layer group), and before each tier copy
+the copy (life cycle, device pages, host slots), as plain Python data through
+`torch.distributed.broadcast_object_list`. Each worker builds the same `ForwardBatch` over its
+own KV shard and runs the same forward, so the all-reduces inside line up, and makes the same
+copies of its own shard. None tells the workers to stop.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import Any
 
 import torch
 import torch.distributed as dist
@@ -19,54 +21,74 @@ from ..batch import ForwardBatch, SequenceChunk
 from ..kv_cache import PagedKVCache
 from ..model import CausalLM
 
-Plan = tuple[list[tuple[list[int], int, dict[str, list[int]]]], bool] | None
+STEP, OFFLOAD, ONBOARD = "step", "offload", "onboard"
 
 
-def _send(plan: Plan) -> Plan:
-    box = [plan]
+def _send(message: tuple | None) -> tuple | None:
+    box: list[Any] = [message]
     dist.broadcast_object_list(box, src=0)
     return box[0]
 
 
-def broadcast_chunks(chunks: Sequence[SequenceChunk] | None, all_logits: bool = False) -> Plan:
-    """Leader: send the step (None: stop); workers call `StepPlanFollower` instead."""
+def send_to_workers(message: tuple | None) -> None:
+    """Leader: one order (None: stop) to every worker; a no-op outside a process group."""
+    if dist.is_initialized() and dist.get_world_size() > 1:
+        _send(message)
+
+
+def broadcast_chunks(chunks: Sequence[SequenceChunk] | None, all_logits: bool = False) -> None:
+    """Leader: send one forward step (None: stop)."""
     if chunks is None:
-        return _send(None)
-    plan = (
-        [
-            (list(c.new_tokens), c.num_cached, {g: list(p) for g, p in c.page_ids.items()})
-            for c in chunks
-        ],
-        all_logits,
-    )
-    return _send(plan)
-
-
-def _chunks(plan: Plan) -> list[SequenceChunk]:
-    return [SequenceChunk(tokens, cached, pages) for tokens, cached, pages in plan[0]]
+        send_to_workers(None)
+        return
+    plan = [
+        (list(c.new_tokens), c.num_cached, {g: list(p) for g, p in c.page_ids.items()})
+        for c in chunks
+    ]
+    send_to_workers((STEP, plan, all_logits))
 
 
 class StepPlanFollower:
-    """A worker's side: run every step the leader plans over this worker's model and cache."""
+    """A worker's side: run every order the leader sends over this worker's model, cache and
+    (when the rank has tiers) host rows."""
 
-    def __init__(self, model: CausalLM, cache: PagedKVCache, backend: AttentionBackend) -> None:
-        self.model, self.cache, self.backend = model, cache, backend
+    def __init__(
+        self,
+        model: CausalLM,
+        cache: PagedKVCache,
+        backend: AttentionBackend,
+        tier_bytes: Any = None,
+    ) -> None:
+        self.model, self.cache, self.backend, self.tier_bytes = model, cache, backend, tier_bytes
 
     def step(self) -> bool:
-        """Run one planned step; False once the leader said stop."""
-        plan = _send(None)
-        if plan is None:
+        """Carry out one order; False once the leader said stop."""
+        message = _send(None)
+        if message is None:
             return False
-        batch = ForwardBatch.build(_chunks(plan), self.cache)
-        self.model(batch, self.cache, self.backend, all_logits=plan[1])
+        kind = message[0]
+        if kind == STEP:
+            _, plan, all_logits = message
+            chunks = [SequenceChunk(tokens, cached, pages) for tokens, cached, pages in plan]
+            batch = ForwardBatch.build(chunks, self.cache)
+            self.model(batch, self.cache, self.backend, all_logits=all_logits)
+        elif kind == OFFLOAD:
+            _, life_cycle, pages, slots = message
+            self.tier_bytes.offload(life_cycle, pages, slots)
+        elif kind == ONBOARD:
+            _, life_cycle, pages, slots = message
+            rows = [self.tier_bytes.host_row(life_cycle, slot) for slot in slots]
+            self.tier_bytes.onboard(life_cycle, pages, rows)
+        else:
+            raise ValueError(f"unknown order {kind!r} from the tensor-parallel leader")
         return True
 
     def run(self) -> int:
-        """Follow until stopped; returns the number of steps run."""
-        steps = 0
+        """Follow until stopped; returns the number of orders carried out."""
+        count = 0
         while self.step():
-            steps += 1
-        return steps
+            count += 1
+        return count
 
 
 def leader_forward(
@@ -77,6 +99,5 @@ def leader_forward(
     all_logits: bool = False,
 ) -> torch.Tensor:
     """Leader: send the plan, then run the same forward; returns the full logits."""
-    if dist.is_initialized() and dist.get_world_size() > 1:
-        broadcast_chunks(chunks, all_logits)
+    broadcast_chunks(chunks, all_logits)
     return model(ForwardBatch.build(list(chunks), cache), cache, backend, all_logits=all_logits)
