@@ -4,8 +4,6 @@ pages that went through the host tier and back."""
 
 from __future__ import annotations
 
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -16,9 +14,9 @@ from kvfleet.services.engine.models.tiny_checkpoint import write_tiny_checkpoint
 from kvfleet.services.engine.tp import TPLayout, load_sharded_checkpoint, shard_config
 from kvfleet.services.engine.weights import load_checkpoint
 from tp_scenario import kv_bytes, run_scenario
+from tp_testkit import run_workers
 
 SCRIPT = Path(__file__).with_name("tp_scenario.py")
-DEADLINE_S = 300
 
 
 def _tp1(checkpoint: Path) -> dict:
@@ -33,28 +31,8 @@ def _tp1(checkpoint: Path) -> dict:
 
 
 def _tp_run(checkpoint: Path, world: int, tmp: Path) -> dict:
-    out, rendezvous = tmp / "result.pt", tmp / "rendezvous"
-    procs, logs = [], []
-    try:
-        for rank in range(world):
-            log = (tmp / f"worker{rank}.log").open("w")
-            logs.append(log)
-            cmd = [sys.executable, str(SCRIPT), f"--rank={rank}", f"--world={world}"]
-            cmd += [f"--rendezvous={rendezvous}", f"--checkpoint={checkpoint}", f"--out={out}"]
-            procs.append(subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT))
-        for proc in procs:
-            proc.wait(timeout=DEADLINE_S)
-    finally:
-        for proc in procs:
-            if proc.poll() is None:
-                proc.kill()
-                proc.wait()
-        for log in logs:
-            log.close()
-    failed = [(r, p.returncode) for r, p in enumerate(procs) if p.returncode != 0]
-    if failed:
-        text = "\n".join((tmp / f"worker{r}.log").read_text()[-3000:] for r, _ in failed)
-        pytest.fail(f"workers {failed} failed:\n{text}")
+    out = tmp / "result.pt"
+    run_workers(SCRIPT, world, tmp, f"--checkpoint={checkpoint}", f"--out={out}")
     return torch.load(out)
 
 

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import argparse
 from collections.abc import Callable
-from datetime import timedelta
 
 import torch
 
@@ -105,15 +104,10 @@ def _worker(args: argparse.Namespace) -> None:
         leader_forward,
         load_sharded_checkpoint,
     )
+    from tp_testkit import join_group
 
     torch.set_num_threads(1)
-    dist.init_process_group(
-        "gloo",
-        init_method=f"file://{args.rendezvous}",
-        rank=args.rank,
-        world_size=args.world,
-        timeout=timedelta(seconds=120),
-    )
+    join_group(args.rendezvous, args.rank, args.world)
     try:
         layout = TPLayout.from_process_group()
         model = load_sharded_checkpoint(args.checkpoint, layout, dtype=torch.float32)

@@ -5,12 +5,13 @@ step's chunks (new tokens, cached length, page ids per layer group), and before 
 the copy (life cycle, device pages, host slots), as plain Python data through
 `torch.distributed.broadcast_object_list`. Each worker builds the same `ForwardBatch` over its
 own KV shard and runs the same forward, so the all-reduces inside line up, and makes the same
-copies of its own shard. None tells the workers to stop.
+copies of its own shard. Fresh tiers (a new manager) are an order too, and None tells the
+workers to stop.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import torch
@@ -21,7 +22,7 @@ from ..batch import ForwardBatch, SequenceChunk
 from ..kv_cache import PagedKVCache
 from ..model import CausalLM
 
-STEP, OFFLOAD, ONBOARD = "step", "offload", "onboard"
+STEP, OFFLOAD, ONBOARD, OPEN = "step", "offload", "onboard", "open"
 
 
 def _send(message: tuple | None) -> tuple | None:
@@ -58,8 +59,12 @@ class StepPlanFollower:
         cache: PagedKVCache,
         backend: AttentionBackend,
         tier_bytes: Any = None,
+        open_kv: Callable[[dict, dict], tuple[PagedKVCache, Any]] | None = None,
     ) -> None:
+        """`open_kv(pool_pages, host_pages)`: a fresh (cache, tier bytes) when the leader opens
+        new tiers."""
         self.model, self.cache, self.backend, self.tier_bytes = model, cache, backend, tier_bytes
+        self.open_kv = open_kv
 
     def step(self) -> bool:
         """Carry out one order; False once the leader said stop."""
@@ -79,6 +84,9 @@ class StepPlanFollower:
             _, life_cycle, pages, slots = message
             rows = [self.tier_bytes.host_row(life_cycle, slot) for slot in slots]
             self.tier_bytes.onboard(life_cycle, pages, rows)
+        elif kind == OPEN and self.open_kv is not None:
+            _, pool_pages, host_pages = message
+            self.cache, self.tier_bytes = self.open_kv(pool_pages, host_pages)
         else:
             raise ValueError(f"unknown order {kind!r} from the tensor-parallel leader")
         return True
