@@ -10,7 +10,7 @@ from types import SimpleNamespace
 
 import pytest
 from kvfleet.services.engine.compute import TorchCompute
-from kvfleet.services.engine.engine_config import EngineConfig
+from kvfleet.services.engine.engine_config import EngineConfig, engine_config_from_dict
 from kvfleet.services.engine.engine_core import EngineCore
 from kvfleet.services.engine.kv_setup import disk_tier_root
 from kvfleet.services.engine.models.tiny_checkpoint import write_tiny_checkpoint
@@ -53,3 +53,10 @@ def test_tensor_parallel_needs_a_checkpoint_and_no_disk_tier() -> None:
         EngineConfig(tensor_parallel=2, model_path="/m", disk_tier_dir="/disk")
     with pytest.raises(ValueError, match="tensor_parallel must be >= 1"):
         EngineConfig(tensor_parallel=0)
+
+
+def test_engine_yaml_sets_tensor_parallel() -> None:
+    data = {"model": {"path": "/m"}, "tensor_parallel": 2}
+    assert engine_config_from_dict(data).tensor_parallel == 2
+    with pytest.raises(ValueError, match="tensor_parallel"):
+        engine_config_from_dict({"tensor_parallel": 0})
