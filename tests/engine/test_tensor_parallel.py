@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from hf_testkit import save_tiny
 from kvfleet.services.engine import SequenceChunk, make_backend
 from kvfleet.services.engine.batch import ForwardBatch
 from kvfleet.services.engine.models.tiny_checkpoint import write_tiny_checkpoint
@@ -36,9 +37,31 @@ def _tp_run(checkpoint: Path, world: int, tmp: Path) -> dict:
     return torch.load(out)
 
 
-@pytest.mark.parametrize("arch", ["Qwen2ForCausalLM", "Qwen3MoeForCausalLM"])
-def test_tp2_matches_tp1(tmp_path: Path, arch: str) -> None:
-    checkpoint = write_tiny_checkpoint(tmp_path / "ckpt", arch, seed=3, dtype="float32")
+def _checkpoint(maker: str, arch: str, directory: Path) -> Path:
+    """`tiny`: the engine's writer (per-expert MoE tensors); `hf`: transformers'
+    save_pretrained (Llama with o_proj/down_proj biases, Mixtral in its own expert layout)."""
+    if maker == "tiny":
+        return write_tiny_checkpoint(directory, arch, seed=3, dtype="float32")
+    model, directory = save_tiny(arch, directory, seed=3)
+    with torch.no_grad():  # transformers initialises biases to zero: make them count
+        for name, param in model.named_parameters():
+            if name.endswith(".bias"):
+                param.normal_(0.0, 0.1)
+    model.save_pretrained(directory, max_shard_size="40KB")
+    return directory
+
+
+@pytest.mark.parametrize(
+    ("maker", "arch"),
+    [
+        ("tiny", "Qwen2ForCausalLM"),  # q/k/v biases, window and full layer groups
+        ("tiny", "Qwen3MoeForCausalLM"),  # q/k norms, experts
+        ("hf", "LlamaForCausalLM"),  # row-parallel biases: added once, by worker 0
+        ("hf", "MixtralForCausalLM"),
+    ],
+)
+def test_tp2_matches_tp1(tmp_path: Path, maker: str, arch: str) -> None:
+    checkpoint = _checkpoint(maker, arch, tmp_path / "ckpt")
     expected = _tp1(checkpoint)
     got = _tp_run(checkpoint, 2, tmp_path)
     assert got["kv_heads"] == 1  # each worker's pages hold one of the two KV heads
