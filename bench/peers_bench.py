@@ -10,7 +10,14 @@ with ratios against a baseline arm of the same run (sglang round_robin).
 - vllm-router gets token ids (its cache_aware renders them through `/v1/completions/render`).
 - kvfleet's router is replayed over grpc:// (its Generate stream), pins in-process.
 
-Run: .venv/bin/python bench/peers_bench.py [--arms NAME ...] [--sessions 8] [--kv-pages 1200]
+Two regimes, one table each. **Saturated** (the default first table): 4 ranks x 2 slots and 16
+concurrent sessions (16 sessions of the held-out half with 3-8 turns under 32k tokens), fewer
+slots than sessions, so turns queue and the router's affinity decides where they wait; every
+arm runs once per (seed, stagger) in `--runs` and the table gives mean and min-max.
+**Unsaturated** (second table, `--regime both`): the earlier 2 ranks x 4 slots, 8 sessions.
+
+Run: .venv/bin/python bench/peers_bench.py [--arms NAME ...] [--regime saturated|both]
+     [--runs 1:1,2:3] [--kv-pages 1200]
 Needs the optional peers: .venv/bin/pip install -e '.[dev,peers]' (arms whose router is not
 installed are listed as skipped, with the reason).
 """
@@ -19,12 +26,15 @@ from __future__ import annotations
 
 import argparse
 import json
+import statistics
 import sys
 import tempfile
+from dataclasses import dataclass
 from pathlib import Path
 
 from kvfleet.services.engine.config import preset
 from kvfleet.services.engine.model_dir import write_model_dir
+from kvfleet.services.replay.claude_code import read_claude_code
 from kvfleet.services.replay.http_target import OpenAICompletionsTarget
 from kvfleet.services.replay.target import TARGET_FACTORIES
 from kvfleet.services.replay.target_types import TargetOptions
@@ -32,7 +42,15 @@ from rich.console import Console
 from rich.table import Table
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from peers_fleet import ROUTER_NEEDS, ROUTERS, Fleet, RankSettings, router_available
+from peers_fleet import (
+    ROUTER_NEEDS,
+    ROUTERS,
+    SERVED_MODEL,
+    Fleet,
+    RankSettings,
+    router_available,
+)
+from sim_bench import session_files
 
 TRACES = Path(__file__).resolve().parents[1] / ".." / "shared" / "traces" / "claude_code_weka"
 # Sessions whose first turns fit 32k tokens, each with 3-5 of them (a small, quick slice).
@@ -74,11 +92,39 @@ def _open_text(spec: str, options: TargetOptions) -> TextCompletionsTarget:
 TARGET_FACTORIES["text+http"] = _open_text
 
 
+@dataclass(frozen=True)
+class Regime:
+    """Fleet shape and load of one table."""
+
+    name: str
+    ranks: int
+    max_batch_size: int
+    sessions: int
+    slice: tuple[str, ...]
+
+
+def saturated_slice(count: int = 16) -> tuple[str, ...]:
+    """Held-out sessions (sim_bench's `report` half) with 3-8 turns under 32k tokens, the
+    first `count` by name: short enough to replay live, enough of them to queue."""
+    picked = []
+    for path in session_files("report"):
+        turns = [t for c in read_claude_code(path).all_conversations() for t in c.turns()]
+        if 3 <= sum(t.input_tokens + t.output_tokens <= 32768 for t in turns) <= 8:
+            picked.append(path.stem.removeprefix("trace_"))
+    return tuple(picked[:count])
+
+
+def regimes(args: argparse.Namespace) -> list[Regime]:
+    saturated = Regime("saturated", 4, 2, 16, saturated_slice())
+    unsaturated = Regime("unsaturated", 2, 4, 8, SLICE)
+    return [saturated] if args.regime == "saturated" else [saturated, unsaturated]
+
+
 def replay(spec: str, arm: str, out: Path, args: argparse.Namespace) -> dict:
-    """`kvfleet replay` of the slice against `spec`; its JSON measures."""
+    """`kvfleet replay` of the regime's slice against `spec`; its JSON measures."""
     from kvfleet.services.cli import main
 
-    traces = [str(TRACES / f"trace_{name}.json") for name in SLICE[: args.limit]]
+    traces = [str(TRACES / f"trace_{name}.json") for name in args.slice[: args.limit]]
     argv = [
         "replay",
         *traces,
@@ -93,13 +139,15 @@ def replay(spec: str, arm: str, out: Path, args: argparse.Namespace) -> dict:
         "--time-scale",
         "0",
         "--seed",
-        "1",
+        str(args.seed),
+        "--stagger",
+        str(args.stagger),
         "--max-model-len",
         str(args.max_model_len),
         "--vocab-size",
         str(TEXT_VOCAB),
         "--model",
-        "kvfleet",
+        SERVED_MODEL,
         "--request-timeout",
         "300",
         "--no-progress",
@@ -112,7 +160,7 @@ def replay(spec: str, arm: str, out: Path, args: argparse.Namespace) -> dict:
 
 def run_arm(name: str, settings: RankSettings, args: argparse.Namespace, root: Path) -> dict:
     router, policy = ARMS[name]
-    workdir = root / name.replace(" ", "_")
+    workdir = root / f"{args.regime_name}-{args.seed}-{args.stagger}-{name.replace(' ', '_')}"
     workdir.mkdir()
     fleet = Fleet(workdir)
     try:
@@ -122,90 +170,98 @@ def run_arm(name: str, settings: RankSettings, args: argparse.Namespace, root: P
         fleet.stop()
 
 
-def print_table(results: dict[str, dict], skipped: dict[str, str], args) -> None:
+def spread(values: list[float], fmt: str) -> str:
+    mean = format(statistics.fmean(values), fmt)
+    if len(values) == 1:
+        return mean
+    return f"{mean} ({format(min(values), fmt)}-{format(max(values), fmt)})"
+
+
+def print_table(results: dict[str, list[dict]], regime: Regime, args) -> None:
+    runs = len(next(iter(results.values()), []))
     table = Table(
-        title=f"Peers on the same traffic: {args.ranks} sim ranks x "
-        f"{args.max_batch_size} slots, {args.kv_pages} KV pages each (higher reuse, "
-        f"lower TTFT = better; ratios vs {BASELINE})"
+        title=f"Peers, {regime.name}: {regime.ranks} sim ranks x {regime.max_batch_size} slots, "
+        f"{regime.sessions} concurrent sessions, {args.kv_pages} KV pages each; mean (min-max) "
+        f"of {runs} run(s) (seed:stagger {args.runs}); ratios vs {BASELINE}"
     )
-    columns = (
-        "arm",
-        "prefix reuse",
-        "oracle",
-        "of oracle",
-        "later turns no reuse",
-        "TTFT p50 s",
-        "TTFT p90 s",
-        "reuse vs base",
-        "TTFT p90 base/arm",
-    )
+    columns = ("arm", "prefix reuse", "of oracle", "later turns no reuse", "TTFT p50 s",
+               "TTFT p90 s", "reuse vs base")  # fmt: skip
     for column in columns:
         table.add_column(column, justify="left" if column == "arm" else "right")
     base = results.get(BASELINE)
-    for name, m in results.items():
-        reuse_ratio = p90_ratio = "-"
+    for name, items in results.items():
+        reuse_ratio = "-"
         if base:
-            reuse_ratio = f"{m['prefix_reuse'] / max(base['prefix_reuse'], 1e-9):.2f}x"
-            p90_ratio = f"{base['ttft_p90_s'] / max(m['ttft_p90_s'], 1e-9):.2f}x"
+            base_reuse = statistics.fmean(m["prefix_reuse"] for m in base)
+            reuse_ratio = f"{statistics.fmean(m['prefix_reuse'] for m in items) / base_reuse:.2f}x"
         table.add_row(
             name,
-            f"{m['prefix_reuse']:.3f}",
-            f"{m['oracle_reuse']:.3f}",
-            f"{m['prefix_reuse'] / max(m['oracle_reuse'], 1e-9):.1%}",
-            f"{m['later_turns_no_reuse']:.1%}",
-            f"{m['ttft_p50_s']:.3f}",
-            f"{m['ttft_p90_s']:.3f}",
+            spread([m["prefix_reuse"] for m in items], ".3f"),
+            spread([m["prefix_reuse"] / max(m["oracle_reuse"], 1e-9) for m in items], ".1%"),
+            spread([m["later_turns_no_reuse"] for m in items], ".1%"),
+            spread([m["ttft_p50_s"] for m in items], ".3f"),
+            spread([m["ttft_p90_s"] for m in items], ".3f"),
             reuse_ratio,
-            p90_ratio,
         )
-    Console(width=160).print(table)
-    first = next(iter(results.values()), None)
+    Console(width=180).print(table)
+    first = next(iter(results.values()), [None])[0]
     if first:
         print(
             f"workload: {first['requests']} requests, {first['prompt_tokens']:,} prompt tokens "
-            f"from {args.limit} Claude Code sessions (max_model_len {args.max_model_len}), "
-            f"{args.sessions} concurrent, think time 0; sim time scale {args.sim_time_scale}"
+            f"from {len(regime.slice[: args.limit])} Claude Code sessions (max_model_len "
+            f"{args.max_model_len}), think time 0; sim time scale {args.sim_time_scale}"
         )
-    for name, why in skipped.items():
-        print(f"skipped {name}: {why}")
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--arms", nargs="*", default=list(ARMS), choices=list(ARMS))
-    parser.add_argument("--ranks", type=int, default=2)
-    parser.add_argument("--max-batch-size", type=int, default=4)
+    parser.add_argument("--regime", choices=("saturated", "both"), default="both")
+    parser.add_argument("--runs", default="1:1,2:3", help="seed:stagger pairs, comma-separated")
     parser.add_argument("--kv-pages", type=int, default=1200, help="64-token pages per rank")
-    parser.add_argument("--sessions", type=int, default=8)
-    parser.add_argument("--limit", type=int, default=len(SLICE), help="sessions of the slice")
+    parser.add_argument("--limit", type=int, default=None, help="sessions of the slice")
     parser.add_argument("--max-model-len", type=int, default=32768)
     parser.add_argument("--sim-time-scale", type=float, default=0.25)
     parser.add_argument("--json", type=Path, default=None, help="write every arm's measures")
     args = parser.parse_args()
+    runs = [tuple(item.split(":")) for item in args.runs.split(",")]
 
-    results: dict[str, dict] = {}
+    tables: dict[str, dict[str, list[dict]]] = {}
     skipped: dict[str, str] = {}
     with tempfile.TemporaryDirectory(prefix="kvfleet-peers-") as tmp:
         root = Path(tmp)
         model = preset("8b").with_changes(max_position=args.max_model_len + 1024)
-        settings = RankSettings(
-            model_dir=write_model_dir(root / "model", model),
-            max_batch_size=args.max_batch_size,
-            kv_pages=args.kv_pages,
-            sim_time_scale=args.sim_time_scale,
-        )
-        for name in args.arms:
-            router = ARMS[name][0]
-            if not router_available(router):
-                skipped[name] = f"{ROUTER_NEEDS[router]} is not installed (extra 'peers')"
-                continue
-            try:
-                results[name] = run_arm(name, settings, args, root)
-            except (RuntimeError, TimeoutError) as error:
-                skipped[name] = str(error)
-    print_table(results, skipped, args)
+        model_dir = write_model_dir(root / "model", model)
+        for regime in regimes(args):
+            settings = RankSettings(
+                model_dir=model_dir,
+                max_batch_size=regime.max_batch_size,
+                kv_pages=args.kv_pages,
+                sim_time_scale=args.sim_time_scale,
+            )
+            results = tables.setdefault(regime.name, {})
+            for seed, stagger in runs:
+                run_args = argparse.Namespace(
+                    **vars(args), regime_name=regime.name, ranks=regime.ranks,
+                    sessions=regime.sessions, slice=regime.slice, seed=int(seed),
+                    stagger=float(stagger),
+                )  # fmt: skip
+                for name in args.arms:
+                    router = ARMS[name][0]
+                    if not router_available(router):
+                        skipped[name] = f"{ROUTER_NEEDS[router]} is not installed (extra 'peers')"
+                        continue
+                    try:
+                        measures = run_arm(name, settings, run_args, root)
+                    except (RuntimeError, TimeoutError) as error:
+                        skipped[name] = str(error)
+                        continue
+                    results.setdefault(name, []).append(measures)
+            print_table(results, regime, args)
+    for name, why in skipped.items():
+        print(f"skipped {name}: {why}")
     if args.json is not None:
-        args.json.write_text(json.dumps({"arms": results, "skipped": skipped}, indent=2))
+        args.json.write_text(json.dumps({"tables": tables, "skipped": skipped}, indent=2))
 
 
 if __name__ == "__main__":

@@ -23,8 +23,20 @@ import yaml
 
 HOST = "127.0.0.1"
 BIN = Path(sys.executable).parent
+# Where console scripts may be: this interpreter's bin, then the bin of every virtual
+# environment on sys.path (a worktree's .venv reaches the shared one's packages through a .pth).
+SCRIPT_DIRS = (BIN, *(Path(p).parents[2] / "bin" for p in sys.path if p.endswith("site-packages")))
+
+
+def script(name: str) -> Path:
+    """The console script `name` from the first of SCRIPT_DIRS that has it (else BIN/name)."""
+    found = shutil.which(name, path=os.pathsep.join(str(d) for d in SCRIPT_DIRS))
+    return Path(found) if found else BIN / name
+
+
 START_TIMEOUT_S = 60.0
 FLEET_SECRET = secrets.token_hex(16)
+SERVED_MODEL = "tiny"  # the ranks' model name, which their OpenAI endpoints check
 
 
 def free_port() -> int:
@@ -45,11 +57,11 @@ class RankSettings:
     max_num_batched_tokens: int = 8192
     sim_time_scale: float = 1.0
     reuse_policy: str = "per_conversation"
-    max_num_turns: int = 2
+    max_num_turns: int = 5  # the engine's default
 
     def engine_yaml(self) -> dict:
         return {
-            "model": {"name": "tiny", "path": str(self.model_dir)},
+            "model": {"name": SERVED_MODEL, "path": str(self.model_dir)},
             "max_batch_size": self.max_batch_size,
             "reuse": {"policy": self.reuse_policy, "max_num_turns": self.max_num_turns},
             "engine": {
@@ -222,7 +234,7 @@ def sglang_router(fleet: Fleet, settings: RankSettings, ranks: int, policy: str)
 
 def vllm_router(fleet: Fleet, settings: RankSettings, ranks: int, policy: str) -> str:
     """vllm-router over HTTP workers; token-id prompts (its cache_aware renders them)."""
-    return f"http://{_peer_router(fleet, settings, ranks, [str(BIN / 'vllm-router')], policy)}"
+    return f"http://{_peer_router(fleet, settings, ranks, [str(script('vllm-router'))], policy)}"
 
 
 DYNAMO_PYTHON = Path(__file__).resolve().parents[1] / ".venv-dynamo" / "bin" / "python"
@@ -271,4 +283,4 @@ ROUTER_NEEDS = {
 
 def router_available(router: str) -> bool:
     """True when the router's executable is installed in this environment."""
-    return shutil.which(ROUTER_NEEDS[router], path=str(BIN)) is not None
+    return script(ROUTER_NEEDS[router]).exists()

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import hashlib
 import json
 import time
 from collections.abc import Callable
@@ -50,14 +51,29 @@ ARMS: dict[str, dict[str, str]] = {
     "strict": {**STRICT, "reuse_policy": "per_request", "checkpoint": "off"},
     "strict+turns5 (sized)": {**TURNS_5, "checkpoint": "off"},
     "+ckpt": {**TURNS_5, "checkpoint": "on"},
-    "+ckpt+host": {**TURNS_5, "checkpoint": "on"},
+    # strict 30 s, per_conversation 5 turns, checkpoint: what a fleet gets by default.
+    "shipped defaults + host": {},
 }
-HOST_ARM = "+ckpt+host"
+HOST_ARM = "shipped defaults + host"
+
+
+def session_files(half: str, limit: int | None = None) -> list[Path]:
+    """The shared sessions of one half: files ordered by the SHA-256 of their name, then
+    alternately `tune` and `report` (106 each), so the split is fixed and not by capture order;
+    `all` is every file. Sorted by name; the first `limit` when given."""
+    files = sorted(TRACES.glob("trace_*.json"))
+    if half != "all":
+        hashed = sorted(files, key=lambda path: hashlib.sha256(path.stem.encode()).hexdigest())
+        files = sorted(hashed[{"tune": 0, "report": 1}[half] :: 2])
+    return files[:limit]
 
 
 def parse_args() -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--sessions", type=int, default=12, help="Claude Code files replayed")
+    parser.add_argument(
+        "--half", choices=("all", "tune", "report"), default="all", help="which shared sessions"
+    )
     parser.add_argument("--ranks", type=int, default=4)
     parser.add_argument("--slots", type=int, default=2)
     parser.add_argument("--gpu-pages", type=int, default=3000, help="per rank")
@@ -85,7 +101,7 @@ async def run_sim_arms(
 ) -> list[tuple]:
     """Replay the same sessions on each arm's fleet; rows of (name, measures, wall s, stats,
     result). `extra_measures(target, records)` adds an arm's own figures to its measures."""
-    files = sorted(TRACES.glob("trace_*.json"))[: args.sessions]
+    files = session_files(getattr(args, "half", "all"), args.sessions)
     conversations = filter_max_model_len(read_traces(files, ReadOptions()), args.max_model_len)
     options = DriverOptions(len(conversations), args.time_scale, args.stagger)
     rows = []

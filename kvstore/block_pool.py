@@ -17,6 +17,7 @@ from __future__ import annotations
 
 from collections import Counter, OrderedDict, deque
 from collections.abc import Callable, Iterable, Mapping
+from typing import cast
 
 from kvfleet.kvstore.events import KVEvent, KVEventKind, KVEventListener, ignore_event
 
@@ -131,7 +132,7 @@ class BlockPool:
                 page, _ = self._evictable.popitem(last=False)
                 # NOTE: the hook runs before `removed` is announced, so tiers can tell whether
                 # the block is still held on this rank.
-                self._on_evict(page, self._page_hash[page])
+                self._on_evict(page, cast(int, self._page_hash[page]))  # evictable: committed
                 self._forget(page)
             self._ref_counts[page] = 1
             pages.append(page)

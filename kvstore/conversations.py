@@ -60,7 +60,7 @@ class ConversationRetention:
                     pool, held = self._pools[name], blocks[name]
                     for page in pages:
                         block_hash = pool.page_hash(page) if page is not None else None
-                        if block_hash is not None:
+                        if page is not None and block_hash is not None:
                             held.setdefault(page, block_hash)
         return {name: list(held.items()) for name, held in blocks.items() if held}
 

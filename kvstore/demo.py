@@ -71,7 +71,7 @@ def run_demo(args: argparse.Namespace) -> int:
     )
     manager = KVCacheManager(config)
     rng = np.random.default_rng(0)
-    prompts = {f"conv{c}": [] for c in range(args.conversations)}
+    prompts: dict[str, list[int]] = {f"conv{c}": [] for c in range(args.conversations)}
     table = Table(
         title=f"per_conversation(max_num_turns={max_turns}), block {block_size}; "
         "pages per pool: free/cached/in use"

@@ -171,7 +171,8 @@ def release_turn(turn: TurnRecord, pools: Mapping[str, BlockPool]) -> TurnReleas
     for name, pages in turn.pages.items():
         pool = pools[name]
         released[name] = tuple(page for page in pages if page is not None)
-        for page in released[name]:
+        # NOTE: tail first, so the LRU evicts a prefix from its end and its shared head lasts.
+        for page in reversed(released[name]):
             pool.release(page)
         evictable[name] = tuple(page for page in released[name] if pool.is_evictable(page))
     return TurnRelease(turn.conversation_id, turn.request_id, released, evictable)

@@ -16,15 +16,22 @@ until its context ends). Branch records count among the retained turns
 | state   | ceil(c/B) + 2 + 1 + ckpt + br                 | 1 + ckpt          | 1                 |
 
 W = ceil(w/B). (*) no sharing, unless `full_tokens_per_retained_turn` says what each holds.
+
+Under pressure (fewer pages than the peak) the proportional split is lifted to a floor: what
+one conversation alone needs, a request at L next to its previous turn's whole prefix (a turn
+that rewrites its prompt recomputes what the retained turn still holds). Window and state
+pools get their floor first (it does not grow with L); the full and private pools then share
+the rest up to theirs. Without it, a rank sized for several conversations' retained windows
+cannot keep even one long conversation's prefix.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
-from typing import TYPE_CHECKING, NamedTuple
+from dataclasses import dataclass, replace
+from typing import TYPE_CHECKING, NamedTuple, cast
 
-from kvfleet.kvstore.life_cycles import LifeCycle
+from kvfleet.kvstore.life_cycles import LifeCycle, WindowLifeCycle
 
 if TYPE_CHECKING:
     from kvfleet.kvstore.policies import ReusePolicy
@@ -111,8 +118,9 @@ def _full(lc: LifeCycle, step: TypicalStep, bs: int) -> Peak:
 
 
 def _window(lc: LifeCycle, step: TypicalStep, bs: int) -> Peak:
-    window_blocks = _blocks(lc.window_tokens, bs)
-    sliding = _blocks(lc.window_tokens + step.chunk_tokens, bs) + 1
+    window_tokens = cast(WindowLifeCycle, lc).window_tokens  # PEAK_PAGES picks it by kind
+    window_blocks = _blocks(window_tokens, bs)
+    sliding = _blocks(window_tokens + step.chunk_tokens, bs) + 1
     kept = (step.checkpoint + step.branch_points) * window_blocks
     resident = min(_blocks(step.max_context_tokens, bs), sliding + kept)
     return Peak(resident, (1 + step.checkpoint) * window_blocks, window_blocks)
@@ -126,6 +134,9 @@ def _state(lc: LifeCycle, step: TypicalStep, bs: int) -> Peak:
     resident = _blocks(step.chunk_tokens, bs) + 3 + step.checkpoint + step.branch_points
     return Peak(resident, 1 + step.checkpoint, 1)
 
+
+# Kinds whose peak per request grows with the context (the others are bounded by a window).
+CONTEXT_SIZED_KINDS = frozenset({"full", "private"})
 
 PEAK_PAGES: dict[str, Callable[[LifeCycle, TypicalStep, int], Peak]] = {
     "full": _full,
@@ -171,8 +182,79 @@ def plan_pools(
         return PoolPlan(demand, {name: need + 1 for name, need in demand.items()})
     if total_pages < 2 * len(demand):
         raise ValueError(f"{total_pages} pages cannot make {len(demand)} pools of >= 2 pages")
-    weight = sum(demand.values()) or 1
-    pages = {name: max(2, total_pages * need // weight) for name, need in demand.items()}
-    largest = max(demand, key=demand.__getitem__)
-    pages[largest] += total_pages - sum(pages.values())
-    return PoolPlan(demand, pages)
+    pages = _split(total_pages, demand)
+    floors = lone_floors(step, life_cycles, block_size, total_pages)
+    return PoolPlan(demand, _raise_to_floors(pages, floors))
+
+
+def _split(total: int, weights: Mapping[str, int]) -> dict[str, int]:
+    """`total` pages in proportion to `weights` (>= 2 each), the rounding to the largest."""
+    weight = sum(weights.values()) or 1
+    pages = {name: max(2, total * need // weight) for name, need in weights.items()}
+    largest = max(weights, key=weights.__getitem__)
+    pages[largest] += total - sum(pages.values())
+    return pages
+
+
+def lone_floors(
+    step: TypicalStep, life_cycles: Sequence[LifeCycle], block_size: int, total_pages: int
+) -> dict[str, int]:
+    """The pages (null page included) each pool needs for one conversation alone on the rank:
+    one request at the longest context next to its previous turn's whole prefix (a turn that
+    rewrites its prompt recomputes a prefix the previous one still holds), as far as
+    `total_pages` goes; none (2 each) when it cannot hold even that request alone.
+
+    Pools whose peak does not grow with the context (window, state) get theirs first: they
+    are small, and a proportional split under pressure would otherwise starve the pools that
+    hold the prefix itself.
+    """
+    lone = TypicalStep(
+        1,
+        step.max_context_tokens,
+        step.chunk_tokens,
+        1,
+        step.checkpoint,
+        branch_points=step.branch_points,
+    )
+    need = {name: pages + 1 for name, pages in peak_demand(lone, life_cycles, block_size).items()}
+    growing = [lc.name for lc in life_cycles if lc.kind in CONTEXT_SIZED_KINDS]
+    bounded = [name for name in need if name not in growing]
+    floors = {name: 2 for name in need}
+    alone = peak_demand(replace(lone, retained_turns=0), life_cycles, block_size)
+    if total_pages < sum(need[name] for name in bounded) + sum(alone[n] + 1 for n in growing):
+        return floors  # not even one request at the longest context fits: no floor helps
+    room = total_pages - 2 * len(need)
+    for name in bounded:
+        floors[name] += min(room, max(0, need[name] - 2))
+        room -= floors[name] - 2
+    wanted = {name: max(0, need[name] - 2) for name in growing}
+    if room >= sum(wanted.values()):
+        for name in growing:
+            floors[name] += wanted[name]
+    elif growing and room > 0:
+        for name, extra in _split(room + 2 * len(growing), wanted).items():
+            floors[name] = extra
+    return floors
+
+
+def _raise_to_floors(pages: dict[str, int], floors: Mapping[str, int]) -> dict[str, int]:
+    """Lift pools below their floor; pools above theirs give the pages up in proportion to
+    what they hold above it. The total is unchanged (the floors add up to at most it)."""
+    short = sum(max(0, floors[name] - have) for name, have in pages.items())
+    if not short:
+        return pages
+    slack = {name: have - floors[name] for name, have in pages.items() if have > floors[name]}
+    given = _split_exact(short, slack)
+    return {name: max(floors[name], have - given.get(name, 0)) for name, have in pages.items()}
+
+
+def _split_exact(total: int, weights: Mapping[str, int]) -> dict[str, int]:
+    """`total` in proportion to `weights`, each share at most its weight, summing to `total`."""
+    weight = sum(weights.values())
+    shares = {name: total * slack // weight for name, slack in weights.items()}
+    for name in sorted(weights, key=lambda n: weights[n] - shares[n], reverse=True):
+        if sum(shares.values()) == total:
+            break
+        if shares[name] < weights[name]:
+            shares[name] += 1
+    return shares

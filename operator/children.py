@@ -10,6 +10,7 @@ from .render_config import render_engine_configmap
 from .render_policies import render_disruption_budgets, render_network_policies
 from .render_pools import render_pools
 from .render_router import render_router
+from .render_scaling import render_pool_scalers
 from .render_secret import render_fleet_secret
 from .render_storage import render_disk_tier, render_managed_redis
 from .spec import FleetSpec
@@ -47,6 +48,7 @@ CHILD_RESOURCES: dict[tuple[str, str], Resource] = {
     ("v1", "Service"): Resource("", "v1", "services"),
     ("apps/v1", "Deployment"): Resource("apps", "v1", "deployments"),
     ("apps/v1", "StatefulSet"): Resource("apps", "v1", "statefulsets"),
+    ("kvfleet.dev/v1alpha1", "KVFleetPool"): Resource("kvfleet.dev", "v1alpha1", "kvfleetpools"),
     ("networking.k8s.io/v1", "NetworkPolicy"): Resource(
         "networking.k8s.io", "v1", "networkpolicies"
     ),
@@ -67,6 +69,7 @@ RENDERERS: tuple[Renderer, ...] = (
     render_managed_redis,
     render_router,
     render_pools,
+    render_pool_scalers,
     render_network_policies,
     render_disruption_budgets,
 )

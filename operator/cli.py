@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import secrets
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -23,6 +24,18 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument(
         "--liveness-port", type=int, default=8080, help="serve /healthz on this port (0: off)"
     )
+    parser.add_argument(
+        "--peering",
+        default=None,
+        help="kopf peering object (KopfPeering/ClusterKopfPeering) for leader election among"
+        " replicas; without it the operator runs standalone",
+    )
+    parser.add_argument(
+        "--priority",
+        type=int,
+        default=None,
+        help="with --peering: this replica's priority (default: random, so one replica leads)",
+    )
     parser.set_defaults(func=run_operator)
 
 
@@ -32,11 +45,16 @@ def run_operator(args: argparse.Namespace) -> int:
     import kvfleet.operator.handlers  # noqa: F401  (registers the handlers)
 
     liveness = f"http://0.0.0.0:{args.liveness_port}/healthz" if args.liveness_port else None
+    # Distinct priorities make peering an election: the highest runs the handlers, the others
+    # pause until its keep-alive expires (equal priorities would all run).
+    priority = args.priority if args.priority is not None else secrets.randbelow(2**31)
     kopf.configure(verbose=False)
     kopf.run(
         clusterwide=not args.namespace,
         namespaces=args.namespace,
-        standalone=True,
+        standalone=args.peering is None,
+        peering_name=args.peering,
+        priority=priority,
         liveness_endpoint=liveness,
     )
     return 0

@@ -22,7 +22,8 @@ from .conditions import now_rfc3339, set_condition
 from .kube import KubeApi
 from .metrics import FleetMetricsReader, http_scrape
 from .names import GROUP, PLURAL, VERSION, FleetRef
-from .readiness import pool_reports, readiness
+from .pool_sizes import size_pools
+from .readiness import pool_reports, readiness, report_pool_objects
 from .reconcile import delete_children, mark_draining, rank_names, reconcile
 from .scaling_state import effective_replicas, policy_for, state_from_status, state_to_status
 from .spec import FleetSpec, SpecError, parse_spec
@@ -98,7 +99,8 @@ def reconcile_fleet(
 ) -> None:
     """Make the children match the spec at once on every spec change."""
     parsed = _parse_or_report(body, spec, status, patch)
-    converge(body, parsed, status, patch, memo, effective_replicas(parsed, status), logger)
+    autoscaled = effective_replicas(parsed, status) if parsed.autoscaling.enabled else None
+    converge(body, parsed, status, patch, memo, autoscaled, logger)
 
 
 def converge(
@@ -107,15 +109,23 @@ def converge(
     status: kopf.Status,
     patch: kopf.Patch,
     memo: kopf.Memo,
-    replicas: dict[str, int],
+    autoscaled: dict[str, int] | None,
     logger,
 ) -> None:
-    """One level-triggered pass: live children to desired, then status from what is live.
+    """One level-triggered pass: pool sizes (drain before scale-in), live children to desired,
+    then status from what is live.
 
     Status keys are written only when their value changed, so an idle fleet costs no writes.
     """
     fleet = fleet_ref(body)
-    outcome = reconcile(memo.kube, fleet, spec, replicas, logger)
+    sizing = size_pools(memo.kube, fleet, spec, status, autoscaled, time.time())
+    for name, ordinals in sizing.unmark.items():
+        mark_draining(memo.kube, fleet, rank_names(fleet, name, ordinals), False)
+    for name, ordinals in sizing.mark.items():
+        mark_draining(memo.kube, fleet, rank_names(fleet, name, ordinals), True)
+        kopf.info(body, reason="ScaleIn", message=f"{name}: draining {list(ordinals)} first")
+    outcome = reconcile(memo.kube, fleet, spec, sizing.replicas, logger)
+    report_pool_objects(memo.kube, fleet, spec, outcome, sizing)
     generation = body.metadata.get("generation")
     ready = readiness(outcome)
     now = now_rfc3339()
@@ -131,7 +141,9 @@ def converge(
         "NameTaken" if conflict_message else "NoConflict", conflict_message, generation, now,
     )  # fmt: skip
     pools = pool_reports(fleet, spec, outcome)
+    scale_in = {**(status.get("scaleIn") or {}), **sizing.scale_in}
     new_status = {
+        "scaleIn": {name: entry for name, entry in scale_in.items() if entry} or None,
         "observedGeneration": generation,
         "endpoints": endpoints(fleet, spec),
         "pools": {name: report.as_status() for name, report in pools.items()},
@@ -192,10 +204,10 @@ def _tick(
         parsed = parse_spec(dict(spec))
     except SpecError:
         return  # already reported by the reconcile handler
-    replicas = effective_replicas(parsed, status)
+    autoscaled = None
     if parsed.autoscaling.enabled:
-        replicas = _autoscale(body, parsed, status, patch, memo, fleet_ref(body), logger)
-    converge(body, parsed, status, patch, memo, replicas, logger)
+        autoscaled = _autoscale(body, parsed, status, patch, memo, fleet_ref(body), logger)
+    converge(body, parsed, status, patch, memo, autoscaled, logger)
 
 
 def _autoscale(

@@ -114,6 +114,15 @@ class KubeApi:
                 return None
             raise
 
+    def patch_status(self, resource: Resource, namespace: str, name: str, patch: dict) -> None:
+        """Merge-patch the status subresource; nothing when the object is gone."""
+        path = resource.object_path(namespace, name) + "/status"
+        try:
+            self._call("PATCH", path, body=patch, content_type=MERGE_PATCH)
+        except kubernetes.client.ApiException as exc:
+            if exc.status != 404:
+                raise
+
     def delete(self, resource: Resource, namespace: str, name: str) -> bool:
         """Delete the object (its dependents go in the background); False when it was gone."""
         body = {"kind": "DeleteOptions", "apiVersion": "v1", "propagationPolicy": "Background"}

@@ -16,6 +16,7 @@ from typing import Any, Literal
 
 from .children import Resource, resource_of
 from .names import GROUP
+from .render_scaling import without_scaler_owned
 from .render_secret import with_new_secret
 
 LAST_APPLIED_ANNOTATION = f"{GROUP}/last-applied"
@@ -129,13 +130,15 @@ def plan_children(desired: list[dict], live: dict[tuple[Resource, str], dict]) -
         wanted.add((resource, name))
         current = live.get((resource, name))
         if current is None:
-            body = with_last_applied(manifest)
+            stamped = with_last_applied(without_scaler_owned(manifest))
+            body = {**manifest, "metadata": stamped["metadata"]}
             if manifest["kind"] == "Secret":
                 body = with_new_secret(body)  # the value is made once, never in last-applied
             actions.append(ChildAction("create", resource, name, body))
             continue
-        previous = last_applied(current) or {}
-        target = with_last_applied(manifest)
+        # Fields others own after creation (a pool's replicas: its scalers') are left to them.
+        previous = without_scaler_owned(last_applied(current) or {})
+        target = with_last_applied(without_scaler_owned(manifest))
         body = deep_merge(
             merge_diff(with_last_applied(previous), target) if previous else {},
             drift_patch(target, current),

@@ -6,7 +6,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from .children import CHILD_RESOURCES, resource_of
+from .kube import KubeApi
 from .names import FleetRef
+from .pool_sizes import POOLS, Sizing
 from .reconcile import Outcome
 from .spec import FleetSpec
 
@@ -74,3 +76,27 @@ def readiness(outcome: Outcome) -> Readiness:
     if waiting:
         return Readiness(False, "Progressing", "waiting for " + ", ".join(waiting))
     return Readiness(True, "Ready", "every child exists and every pod is ready")
+
+
+def report_pool_objects(
+    kube: KubeApi, fleet: FleetRef, spec: FleetSpec, outcome: Outcome, sizing: Sizing
+) -> None:
+    """Each KVFleetPool's spec (when the fleet or the autoscaler set a new size) and its status
+    (the StatefulSet's size now, and the pods' selector for HPA/KEDA), written on change."""
+    reports = pool_reports(fleet, spec, outcome)
+    for name in spec.enabled_pools():
+        live = outcome.live.get((POOLS, fleet.child_name(name)))
+        if live is None:
+            continue  # not there yet (or the name is taken: a Conflict)
+        if name in sizing.pool_replicas:
+            kube.patch(POOLS, fleet.namespace, fleet.child_name(name),
+                       {"spec": {"replicas": sizing.pool_replicas[name]}})  # fmt: skip
+        selector = ",".join(f"{k}={v}" for k, v in fleet.selector(f"engine-{name}").items())
+        report = reports[name]
+        status = {
+            "replicas": report.replicas,
+            "readyReplicas": report.ready_replicas,
+            "selector": selector,
+        }
+        if live.get("status") != status:
+            kube.patch_status(POOLS, fleet.namespace, fleet.child_name(name), {"status": status})

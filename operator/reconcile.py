@@ -39,16 +39,19 @@ def live_children(kube: KubeApi, fleet: FleetRef) -> dict[tuple[Resource, str], 
     return found
 
 
-def _owner_of(kube: KubeApi, action: ChildAction, namespace: str) -> str:
-    """Who holds the name a create found taken, for the Conflict message."""
-    other = kube.get(action.resource, namespace, action.name) or {}
+def _taken_by_other(kube: KubeApi, action: ChildAction, fleet: FleetRef) -> str | None:
+    """Who holds the name a create found taken, for the Conflict message; None when it is
+    this fleet itself (a concurrent pass created it first)."""
+    other = kube.get(action.resource, fleet.namespace, action.name) or {}
     owners = other.get("metadata", {}).get("ownerReferences", [])
+    if any(owner.get("uid") == fleet.uid for owner in owners):
+        return None
     holder = ", ".join(f"{o.get('kind')}/{o.get('name')}" for o in owners) or "no owner"
     return f"{action.kind_name} exists and is not this fleet's ({holder})"
 
 
 def apply_actions(
-    kube: KubeApi, namespace: str, actions: list[ChildAction], logger: logging.Logger
+    kube: KubeApi, fleet: FleetRef, actions: list[ChildAction], logger: logging.Logger
 ) -> tuple[list[ChildAction], list[str]]:
     """Send each planned call, in order; a create whose name is taken is a conflict, not a
     retry (the other object is never touched). Returns (calls done, conflicts)."""
@@ -57,16 +60,18 @@ def apply_actions(
         logger.info("%s %s", action.verb, action.kind_name)
         if action.verb == "create":
             try:
-                kube.create(action.resource, namespace, action.body or {})
+                kube.create(action.resource, fleet.namespace, action.body or {})
             except kubernetes.client.ApiException as exc:
                 if exc.status != 409:
                     raise
-                conflicts.append(_owner_of(kube, action, namespace))
+                holder = _taken_by_other(kube, action, fleet)
+                if holder:
+                    conflicts.append(holder)
                 continue
         elif action.verb == "patch":
-            kube.patch(action.resource, namespace, action.name, action.body or {})
+            kube.patch(action.resource, fleet.namespace, action.name, action.body or {})
         else:
-            kube.delete(action.resource, namespace, action.name)
+            kube.delete(action.resource, fleet.namespace, action.name)
         done.append(action)
     return done, conflicts
 
@@ -88,7 +93,7 @@ def reconcile(
     """Create, patch and delete children so the live ones match the spec."""
     desired = desired_children(kube, fleet, spec, replicas)
     live = live_children(kube, fleet)
-    actions, conflicts = apply_actions(kube, fleet.namespace, plan_children(desired, live), logger)
+    actions, conflicts = apply_actions(kube, fleet, plan_children(desired, live), logger)
     if actions:
         live = live_children(kube, fleet)
     return Outcome(actions=actions, conflicts=conflicts, live=live, desired=desired)
@@ -97,7 +102,7 @@ def reconcile(
 def delete_children(kube: KubeApi, fleet: FleetRef, logger: logging.Logger) -> list[ChildAction]:
     """Delete every child of the fleet (owner references would too; this does not wait for GC)."""
     actions = plan_children([], live_children(kube, fleet))
-    done, _ = apply_actions(kube, fleet.namespace, actions, logger)
+    done, _ = apply_actions(kube, fleet, actions, logger)
     return done
 
 

@@ -23,7 +23,7 @@ def router_args(fleet: FleetRef, spec: FleetSpec) -> list[str]:
         "--grpc-port", str(ports.router_grpc),
         "--http-port", str(ports.router_http),
         "--metrics-port", str(ports.router_metrics),
-        "--router-id", "$(POD_NAME)",
+        "--replica-id", "$(POD_NAME)",
         "--redis-url", str(redis_url),
         "--affinity", routing.affinity,
         "--max-wait-passes", str(routing.max_wait_passes),

@@ -78,8 +78,8 @@ class KVTiers(_Model):
 class Routing(_Model):
     replicas: int = Field(default=1, ge=1)
     affinity: Literal["strict", "lenient"] = "strict"
-    max_wait_passes: int = Field(default=8, ge=0)
-    max_wait_seconds: float = Field(default=2.0, ge=0.0)
+    max_wait_passes: int = Field(default=1_000_000, ge=0)  # the time bound binds
+    max_wait_seconds: float = Field(default=30.0, ge=0.0)
     placement: Literal["load", "prefix"] = "prefix"
     pin_ttl_seconds: int = Field(default=3600, ge=1)
     heartbeat_timeout_seconds: int = Field(default=10, ge=1)
@@ -87,7 +87,7 @@ class Routing(_Model):
 
 class Reuse(_Model):
     policy: Literal["per_conversation", "per_request", "all_reusable"] = "per_conversation"
-    max_num_turns: int = Field(default=2, ge=1)
+    max_num_turns: int = Field(default=5, ge=1)
     checkpoint: bool = True
     # per_conversation only (docs/kvstore.md): also keep the first turn's endpoints, and up to
     # this many branch-point windows per conversation.

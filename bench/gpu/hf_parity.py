@@ -68,7 +68,10 @@ def hf_greedy(model, prompt: list[int], new_tokens: int, device) -> tuple[list[i
         logits = out.logits[0, -1].float()
         steps.append(logits)
         tokens.append(int(logits.argmax()))
-        out = model(torch.tensor([[tokens[-1]]], device=device), cache=out.cache, use_cache=True)
+        # The cache's attribute and keyword differ between transformers releases.
+        name = "cache" if hasattr(out, "cache") else "past_key_values"
+        step = torch.tensor([[tokens[-1]]], device=device)
+        out = model(step, **{name: getattr(out, name)}, use_cache=True)
     return tokens, torch.stack(steps)
 
 

@@ -43,7 +43,7 @@ def build_tiers(
         raise ValueError(f"tier pages name unknown life cycles {unknown}; known: {names}")
     host = {name: tiers.host_pages.get(name, 0) for name in names}
     disk = {name: tiers.disk_pages.get(name, 0) for name in names}
-    common = {
+    common: dict[str, Any] = {
         "disk_prefetch_num_reqs": tiers.disk_prefetch_num_reqs,
         "prefetch_queue_blocks": tiers.prefetch_queue_blocks,
     }

@@ -3,24 +3,27 @@
 One file per block, content-addressed: `<root>/<life cycle>/<hh>/<hash:016x>.kvb`. A file is a
 header, the life cycle's layout fingerprint and the payload:
 
-| bytes | field                                              |
-|-------|----------------------------------------------------|
-| 4     | magic `KVFB`                                       |
-| 2     | format version                                     |
-| 2     | fingerprint length F                               |
-| 8     | block hash                                         |
-| 8     | payload length N                                   |
-| 8     | xxh3_64 of the payload, seeded with the block hash |
-| F     | layout fingerprint (life cycle, page shape, dtype) |
-| N     | payload                                            |
+| bytes | field                                                                  |
+|-------|------------------------------------------------------------------------|
+| 4     | magic `KVFB`                                                           |
+| 2     | format version                                                         |
+| 2     | fingerprint length F                                                   |
+| 8     | block hash                                                             |
+| 8     | payload length N                                                       |
+| 16    | tag: keyed BLAKE3 of the header's fields above, the fingerprint, the payload |
+| F     | layout fingerprint (life cycle, page shape, dtype)                     |
+| N     | payload                                                                |
 
-Writes go to a unique temp file in the same folder, then `os.replace`: a reader sees the old
-file or the new one, never a torn one, and two writers of one block both succeed (equal content
-by construction). A file that fails any check is a miss: logged, removed, never returned.
+The tag's key is the fleet's (`disk_key.py`), so a file written by anyone without it (forged,
+or another fleet's) fails its check like a damaged one. Writes go to a unique temp file in the
+same folder, then `os.replace`: a reader sees the old file or the new one, never a torn one,
+and two writers of one block both succeed (equal content by construction). A file that fails
+any check is a miss: logged, removed, never returned.
 """
 
 from __future__ import annotations
 
+import hmac
 import logging
 import os
 import struct
@@ -28,21 +31,42 @@ import tempfile
 from collections.abc import Mapping
 from pathlib import Path
 
-import xxhash
+import blake3
+from kvfleet.kvstore.tiers.disk_key import disk_key
 
 log = logging.getLogger(__name__)
 
 MAGIC = b"KVFB"
-FORMAT_VERSION = 1
-HEADER = struct.Struct("<4sHHQQQ")
+FORMAT_VERSION = 2
+FIELDS = struct.Struct("<4sHHQQ")  # what the tag covers, with the fingerprint and payload
+TAG_BYTES = 16
+HEADER = struct.Struct(f"<{FIELDS.size}s{TAG_BYTES}s")
+MISSING = "no file"  # `check_into`'s reason when there is nothing to read
 
 
 class DiskFiles:
     """Reads and writes block files under `root`; safe to use from several processes at once."""
 
-    def __init__(self, root: str | os.PathLike, fingerprints: Mapping[str, bytes]) -> None:
+    def __init__(
+        self, root: str | os.PathLike, fingerprints: Mapping[str, bytes], key: bytes | None = None
+    ) -> None:
         self.root = Path(root)
         self.fingerprints = dict(fingerprints)
+        self._key = key  # None: the fleet's (`disk_key`), looked up on first use
+
+    @property
+    def key(self) -> bytes:
+        """The tag key: given, else the fleet secret's, else the folder's own."""
+        if self._key is None:
+            self._key = disk_key(self.root)
+        return self._key
+
+    def tag(self, fields: bytes, fingerprint: bytes, payload: memoryview) -> bytes:
+        """The keyed BLAKE3 of one file's authenticated parts."""
+        hasher = blake3.blake3(key=self.key, max_threads=blake3.blake3.AUTO)
+        for part in (fields, fingerprint, payload):
+            hasher.update(part)
+        return hasher.digest(TAG_BYTES)
 
     def path(self, life_cycle: str, block_hash: int) -> Path:
         """Where the block's file lives."""
@@ -50,8 +74,11 @@ class DiskFiles:
         return self.root / life_cycle / name[:2] / f"{name}.kvb"
 
     def probe(self) -> None:
-        """Create the folders and write and remove one file; raises OSError if that fails."""
+        """Create the folders, find the key, write and remove one file; raises OSError if that
+        fails."""
         self.root.mkdir(parents=True, exist_ok=True)
+        if not self.key:  # reads or makes the folder's key: a bad one fails here, not in a write
+            raise OSError(f"{self.root}: empty disk tier key")
         with tempfile.NamedTemporaryFile(dir=self.root, prefix=".probe.", delete=True) as probe:
             probe.write(b"kvfleet")
             probe.flush()
@@ -60,15 +87,15 @@ class DiskFiles:
         """True if a file for the block exists now (it may still fail its checks on read)."""
         return self.path(life_cycle, block_hash).is_file()
 
-    def write(self, life_cycle: str, block_hash: int, payload: memoryview | bytes) -> None:
+    def write(self, life_cycle: str, block_hash: int, payload: memoryview | bytes | None) -> None:
         """Store the block atomically; raises OSError (full disk, read-only volume...)."""
+        if payload is None:
+            raise ValueError("a block file needs the block's bytes (byte-less tiers keep none)")
         path = self.path(life_cycle, block_hash)
         fingerprint = self.fingerprints[life_cycle]
         data = memoryview(payload).cast("B")
-        checksum = xxhash.xxh3_64_intdigest(data, seed=block_hash)
-        header = HEADER.pack(
-            MAGIC, FORMAT_VERSION, len(fingerprint), block_hash, len(data), checksum
-        )
+        fields = FIELDS.pack(MAGIC, FORMAT_VERSION, len(fingerprint), block_hash, len(data))
+        header = HEADER.pack(fields, self.tag(fields, fingerprint, data))
         try:
             fd, temp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.stem}.", suffix=".tmp")
         except FileNotFoundError:  # first block in this folder (or the volume was wiped)
@@ -86,19 +113,31 @@ class DiskFiles:
 
     def read_into(self, life_cycle: str, block_hash: int, out: memoryview | None) -> bool:
         """Fill `out` with the block's payload; False on a miss (a bad file is logged, removed)."""
+        problem = self.check_into(life_cycle, block_hash, out)
+        if problem is None:
+            return True
+        if problem != MISSING:
+            self.discard(life_cycle, block_hash, problem)
+        return False
+
+    def check_into(self, life_cycle: str, block_hash: int, out: memoryview | None) -> str | None:
+        """Fill `out` with the block's payload; why it could not (`MISSING`: no file), or None.
+        Leaves a bad file where it is (the caller decides, on its own thread)."""
         path = self.path(life_cycle, block_hash)
         try:
             with open(path, "rb") as source:
-                problem = self._read_checked(source, life_cycle, block_hash, out)
+                return self._read_checked(source, life_cycle, block_hash, out)
         except FileNotFoundError:
-            return False
+            return MISSING
         except OSError as error:
-            problem = f"unreadable: {error}"
-        if problem is None:
-            return True
-        log.warning("disk tier: %s is a miss and is removed: %s", path, problem)
+            return f"unreadable: {error}"
+
+    def discard(self, life_cycle: str, block_hash: int, problem: str) -> None:
+        """Log why a block's file is a miss and remove it."""
+        log.warning(
+            "disk tier: %s is a miss and is removed: %s", self.path(life_cycle, block_hash), problem
+        )
         self.remove(life_cycle, block_hash)
-        return False
 
     def remove(self, life_cycle: str, block_hash: int) -> None:
         """Delete the block's file if present (another process may have removed it already)."""
@@ -114,7 +153,8 @@ class DiskFiles:
         raw = source.read(HEADER.size)
         if len(raw) != HEADER.size:
             return f"truncated header ({len(raw)} of {HEADER.size} bytes)"
-        magic, version, fp_len, stored_hash, length, checksum = HEADER.unpack(raw)
+        fields, tag = HEADER.unpack(raw)
+        magic, version, fp_len, stored_hash, length = FIELDS.unpack(fields)
         if magic != MAGIC or version != FORMAT_VERSION:
             return f"foreign format (magic {magic!r}, version {version})"
         expected_fp = self.fingerprints[life_cycle]
@@ -130,8 +170,8 @@ class DiskFiles:
         got = source.readinto(target)
         if got != length:
             return f"payload of {got} bytes, header says {length}"
-        if xxhash.xxh3_64_intdigest(target, seed=block_hash) != checksum:
-            return "checksum mismatch"
+        if not hmac.compare_digest(self.tag(fields, fingerprint, target), tag):
+            return "tag mismatch (damaged, or not written with this fleet's key)"
         return None
 
 

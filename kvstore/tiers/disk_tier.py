@@ -2,15 +2,51 @@
 
 The index is this rank's view (capacity, recency); the files are shared with other ranks, so a
 block another rank wrote is found through the files and adopted into the index when read.
+
+A refused write (ENOSPC, EIO, EFBIG...) pauses this rank's disk writes (`WriteBackoff`): 1 s,
+doubling per failure up to a minute, reset by a write that succeeds. Reads go on meanwhile,
+and the tier comes back by itself once the volume takes writes again.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable
+import time
+from collections.abc import Callable
 
 from kvfleet.kvstore.tiers.disk_files import DiskFiles, NoDiskFiles
-from kvfleet.kvstore.tiers.metrics import DISK, TierMetrics
+from kvfleet.kvstore.tiers.metrics import TierMetrics
 from kvfleet.kvstore.tiers.tier_index import TierIndex
+
+
+class WriteBackoff:
+    """When disk writes may be tried again after failures: exponential, capped, resettable."""
+
+    def __init__(
+        self,
+        first_seconds: float = 1.0,
+        max_seconds: float = 60.0,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.first_seconds = first_seconds
+        self.max_seconds = max_seconds
+        self.clock = clock
+        self._wait = first_seconds
+        self._until = float("-inf")
+
+    def ready(self) -> bool:
+        """True unless the last failure's pause is still running."""
+        return self.clock() >= self._until
+
+    def failed(self) -> float:
+        """Start a pause after a refused write; returns its length in seconds."""
+        wait = self._wait
+        self._until = self.clock() + wait
+        self._wait = min(2 * wait, self.max_seconds)
+        return wait
+
+    def succeeded(self) -> None:
+        """A write went through: the next failure pauses for the first length again."""
+        self._wait = self.first_seconds
 
 
 class DiskTier:
@@ -20,11 +56,7 @@ class DiskTier:
         self.index = index
         self.files = files
         self.metrics = metrics
-
-    @classmethod
-    def absent(cls, life_cycles: Iterable[str], metrics: TierMetrics) -> DiskTier:
-        """No disk tier: zero capacity, no files (a read-only or full volume)."""
-        return cls(TierIndex(DISK, dict.fromkeys(life_cycles, 0)), NoDiskFiles(), metrics)
+        self.writes = WriteBackoff()
 
     def has(self, life_cycle: str, block_hash: int) -> bool:
         """True if this rank indexed the block or any rank's file for it exists (no mutation)."""

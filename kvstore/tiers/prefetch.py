@@ -1,8 +1,10 @@
 """Background reads of disk blocks for queued requests.
 
-NOTE: the worker thread only reads files into buffers it owns and hands them back through a
-queue; it never touches an index. The manager's owner thread lands finished reads on the host
-tier (`KVTiers.land_prefetched`), so the tier indexes keep a single writer.
+NOTE: the worker thread only reads and checks files into buffers it owns and hands them back
+through a queue; it never touches an index and never removes a file. The manager's owner thread
+lands finished reads on the host tier, and counts and removes the bad files, in one place
+(`KVTiers.land_prefetched`): so the tier indexes keep a single writer, and a bad file stays
+findable until its miss is counted (a match that still finds it reads and rejects it itself).
 """
 
 from __future__ import annotations
@@ -15,6 +17,8 @@ from collections.abc import Iterable, Mapping
 from kvfleet.kvstore.tiers.disk_files import DiskFiles, NoDiskFiles
 
 BlockKey = tuple[str, int]  # (life cycle, block hash)
+# A finished read: the payload, or None and why not (`disk_files.MISSING`: no file).
+ReadResult = tuple[bytearray, None] | tuple[None, str]
 
 
 class Prefetcher:
@@ -31,7 +35,7 @@ class Prefetcher:
         self._files = files
         self._page_bytes = dict(page_bytes)
         self._jobs: queue.Queue[BlockKey | None] = queue.Queue(max_queued_blocks)
-        self._done: queue.Queue[tuple[BlockKey, bytearray | None]] = queue.Queue()
+        self._done: queue.Queue[tuple[BlockKey, ReadResult]] = queue.Queue()
         self._lock = threading.Lock()
         self._wanted: set[BlockKey] = set()  # queued or being read, not cancelled
         self._idle = threading.Condition(self._lock)
@@ -64,8 +68,8 @@ class Prefetcher:
         with self._lock:
             self._wanted.difference_update(keys)
 
-    def completed(self) -> list[tuple[BlockKey, bytearray | None]]:
-        """Finished reads since the last call (None: the file was a miss)."""
+    def completed(self) -> list[tuple[BlockKey, ReadResult]]:
+        """Finished reads since the last call."""
         results = []
         while True:
             try:
@@ -88,7 +92,7 @@ class Prefetcher:
 
     def _run(self) -> None:
         while (key := self._jobs.get()) is not None:
-            result = self._read(key) if self._still_wanted(key) else None
+            result: ReadResult = self._read(key) if self._still_wanted(key) else (None, "cancelled")
             with self._lock:
                 if key in self._wanted:
                     self._wanted.discard(key)
@@ -100,6 +104,9 @@ class Prefetcher:
         with self._lock:
             return key in self._wanted
 
-    def _read(self, key: BlockKey) -> bytearray | None:
+    def _read(self, key: BlockKey) -> ReadResult:
         buffer = bytearray(self._page_bytes.get(key[0], 0))
-        return buffer if self._files.read_into(key[0], key[1], memoryview(buffer)) else None
+        if isinstance(self._files, NoDiskFiles):
+            return buffer, None
+        problem = self._files.check_into(key[0], key[1], memoryview(buffer))
+        return (buffer, None) if problem is None else (None, problem)

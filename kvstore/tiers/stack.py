@@ -24,12 +24,12 @@ import time
 from collections import Counter
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, cast
 
 from kvfleet.kvstore.block_pool import IntegrityError
 from kvfleet.kvstore.events import KVEvent, KVEventKind, KVEventListener, ignore_event
 from kvfleet.kvstore.results import PrefixMatch
-from kvfleet.kvstore.tiers.disk_files import DiskFiles, NoDiskFiles
+from kvfleet.kvstore.tiers.disk_files import MISSING, DiskFiles, NoDiskFiles
 from kvfleet.kvstore.tiers.disk_tier import DiskTier
 from kvfleet.kvstore.tiers.metrics import DEVICE, DISK, HOST, TierMetrics, new_tier_metrics
 from kvfleet.kvstore.tiers.page_bytes import NoBytes, TierBytes
@@ -159,7 +159,7 @@ class KVTiers:
                 if tier == HOST:
                     self.host.pin(name, block_hash)
                     self.host.touch(name, block_hash)
-                    slot = self.host.lookup(name, block_hash)
+                    slot = cast(int, self.host.lookup(name, block_hash))  # pinned: held
                     row = self.bytes.host_row(name, slot)
                 else:
                     row = disk_rows[(index, block_hash)]
@@ -222,8 +222,10 @@ class KVTiers:
     def land_prefetched(self) -> int:
         """Put finished background reads on the host tier; returns how many landed."""
         landed = 0
-        for (name, block_hash), data in self._prefetcher.completed():
+        for (name, block_hash), (data, problem) in self._prefetcher.completed():
             if data is None:
+                if problem != MISSING and isinstance(self.disk.files, DiskFiles):
+                    self.disk.files.discard(name, block_hash, problem or "unreadable")
                 self.disk.index.remove(name, block_hash)
                 self.metrics[DISK].misses += 1
                 continue
@@ -314,15 +316,19 @@ class KVTiers:
 
     def _store_on_disk(self, life_cycle: str, block_hash: int, row: Any, source: str) -> bool:
         """Write one row's block to disk (unless there); True if written. A refused write
-        leaves no disk tier."""
+        pauses disk writes for a while (`WriteBackoff`); the block is then not kept on disk."""
+        if not self.disk.writes.ready():
+            return False
         started = time.perf_counter()
         try:
             written = self.disk.store(life_cycle, block_hash, lambda: self.bytes.payload(row))
         except OSError as error:
-            log.warning("disk tier unusable (%s): continuing with device and host only", error)
             self.metrics[DISK].errors += 1
-            self.disk = DiskTier.absent(self.disk.index.capacity, self.metrics[DISK])
+            pause = self.disk.writes.failed()
+            log.warning("disk tier write refused (%s): no disk writes for %.0f s, then retrying",
+                        error, pause)  # fmt: skip
             return False
+        self.disk.writes.succeeded()
         if written:
             self._count_move(source, DISK, life_cycle, 1, started)
         return written

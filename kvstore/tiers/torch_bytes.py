@@ -131,7 +131,7 @@ class TorchBytes:
     def payload(self, row: torch.Tensor) -> memoryview:
         """The row's bytes, writable, once side-stream copies are done."""
         self.synchronize()
-        return memoryview(row.reshape(-1).view(torch.uint8).numpy())
+        return row.reshape(-1).view(torch.uint8).numpy().data
 
     def fill_row(self, row: torch.Tensor, data: bytes | bytearray) -> None:
         """Overwrite a row with one block's bytes."""

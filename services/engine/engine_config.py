@@ -49,7 +49,7 @@ class EngineConfig:
     # override kv_pages / plan_pools for those pools (a simulator arm's exact split).
     kv_pool_pages: tuple[tuple[str, int], ...] = ()
     reuse_policy: str = "per_conversation"
-    max_num_turns: int = 2
+    max_num_turns: int = 5
     keep_root: bool = False  # per_conversation: also keep the first turn's endpoints
     keep_branch_points: int = 0  # per_conversation: branch endpoints a conversation keeps
     checkpoint: bool = True
@@ -72,7 +72,8 @@ class EngineConfig:
     # On CUDA: RMSNorm, RoPE and SwiGLU's product each as one torch.compile kernel (fused.py).
     fused_ops: bool = True
     # Plan the next decode step while the current one runs on the device (lookahead.py).
-    overlap_decode: bool = True
+    # Off by default: the same-run A/B on the H200 measured it slower (docs/engine-gpu.md).
+    overlap_decode: bool = False
     # Disaggregation (kvfleet.services.disagg): how long a context rank keeps a parked
     # request's KV, how long a receiver waits for it, and the transports it tries in order.
     handoff_hold_seconds: float = 30.0

@@ -20,7 +20,7 @@ PER_TIER = (
     ("misses", "Pages looked for in the tier and not there", "misses"),
     ("copy_seconds", "Seconds spent copying pages into the tier", "copy_seconds"),
     ("evictions", "Pages evicted from the tier", "evictions"),
-    ("errors", "Failed writes (disk: the tier then turns itself off)", "errors"),
+    ("errors", "Refused writes (disk: writes pause, then are retried)", "errors"),
 )
 # (metric suffix, help, field moved in, field moved out) of the counters by tier and direction.
 PER_DIRECTION = (

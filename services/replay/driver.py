@@ -30,12 +30,15 @@ class DriverOptions:
     time_scale: float = 1.0
     stagger_s: float = 1.0
     give_up_after: int = 0  # failures before any success that stop the run; 0: never stop
+    stop_s: float | None = None  # no turn is sent this long after the start (a measured window)
 
     def __post_init__(self) -> None:
         if self.sessions < 1:
             raise ValueError(f"sessions={self.sessions} must be >= 1")
         if self.give_up_after < 0:
             raise ValueError(f"give_up_after={self.give_up_after} must be >= 0")
+        if self.stop_s is not None and self.stop_s <= 0:
+            raise ValueError(f"stop_s={self.stop_s} must be > 0")
         if self.time_scale < 0 or self.stagger_s < 0:
             raise ValueError(
                 f"time_scale={self.time_scale} and stagger_s={self.stagger_s} must be >= 0"
@@ -97,8 +100,12 @@ class LoadDriver:
     async def _session(self, slot: int, queue: deque[Conversation]) -> None:
         clock = self.target.clock
         await clock.sleep(self._start + slot * self.options.stagger_s - clock.now())
-        while queue:
+        while queue and not self._stopped():
             await self._conversation(queue.popleft())
+
+    def _stopped(self) -> bool:
+        stop = self.options.stop_s
+        return stop is not None and self.target.clock.now() - self._start >= stop
 
     async def _conversation(self, conversation: Conversation) -> None:
         clock = self.target.clock
@@ -112,6 +119,8 @@ class LoadDriver:
                     await asyncio.gather(*children)
                     children = []
                 await clock.sleep(due - clock.now())
+                if self._stopped():
+                    break
                 await self._send(conversation.conversation_id, step)
                 previous_finish = clock.now()
                 continue

@@ -38,11 +38,11 @@ class FleetOptions:
     chunk_tokens: int = 8192
     max_context_tokens: int = 131072
     affinity: str = "strict"
-    max_wait_passes: int = 4
-    max_wait_seconds: float = 5.0
+    max_wait_passes: int = 1_000_000
+    max_wait_seconds: float = 30.0
     placement: str = "load"
     reuse_policy: str = "per_conversation"
-    max_num_turns: int = 2
+    max_num_turns: int = 5
     keep_root: bool = False  # per_conversation: also keep the first turn's endpoints
     keep_branch_points: int = 0  # per_conversation: branch endpoints kept (kvstore/branch_points)
     retained_conversations: int = 8

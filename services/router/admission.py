@@ -49,8 +49,10 @@ class AdmissionConfig:
 
     affinity: str = "strict"
     placement: str = "load"
-    max_wait_passes: int = 4
-    max_wait_seconds: float = 5.0
+    # Strict affinity's wait, bounded in time only (docs/simulator.md, "Shipped defaults"): a
+    # returning turn's prefix saves more than it waits, up to ~30 s of a saturated fleet.
+    max_wait_passes: int = 1_000_000
+    max_wait_seconds: float = 30.0
     pin_ttl_seconds: float = 3600.0
     heartbeat_timeout_seconds: float = 10.0
 

@@ -97,11 +97,14 @@ def register(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
     parser.add_argument(
         "--max-wait-passes",
         type=int,
-        default=4,
+        default=1_000_000,
         help="deferrals before a pinned request is placed elsewhere",
     )
     parser.add_argument(
-        "--max-wait-seconds", type=float, default=5.0, help="the same bound in time"
+        "--max-wait-seconds",
+        type=float,
+        default=30.0,
+        help="the same bound in time (the one that binds by default)",
     )
     parser.add_argument(
         "--placement",

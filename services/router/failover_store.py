@@ -15,11 +15,14 @@ from __future__ import annotations
 import logging
 import threading
 from collections.abc import Callable, Iterable
+from typing import TypeVar
 
 import redis
 from kvfleet.services.router.model import RankInfo, RankLoad, RankSlots
 from kvfleet.services.router.redis_store import RedisStore
 from kvfleet.services.router.store import LocalStore, RankRecord
+
+T = TypeVar("T")
 
 log = logging.getLogger(__name__)
 
@@ -44,7 +47,7 @@ class FailoverStore:
         self.recovered_at: float | None = None  # `now` of the last resync
         self.live_replicas: list[str] = []  # replica ids holding a lease, at the last beat
 
-    def _remote_call(self, call: Callable[[], object]) -> tuple[bool, object]:
+    def _remote_call(self, call: Callable[[], T]) -> tuple[bool, T | None]:
         """Run a Redis call unless degraded; (False, None) when Redis is away."""
         if self.degraded:
             return False, None
@@ -80,11 +83,11 @@ class FailoverStore:
     def remove_rank(self, rank_id: str) -> int:
         released_locally = self.local.remove_rank(rank_id)
         ok, released = self._remote_call(lambda: self.remote.remove_rank(rank_id))
-        return int(released) if ok else released_locally
+        return int(released) if ok and released is not None else released_locally
 
     def snapshot(self) -> dict[str, tuple[RankSlots, float]]:
         ok, remote = self._remote_call(self.remote.snapshot)
-        if not ok:
+        if not ok or remote is None:
             return self.local.snapshot()
         known = self.local.ranks()
         for slots, last_heartbeat in remote.values():
@@ -96,7 +99,7 @@ class FailoverStore:
     def get_pins(self, conversation_ids: Iterable[str], now: float) -> dict[str, str]:
         conversations = list(conversation_ids)
         ok, remote = self._remote_call(lambda: self.remote.get_pins(conversations, now))
-        if not ok:
+        if not ok or remote is None:
             return self.local.get_pins(conversations, now)
         local = self.local.get_pins(remote.keys(), now)
         for conv, rank_id in remote.items():

@@ -73,7 +73,7 @@ class RankRegistryServicer(router_pb2_grpc.RankRegistryServicer):
         for batch in request_iterator:
             rank = self._runtime.ranks().get(batch.rank_id)
             if rank is None:
-                context.abort(
+                return context.abort(  # raises: the stream ends here
                     grpc.StatusCode.FAILED_PRECONDITION,
                     f"rank_id: {batch.rank_id!r} is not registered",
                 )

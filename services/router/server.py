@@ -9,6 +9,7 @@ from collections.abc import Callable
 from concurrent import futures
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
@@ -110,7 +111,7 @@ class RouterServer:
         self.metrics = metrics
         self._channels = channels
         self._health = health_servicer
-        self._metrics_http = None
+        self._metrics_http: Any = None  # prometheus_client's WSGI server, once serving
         self.metrics_port: int | None = None
 
     def serve_metrics(self, port: int, address: str = "0.0.0.0") -> int:
@@ -168,7 +169,7 @@ def _bind(server: grpc.Server, address: str, config: RouterConfig) -> int:
     """Bind the client port, with TLS when certificate files are given; returns the port."""
     if bool(config.tls_cert_file) != bool(config.tls_key_file):
         raise ValueError("tls_cert_file and tls_key_file: give both or neither")
-    if config.tls_cert_file:
+    if config.tls_cert_file and config.tls_key_file:
         key = Path(config.tls_key_file).read_bytes()
         chain = Path(config.tls_cert_file).read_bytes()
         port = server.add_secure_port(address, grpc.ssl_server_credentials([(key, chain)]))

@@ -33,7 +33,7 @@ class WatchedCall:
     """One engine call in flight."""
 
     rank_id: str
-    call: object  # a grpc call: has cancel()
+    call: grpc.Call  # cancel() ends it
     last_activity: float
     reason: str | None = None
     detail: str = ""

@@ -22,7 +22,8 @@ from kvfleet.services.engine.cuda_graphs import DecodeRunner, batch_buckets, is_
 from kvfleet.services.engine.engine_config import EngineConfig
 from kvfleet.services.engine.engine_request import GenerateCall, SequenceFailedError
 
-STATIC = TEST_CONFIG.with_changes(decode_graphs="static")
+# The planned-ahead step (overlap_decode) is off by default; these tests cover it too.
+STATIC = TEST_CONFIG.with_changes(decode_graphs="static", overlap_decode=True)
 EAGER = TEST_CONFIG.with_changes(decode_graphs="off")
 
 
@@ -104,10 +105,12 @@ def _serve(config: EngineConfig, storage: str, turns: int) -> list[list[int]]:
     return outputs
 
 
+@pytest.mark.parametrize("ahead", [True, False], ids=["planned-ahead", "no-ahead"])
 @pytest.mark.parametrize("policy", ["per_conversation", "per_request"])
-def test_greedy_output_identical_with_and_without_static_decode(policy):
+def test_greedy_output_identical_with_and_without_static_decode(policy, ahead):
     """Padding, slots or page tables built wrong would change the tokens."""
-    static = _serve(STATIC.with_changes(reuse_policy=policy), f"graphs-static-{policy}", 3)
+    config = STATIC.with_changes(reuse_policy=policy, overlap_decode=ahead)
+    static = _serve(config, f"graphs-static-{policy}-{ahead}", 3)
     eager = _serve(EAGER.with_changes(reuse_policy=policy), f"graphs-eager-{policy}", 3)
     assert static == eager
 

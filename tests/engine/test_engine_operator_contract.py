@@ -239,6 +239,56 @@ def test_rendered_engine_args_parse_with_the_engine_cli():
     assert parsed.config == "/etc/kvfleet/engine.yaml"
 
 
+def test_sigterm_drain_lets_running_requests_finish(router, tmp_path):
+    """A pod deletion, eviction or config roll must not cut the requests a rank is running:
+    the rank reports draining at once and stops only when they are done (or the budget ends)."""
+    import threading
+
+    _, address = router
+    addresses = RankAddresses(router=address, rank_id="gen-2", metrics_port=None)
+    rank = EngineRank(TEST_CONFIG, addresses, podinfo_dir=str(tmp_path)).start()
+    assert rank.link.registered.wait(10)
+    call = GenerateCall("t2", tuple(range(1, 40)), SamplingParams(0.0, max_tokens=120), "c2")
+    handle = rank.core.submit(call)
+    wait_until(lambda: rank.core.load().running == 1, timeout=10)
+    leaving = threading.Thread(target=rank.drain_and_stop, args=(120.0,))
+    leaving.start()
+    outputs = list(handle.outputs(120))
+    leaving.join(130)
+    assert not leaving.is_alive()
+    assert outputs[-1].finished
+    assert sum(len(o.token_ids) for o in outputs) == 120
+    assert rank.read_draining() is True  # whatever the pod's annotations say
+
+
+def _router_parser():
+    import argparse
+
+    from kvfleet.services.router.cli import register as register_router
+
+    parser = argparse.ArgumentParser()
+    register_router(parser.add_subparsers())
+    return parser
+
+
+def _router_has_http_port() -> bool:
+    router = _router_parser()._subparsers._group_actions[0].choices["router"]
+    return "--http-port" in router._option_string_actions
+
+
+@pytest.mark.skipif(
+    not _router_has_http_port(), reason="the router's --http-port (OpenAI front) is not here yet"
+)
+def test_rendered_router_args_parse_with_the_router_cli():
+    """A flag the router does not know crashes every router pod at start."""
+    from kvfleet.operator.names import FleetRef
+    from kvfleet.operator.render_router import router_args
+
+    args = router_args(FleetRef("f", "ns", "uid"), _operator_spec())
+    parsed = _router_parser().parse_args(args[1:])
+    assert parsed.replica_id == "$(POD_NAME)"  # expanded by the kubelet
+
+
 def _tensor_parallel_spec(**changes):
     from kvfleet.operator.spec import parse_spec
 

@@ -24,9 +24,12 @@ def admin_client(cluster: dict[str, str]) -> kubernetes.client.ApiClient:
 
 
 def create_objects(client: kubernetes.client.ApiClient, objects: list[dict]) -> None:
-    """Create each object (`kubectl create -f`, through the Python client)."""
+    """Create each object (`kubectl create -f`, through the Python client's discovery, so
+    custom kinds work too)."""
+    dynamic = kubernetes.dynamic.DynamicClient(client)
     for obj in objects:
-        kubernetes.utils.create_from_dict(client, obj, namespace=obj["metadata"].get("namespace"))
+        resource = dynamic.resources.get(api_version=obj["apiVersion"], kind=obj["kind"])
+        resource.create(body=obj, namespace=obj["metadata"].get("namespace"))
 
 
 def apply_chart(client: kubernetes.client.ApiClient, release: str, namespace: str) -> list[dict]:

@@ -3,8 +3,10 @@ conflicts and garbage collection. Pods never run (no kubelet): the test fakes th
 
 from __future__ import annotations
 
+import asyncio
 import copy
 import itertools
+import os
 
 import kubernetes
 import pytest
@@ -19,6 +21,29 @@ GROUP, VERSION, PLURAL = "kvfleet.dev", "v1alpha1", "kvfleets"
 # The kit's server is 1.20: no policy/v1 yet.
 SERVED_1_20 = {"v1", "apps/v1", "networking.k8s.io/v1", "policy/v1beta1"}
 _numbers = itertools.count(1)
+TICK_SECONDS = float(os.environ["KVFLEET_OPERATOR_TICK_SECONDS"])  # set by conftest
+QUIET_TICKS = 6
+
+
+_PATCHES: list[tuple[str, dict]] = []
+
+
+@pytest.fixture(autouse=True)
+def count_operator_patches(monkeypatch):
+    """Record every patch kopf sends for a fleet (its status writes)."""
+    from kopf._cogs.clients import patching
+
+    real = patching.patch_obj
+
+    async def counting(*args, **kwargs):
+        _PATCHES.append((kwargs.get("name", ""), dict(kwargs.get("patch") or {})))
+        return await real(*args, **kwargs)
+
+    monkeypatch.setattr(patching, "patch_obj", counting)
+
+
+def patches_of(name: str) -> list[dict]:
+    return [patch for target, patch in _PATCHES if target == name]
 
 
 @pytest.fixture
@@ -114,6 +139,12 @@ async def test_ready_only_when_pods_are(api, operator):
 
     ready = await wait_for(everything_ready)
     assert ready["reason"] == "Ready"
+    # Settled: further ticks send no patch at all (the server would drop an equal one
+    # silently, but each is still a write request per fleet per tick).
+    await asyncio.sleep(2 * TICK_SECONDS)  # a tick that read the status before the last write
+    sent = len(patches_of(name))
+    await asyncio.sleep(QUIET_TICKS * TICK_SECONDS)
+    assert patches_of(name)[sent:] == []
     pools = read_fleet(api, namespace, name)["status"]["pools"]
     assert pools == {
         "context": {"replicas": 1, "readyReplicas": 1},
@@ -186,4 +217,49 @@ async def test_deleting_the_fleet_deletes_its_children(api, operator):
         return all(live(api, child, namespace) is None for child in children)
 
     await wait_for(gone)
+    assert operator.lines == []
+
+
+async def test_scale_subresource_sizes_a_pool_and_drains_before_scale_in(api, operator):
+    """`kubectl scale kvfleetpool` (HPA, KEDA) must size the pool through the operator: up at
+    once, down only after the leaving rank was marked draining for drainSeconds."""
+    spec = example_spec()
+    spec["drainSeconds"] = 3
+    namespace, name = await new_fleet(api, spec)
+    await all_children(api, namespace, name)
+    apps, custom, core = api["apps"], api["custom"], api["core"]
+    pool = f"{name}-generation"
+
+    def sts_replicas() -> int:
+        return apps.read_namespaced_stateful_set(pool, namespace).spec.replicas
+
+    def scale(replicas: int) -> None:
+        custom.patch_namespaced_custom_object_scale(
+            GROUP, VERSION, namespace, "kvfleetpools", pool, {"spec": {"replicas": replicas}}
+        )
+
+    scale(3)
+    await wait_for(lambda: sts_replicas() == 3)
+    status = await wait_for(
+        lambda: custom.get_namespaced_custom_object_scale(
+            GROUP, VERSION, namespace, "kvfleetpools", pool
+        )["status"]
+    )
+    assert status["selector"] == f"kvfleet.dev/fleet={name},kvfleet.dev/component=engine-generation"
+    await wait_for(lambda: make_pods_ready(core, namespace, f"kvfleet.dev/fleet={name}") >= 5)
+    scale(1)
+
+    def draining() -> list[str]:
+        pods = core.list_namespaced_pod(
+            namespace, label_selector="kvfleet.dev/component=engine-generation"
+        )
+        return sorted(
+            p.metadata.name
+            for p in pods.items
+            if (p.metadata.annotations or {}).get("kvfleet.dev/draining") == "true"
+        )
+
+    assert await wait_for(draining) == [f"{pool}-1", f"{pool}-2"]
+    assert sts_replicas() == 3  # the leaving ranks still serve while they drain
+    await wait_for(lambda: sts_replicas() == 1)
     assert operator.lines == []

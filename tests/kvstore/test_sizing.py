@@ -170,3 +170,27 @@ def test_branch_records_count_one_window_not_a_turns_two():
     assert turns["full"] == records["full"]
     with pytest.raises(ValueError, match="branch_records <= retained_turns, got 7 and 6"):
         TypicalStep(1, 4096, 512, retained_turns=6, branch_records=7)
+
+
+@pytest.mark.parametrize("total", [1000, 2500, 3000, 3500, 5000, 20000])
+def test_pressed_split_leaves_the_full_pool_room_for_a_rewritten_prompt(total):
+    """If this fails, a proportional split under pressure gives the window pool pages for
+    retained turns of many conversations while the full pool cannot hold one prompt at the
+    longest context next to the previous turn's prefix, so one conversation alone on the rank
+    loses its prefix at the first rewritten turn."""
+    life_cycles = [FullLifeCycle("full"), WindowLifeCycle("swa", 4096, replay_tokens=512)]
+    context = 131072
+    step = TypicalStep(
+        2, context, 8192, retained_turns=15, full_tokens_per_retained_turn=context // 5
+    )
+    pages = plan_pools(step, life_cycles, 64, total_pages=total).pool_pages
+    # one request alone: sliding (4096 + 8192) / 64 + 1 + checkpoint 64, its turn's two windows
+    window_floor = 193 + 64 + 128 + 1
+    assert sum(pages.values()) == total
+    if total < window_floor + context // 64 + 1:  # not even one request alone fits: no floor
+        assert pages["swa"] == total * 2434 // 12680
+        return
+    assert pages["swa"] >= window_floor
+    assert pages["full"] >= min(2 * context // 64 + 1, total - window_floor)
+    if total >= 20000:  # the typical step fits: the proportional split is kept
+        assert pages["swa"] == total * 2434 // 12680

@@ -5,6 +5,7 @@ import resource
 from contextlib import contextmanager
 
 from kvfleet.kvstore.tiers.disk_files import NoDiskFiles
+from kvfleet.kvstore.tiers.disk_tier import WriteBackoff
 from tier_factories import BLOCK, make_tiered, prompt_of, serve
 
 READ_ONLY_DIR = "/proc/kvfleet-disk-tier"  # procfs refuses new entries, even to root
@@ -35,18 +36,50 @@ def test_a_read_only_volume_starts_with_no_disk_tier(caplog):
     manager.tiers.close()
 
 
-def test_a_disk_that_fills_up_turns_the_disk_tier_off(caplog):
-    """A failed block write must warn once, drop the disk tier and keep serving from host."""
+class StepClock:
+    """A clock the test moves: the write pause elapses when the test says so, never by sleeping."""
+
+    def __init__(self) -> None:
+        self.now = 0.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def test_a_disk_that_fills_up_pauses_writes_then_retries(caplog):
+    """One refused write (a full volume) must not end the disk tier for the process's life: it
+    warns, pauses disk writes while host keeps serving, and writes again once there is room."""
     manager = make_tiered(device_pages=6, host_pages=4)
+    clock = StepClock()
+    manager.tiers.disk.writes.clock = clock
     serve(manager, "t1", prompt_of(1))
     with caplog.at_level(logging.WARNING), file_size_limit(64):
         for seed in range(2, 5):
             serve(manager, f"t{seed}", prompt_of(seed))
-    assert "disk tier unusable" in caplog.text
-    assert manager.tiers.metrics["disk"].errors == 1
-    assert isinstance(manager.tiers.disk.files, NoDiskFiles)
-    assert manager.tiers.disk.index.capacity == {"full": 0}
+    assert "disk tier write refused" in caplog.text and "then retrying" in caplog.text
+    assert manager.tiers.metrics["disk"].errors == 1  # paused: no write tried while full
+    assert manager.tiers.disk.index.capacity == {"full": 64}
     assert serve(manager, "t3b", [*prompt_of(3), 5]) == 4 * BLOCK  # host still serves
-    assert serve(manager, "t5", prompt_of(5)) == 0
+    written = manager.tiers.metrics["disk"].pages_in
+    clock.now += manager.tiers.disk.writes.first_seconds  # the pause is over; room again
+    for seed in range(5, 9):
+        serve(manager, f"t{seed}", prompt_of(seed))
+    assert manager.tiers.metrics["disk"].pages_in > written  # writing again
+    assert manager.tiers.metrics["disk"].errors == 1
+    assert serve(manager, "t5b", [*prompt_of(5), 5]) == 4 * BLOCK  # back from the disk
     manager.check_integrity()
     manager.tiers.close()
+
+
+def test_write_pauses_double_up_to_a_cap_and_reset_on_success():
+    """If this fails, a failing volume is retried on every eviction (a warning storm) or never
+    again."""
+    clock = StepClock()
+    backoff = WriteBackoff(first_seconds=1.0, max_seconds=4.0, clock=clock)
+    assert backoff.ready()
+    assert [backoff.failed() for _ in range(4)] == [1.0, 2.0, 4.0, 4.0]
+    assert not backoff.ready()
+    clock.now += 4.0
+    assert backoff.ready()
+    backoff.succeeded()
+    assert backoff.failed() == 1.0

@@ -2,10 +2,12 @@
 
 import logging
 import os
+import shutil
 
 import pytest
 from kvfleet.kvstore.hashing import block_hashes
 from kvfleet.kvstore.tiers.disk_files import HEADER, DiskFiles
+from kvfleet.kvstore.tiers.disk_key import KEY_FILE, SECRET_ENV
 from tier_factories import BLOCK, make_tiered, prompt_of, serve
 
 
@@ -81,7 +83,8 @@ def test_writes_leave_no_temp_files():
     """Atomic writes rename their temp files; none may be left behind."""
     manager = _a_on_disk()
     root = manager.tiers.disk.files.root
-    assert [p for p in root.rglob("*") if p.is_file() and p.suffix != ".kvb"] == []
+    kept = (".kvb", KEY_FILE)
+    assert [p for p in root.rglob("*") if p.is_file() and not p.name.endswith(kept)] == []
     manager.tiers.close()
 
 
@@ -93,3 +96,44 @@ def test_a_file_for_another_block_hash_is_not_returned(tmp_path):
     os.replace(files.path("full", 1), files.path("full", 2))
     assert files.read_into("full", 2, memoryview(bytearray(64))) is False
     assert not files.path("full", 2).exists()
+
+
+FINGERPRINT = {"full": b"full/1x2x4x2x8/float32"}
+
+
+def test_a_block_forged_without_the_fleet_key_is_a_miss(tmp_path):
+    """If this fails, anyone who can write the shared volume can change every rank's outputs:
+    a well-formed file whose tag was made without this fleet's key must never be read."""
+    ours = DiskFiles(tmp_path, FINGERPRINT)
+    forger = DiskFiles(tmp_path, FINGERPRINT, key=b"\x00" * 32)  # knows the format, not the key
+    forger.write("full", 7, b"\x66" * 64)
+    assert ours.read_into("full", 7, memoryview(bytearray(64))) is False
+    assert not ours.path("full", 7).exists()
+    ours.write("full", 7, b"\x01" * 64)
+    out = bytearray(64)
+    assert ours.read_into("full", 7, memoryview(out)) and bytes(out) == b"\x01" * 64
+
+
+def test_the_fleet_secret_keys_every_folder_alike(tmp_path, monkeypatch):
+    """If this fails, ranks of one fleet reject each other's blocks (or accept a foreign
+    fleet's): the key comes from KVFLEET_FLEET_SECRET when set, else from the folder."""
+    monkeypatch.setenv(SECRET_ENV, "fleet-a")
+    writer, reader = DiskFiles(tmp_path / "a", FINGERPRINT), DiskFiles(tmp_path / "b", FINGERPRINT)
+    writer.write("full", 9, b"\x02" * 64)
+    reader.path("full", 9).parent.mkdir(parents=True)
+    shutil.copy(writer.path("full", 9), reader.path("full", 9))
+    assert reader.read_into("full", 9, memoryview(bytearray(64)))
+    monkeypatch.setenv(SECRET_ENV, "fleet-b")
+    other = DiskFiles(tmp_path / "b", FINGERPRINT)
+    assert other.read_into("full", 9, memoryview(bytearray(64))) is False
+
+
+def test_without_a_secret_a_folder_keeps_one_private_key(tmp_path, monkeypatch):
+    """If this fails, local ranks sharing a folder cannot read each other's blocks, or the key
+    is readable by other users."""
+    monkeypatch.delenv(SECRET_ENV, raising=False)
+    first, second = DiskFiles(tmp_path, FINGERPRINT), DiskFiles(tmp_path, FINGERPRINT)
+    first.write("full", 3, b"\x03" * 64)
+    assert second.read_into("full", 3, memoryview(bytearray(64)))
+    assert first.key == second.key and len(first.key) == 32
+    assert (tmp_path / KEY_FILE).stat().st_mode & 0o077 == 0

@@ -70,12 +70,13 @@ def test_private_pages_never_leave_the_device():
 
 
 def test_device_eviction_order_decides_what_reaches_host():
-    """The LRU device page is offloaded first, so the oldest block is the first on host."""
+    """A finished prompt's pages join the LRU tail first: its tail is offloaded first and its
+    head, the part later prompts share, stays on the device longest."""
     manager = make_tiered(device_pages=5, host_pages=16)
     serve(manager, "a", prompt_of(1))
     serve(manager, "b", prompt_of(2, 2 * BLOCK))
     manager.add_request("a2", [*prompt_of(1), 7])
-    assert manager.match("a2").locations["full"] == ("host", "host", "device", "device")
+    assert manager.match("a2").locations["full"] == ("device", "device", "host", "host")
     manager.finish_request("a2")
     manager.check_integrity()
     manager.tiers.close()

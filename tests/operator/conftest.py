@@ -7,7 +7,7 @@ import os
 
 import pytest
 import yaml
-from operator_testkit import load_crd, stop_operator
+from operator_testkit import POOL_CRD_PATH, load_crd, stop_operator
 
 # Fast timer ticks for tests; read when the handlers module is imported.
 os.environ.setdefault("KVFLEET_OPERATOR_TICK_SECONDS", "0.3")
@@ -19,17 +19,17 @@ def k8s(kmock):
     import kmock as kmock_lib
 
     kmock.resources.load_bundled()
-    crd = load_crd()
-    names, version = crd["spec"]["names"], crd["spec"]["versions"][0]
-    key = f"{crd['spec']['group']}/{version['name']}/{names['plural']}"
-    kmock.resources[key] = kmock_lib.ResourceInfo(
-        kind=names["kind"],
-        singular=names["singular"],
-        namespaced=True,
-        verbs={"get", "list", "watch", "create", "update", "patch", "delete"},
-        shortnames=set(names["shortNames"]),
-        subresources=set(version["subresources"]),
-    )
+    for crd in (load_crd(), load_crd(POOL_CRD_PATH)):
+        names, version = crd["spec"]["names"], crd["spec"]["versions"][0]
+        key = f"{crd['spec']['group']}/{version['name']}/{names['plural']}"
+        kmock.resources[key] = kmock_lib.ResourceInfo(
+            kind=names["kind"],
+            singular=names["singular"],
+            namespaced=True,
+            verbs={"get", "list", "watch", "create", "update", "patch", "delete"},
+            shortnames=set(names["shortNames"]),
+            subresources=set(version["subresources"]),
+        )
     return kmock
 
 

@@ -14,6 +14,7 @@ import yaml
 
 CHART_DIR = Path(__file__).resolve().parents[2] / "charts" / "kvfleet"
 CRD_PATH = CHART_DIR / "crds" / "kvfleets.kvfleet.dev.yaml"
+POOL_CRD_PATH = CHART_DIR / "crds" / "kvfleetpools.kvfleet.dev.yaml"
 EXAMPLE_FLEET = CHART_DIR / "examples" / "fleet.yaml"
 NAMESPACE = "ns1"
 # How long the operator may take to stop by itself before the test cancels it.
@@ -23,9 +24,9 @@ _NO_CODE = (lambda: None).__code__
 FLEETS = "kvfleet.dev/v1alpha1/kvfleets"
 
 
-def load_crd() -> dict[str, Any]:
-    """The chart's CRD, so the tests and the chart cannot drift apart."""
-    return yaml.safe_load(CRD_PATH.read_text())
+def load_crd(path: Path = CRD_PATH) -> dict[str, Any]:
+    """One of the chart's CRDs (KVFleet by default), so the tests and the chart cannot drift."""
+    return yaml.safe_load(path.read_text())
 
 
 def crd_schema() -> dict[str, Any]:

@@ -13,7 +13,7 @@ from chart_tools import documents, helm
 from kvfleet.operator.children import render_children
 from kvfleet.operator.names import FleetRef
 from kvfleet.operator.spec import FleetSpec, parse_spec
-from operator_testkit import CHART_DIR, EXAMPLE_FLEET, crd_schema
+from operator_testkit import CHART_DIR, EXAMPLE_FLEET, POOL_CRD_PATH, crd_schema, load_crd
 
 KUBERNETES_VERSION = "1.32.0"
 VALUE_SETS = {
@@ -21,10 +21,13 @@ VALUE_SETS = {
     "namespaced": ["--set", "watchNamespaces={team-a,team-b}"],
     "example": ["--set", "exampleFleet.enabled=true", "--set", "image.tag=0.2.0"],
     "no-sa": ["--set", "serviceAccount.create=false", "--set", "serviceAccount.name=ops"],
+    "single": ["--set", "replicaCount=1"],
+    "monitoring": ["--api-versions", "monitoring.coreos.com/v1"],
 }
 
 
-@pytest.mark.parametrize("name", sorted(VALUE_SETS))
+# helm lint has no --api-versions: the capability-only value set is rendered, not linted.
+@pytest.mark.parametrize("name", sorted(set(VALUE_SETS) - {"monitoring"}))
 def test_chart_lints_strictly(name):
     """`helm lint --strict` must pass for every value set (also checks values.schema.json)."""
     helm("lint", "--strict", str(CHART_DIR), *VALUE_SETS[name])
@@ -35,12 +38,21 @@ def test_rendered_chart_is_valid_kubernetes(name):
     """Every object `helm template --include-crds` renders must validate strictly for 1.32."""
     rendered = helm("template", "t", str(CHART_DIR), "--include-crds", *VALUE_SETS[name])
     objects = documents(rendered)
+    crds = {
+        (obj["spec"]["group"], obj["spec"]["names"]["kind"]): obj
+        for obj in objects
+        if obj["kind"] == "CustomResourceDefinition"
+    }
     for obj in objects:
-        if obj["kind"] == "KVFleet":
-            jsonschema.Draft4Validator(crd_schema()).validate(obj)
+        group, kind = obj["apiVersion"].split("/")[0], obj["kind"]
+        if (group, kind) in crds:  # one of the chart's own kinds: its CRD's schema
+            schema = crds[group, kind]["spec"]["versions"][0]["schema"]["openAPIV3Schema"]
+            jsonschema.Draft4Validator(schema).validate(obj)
+        elif group == "monitoring.coreos.com":  # the Prometheus Operator's: no schema offline
+            assert obj["spec"]["podMetricsEndpoints"][0]["port"] == "metrics"
         else:
             kubernetes_validate.validate(obj, KUBERNETES_VERSION, strict=True)
-    assert any(obj["kind"] == "CustomResourceDefinition" for obj in objects)
+    assert ("kvfleet.dev", "KVFleet") in crds
 
 
 def test_every_values_reference_exists():
@@ -113,8 +125,37 @@ def test_rendered_children_are_valid_kubernetes():
     children = render_children(
         FleetRef("coder", "kvfleet", "uid"), spec, {"context": 1, "generation": 2}
     )
+    pool_schema = load_crd(POOL_CRD_PATH)["spec"]["versions"][0]["schema"]["openAPIV3Schema"]
     for child in children:
-        kubernetes_validate.validate(child, KUBERNETES_VERSION, strict=True)
+        if child["kind"] == "KVFleetPool":  # the chart's own kind: its CRD's schema
+            jsonschema.Draft4Validator(pool_schema).validate(child)
+        else:
+            kubernetes_validate.validate(child, KUBERNETES_VERSION, strict=True)
     kinds = {child["kind"] for child in children}
-    assert {"Secret", "NetworkPolicy", "PodDisruptionBudget", "StatefulSet"} <= kinds
-    assert len(children) == 16
+    assert {"Secret", "NetworkPolicy", "PodDisruptionBudget", "StatefulSet", "KVFleetPool"} <= kinds
+    assert len(children) == 18
+
+
+def test_replicas_elect_a_leader_through_peering():
+    """Two replicas without peering would both handle every fleet; one needs no peering."""
+    two = documents(helm("template", "t", str(CHART_DIR)))
+    [deployment] = [obj for obj in two if obj["kind"] == "Deployment"]
+    args = deployment["spec"]["template"]["spec"]["containers"][0]["args"]
+    assert deployment["spec"]["replicas"] == 2
+    assert "--peering=t-kvfleet" in args
+    assert any(obj["kind"] == "ClusterKopfPeering" for obj in two)
+    one = documents(helm("template", "t", str(CHART_DIR), *VALUE_SETS["single"]))
+    [deployment] = [obj for obj in one if obj["kind"] == "Deployment"]
+    assert not any(
+        a.startswith("--peering")
+        for a in deployment["spec"]["template"]["spec"]["containers"][0]["args"]
+    )
+    assert not any(obj["kind"] == "ClusterKopfPeering" for obj in one)
+
+
+def test_pod_monitor_only_when_the_api_exists():
+    """A PodMonitor on a cluster without the Prometheus Operator fails the whole install."""
+    plain = documents(helm("template", "t", str(CHART_DIR)))
+    assert not any(obj["kind"] == "PodMonitor" for obj in plain)
+    monitored = documents(helm("template", "t", str(CHART_DIR), *VALUE_SETS["monitoring"]))
+    assert sum(obj["kind"] == "PodMonitor" for obj in monitored) == 1

@@ -166,3 +166,12 @@ async def test_invalid_spec_becomes_a_condition(k8s, operator):
     assert "minReplicas=5 > maxReplicas=2" in condition["message"]
     assert live(k8s, STS, "f5-generation") is None
     assert not operator.done()
+
+
+async def test_a_deleted_child_comes_back_within_a_tick(k8s, operator):
+    """Drift must be repaired by the timer, without waiting for the next spec edit."""
+    await send(k8s, "POST", FLEET_PATH, fleet_body("f8", BASE_SPEC, uid="uid-8"))
+    await eventually(lambda: live(k8s, "v1/services", "f8-router"))
+    await send(k8s, "DELETE", f"/api/v1/namespaces/{NAMESPACE}/services/f8-router")
+    await eventually(lambda: live(k8s, "v1/services", "f8-router") is None)
+    await eventually(lambda: live(k8s, "v1/services", "f8-router"))

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from kvfleet.operator.children import CHILD_RESOURCES, render_children
 from kvfleet.operator.names import FleetRef
-from kvfleet.operator.plan import merge_diff, plan_children, with_last_applied
+from kvfleet.operator.plan import merge_diff, plan_children
 from kvfleet.operator.spec import parse_spec
 
 FLEET = FleetRef("f", "ns", "uid")
@@ -14,10 +14,7 @@ STS = CHILD_RESOURCES[("apps/v1", "StatefulSet")]
 
 def applied(children: list[dict]) -> dict:
     """Live objects as the API would hold them after applying `children`."""
-    return {
-        (CHILD_RESOURCES[(c["apiVersion"], c["kind"])], c["metadata"]["name"]): with_last_applied(c)
-        for c in children
-    }
+    return {(a.resource, a.name): a.body for a in plan_children(children, {})}
 
 
 def test_merge_diff_nulls_removed_keys_and_keeps_equal_ones():

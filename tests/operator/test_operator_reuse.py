@@ -25,7 +25,7 @@ def test_defaults_render_retention_options_off():
     reuse = engine_config(parse_spec({"model": MODEL}), "generation")["reuse"]
     assert reuse == {
         "policy": "per_conversation",
-        "max_num_turns": 2,
+        "max_num_turns": 5,
         "checkpoint": True,
         "keep_root": False,
         "keep_branch_points": 0,

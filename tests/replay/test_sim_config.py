@@ -50,7 +50,7 @@ def test_yaml_file_merges_per_section(tmp_path: Path) -> None:
     )
     config = load_sim_config(path, {"slots": "5"})
     assert (config.fleet.ranks, config.fleet.host_pages, config.fleet.slots) == (2, 100, 5)
-    assert config.hardware.matmul_tflops == 600.0
+    assert config.hardware.matmul_tflops == 578.0
     assert config.model.build_life_cycles() == (
         FullLifeCycle("full"),
         WindowLifeCycle("swa", 1024, 128),
@@ -122,7 +122,7 @@ def test_copy_costs_per_tier() -> None:
 def test_default_figures_for_an_8b_model_on_h200() -> None:
     """If this fails, the documented default per-unit costs changed without the docs."""
     model = costs()
-    assert model.linear_s_per_token == pytest.approx(16e9 / 600e12)
+    assert model.linear_s_per_token == pytest.approx(16e9 / 578e12)
     assert model.weights_read_s == pytest.approx(16e9 / 4e12)
     assert model.decode_kv_s_per_token == pytest.approx(131072 / 2e12)
     assert model.host_copy_s_per_page == pytest.approx(131072 * 64 / 50e9)

@@ -38,9 +38,10 @@ def pool_pages(**overrides: str) -> dict[str, int]:
 def test_retained_turns_get_window_pages_at_the_same_budget() -> None:
     """If this fails, max_num_turns: 5 runs on pools sized for no retained turns, so keeping
     turns evicts the endpoints of live ones."""
-    per_request = pool_pages(reuse_policy="per_request")
-    five_turns = pool_pages(reuse_policy="per_conversation", max_num_turns="5")
-    assert sum(per_request.values()) == sum(five_turns.values()) == 3000
+    # An H200's pages: above the lone-conversation floor, where the proportional split decides.
+    per_request = pool_pages(reuse_policy="per_request", gpu_pages="12800")
+    five_turns = pool_pages(reuse_policy="per_conversation", max_num_turns="5", gpu_pages="12800")
+    assert sum(per_request.values()) == sum(five_turns.values()) == 12800
     assert five_turns["swa"] > 1.5 * per_request["swa"]
 
 

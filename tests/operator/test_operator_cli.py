@@ -1,0 +1,33 @@
+"""`kvfleet operator`: standalone by default, peering (leader election) when asked."""
+
+from __future__ import annotations
+
+import argparse
+
+import kopf
+from kvfleet.operator.cli import register
+
+
+def run_with(monkeypatch, *argv: str) -> dict:
+    seen: dict = {}
+    monkeypatch.setattr(kopf, "run", lambda **kwargs: seen.update(kwargs))
+    parser = argparse.ArgumentParser()
+    register(parser.add_subparsers())
+    args = parser.parse_args(["operator", *argv])
+    assert args.func(args) == 0
+    return seen
+
+
+def test_one_replica_runs_standalone(monkeypatch):
+    """Without peering objects a replica must not wait for peers that never come."""
+    seen = run_with(monkeypatch)
+    assert (seen["standalone"], seen["peering_name"]) == (True, None)
+
+
+def test_replicas_with_peering_get_distinct_priorities(monkeypatch):
+    """Equal priorities would let every replica run the handlers (no leader)."""
+    first = run_with(monkeypatch, "--peering", "kv-kvfleet")
+    second = run_with(monkeypatch, "--peering", "kv-kvfleet")
+    assert (first["standalone"], first["peering_name"]) == (False, "kv-kvfleet")
+    assert first["priority"] != second["priority"]
+    assert run_with(monkeypatch, "--peering", "p", "--priority", "7")["priority"] == 7
