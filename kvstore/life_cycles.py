@@ -11,6 +11,9 @@ branches on the kind.
 | window  | (k*B - w) // B .. k-1         | from (n - w) // B             |
 | private | nothing (never committed)     | all                           |
 | state   | k-1 (snapshot after block)    | from (n - 1) // B             |
+
+A state life cycle's from-end snapshots are kept until the context ends and retained with the
+turn (`from_end_blocks`); its periodic ones are committed and left to the LRU.
 """
 
 from __future__ import annotations
@@ -39,6 +42,10 @@ class FullLifeCycle:
 
     def snapshot_blocks(self, prompt_len: int, block_size: int) -> frozenset[int]:
         """Blocks whose page is a snapshot to commit (state life cycles only)."""
+        return frozenset()
+
+    def from_end_blocks(self, prompt_len: int, block_size: int) -> frozenset[int]:
+        """Snapshot blocks at offsets from the prompt end (state life cycles only)."""
         return frozenset()
 
 
@@ -75,6 +82,10 @@ class WindowLifeCycle:
         """Windows keep no snapshots."""
         return frozenset()
 
+    def from_end_blocks(self, prompt_len: int, block_size: int) -> frozenset[int]:
+        """Snapshot blocks at offsets from the prompt end (state life cycles only)."""
+        return frozenset()
+
 
 @dataclass(frozen=True)
 class PrivateLifeCycle:
@@ -97,6 +108,10 @@ class PrivateLifeCycle:
 
     def snapshot_blocks(self, prompt_len: int, block_size: int) -> frozenset[int]:
         """Private life cycles keep no snapshots."""
+        return frozenset()
+
+    def from_end_blocks(self, prompt_len: int, block_size: int) -> frozenset[int]:
+        """Snapshot blocks at offsets from the prompt end (state life cycles only)."""
         return frozenset()
 
 
@@ -141,6 +156,20 @@ class StateLifeCycle:
         return frozenset(
             (boundary // block_size) - 1 for boundary in boundaries if boundary >= block_size
         )
+
+    def from_end_blocks(self, prompt_len: int, block_size: int) -> frozenset[int]:
+        """Blocks after which a from-end boundary falls: a turn keeps these until its context
+        ends and retains them, since each later prompt moves its own from-end boundaries."""
+        return frozenset(
+            (prompt_len - offset) // block_size - 1
+            for offset in self.offsets_from_end
+            if prompt_len - offset >= block_size
+        )
+
+    @property
+    def num_extra_from_end(self) -> int:
+        """From-end snapshots besides the endpoint's (at most one block each)."""
+        return len({offset for offset in self.offsets_from_end if offset > 0})
 
 
 LifeCycle = FullLifeCycle | WindowLifeCycle | PrivateLifeCycle | StateLifeCycle

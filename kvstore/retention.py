@@ -11,6 +11,10 @@ first turn retained since the conversation began (or was last released) besides 
 | k = N + 1                          | 2..N+1                | 1 (root), 2..N+1         |
 | k > N + 1                          | k-N+1..k              | 1 (root), k-N+1..k       |
 
+Each retained turn holds its endpoint and checkpoint pages and, on state life cycles, its own
+snapshot at every offset from its prompt end; turns share attention pages and periodic
+snapshots through their common prefix (one page, one ref per holder).
+
 Besides them it holds up to `keep_branch_points` branch records (`branch_points.py`), keyed by
 the block id at the branch point and kept in least-recently-used order.
 """
@@ -95,11 +99,12 @@ def retain_turn(
     life_cycles: Mapping[str, LifeCycle],
     block_size: int,
 ) -> TurnRecord:
-    """Take a ref on every committed page needed to resume at the endpoint and checkpoint."""
+    """Take a ref on every committed page needed to resume at the endpoint and checkpoint, and
+    on the turn's own snapshots at each from-end offset (a later prompt's move with it)."""
     positions = [state.prompt_len // block_size]
     if state.checkpoint_tokens is not None:
         positions.append(state.checkpoint_tokens // block_size)
-    pages = _hold(state, pools, life_cycles, block_size, positions)
+    pages = _hold(state, pools, life_cycles, block_size, positions, from_end=True)
     return TurnRecord(state.conversation_id or "", state.request_id, pages)
 
 
@@ -125,15 +130,22 @@ def _hold(
     life_cycles: Mapping[str, LifeCycle],
     block_size: int,
     positions: list[int],
+    from_end: bool = False,
 ) -> dict[str, tuple[int | None, ...]]:
-    """Ref the committed pages every reusable life cycle needs to resume at `positions`."""
+    """Ref the committed pages every reusable life cycle needs to resume at `positions` (and,
+    with `from_end`, the from-end snapshots that are still cached: a missing one is no loss
+    of the turn's resume points, so it never blocks a drop plan)."""
     hashes = state.sequence.hashes
     pages: dict[str, tuple[int | None, ...]] = {}
     for name, life_cycle in life_cycles.items():
         if not life_cycle.reusable:
             continue
-        indices = sorted({i for k in positions for i in life_cycle.resume_blocks(k, block_size)})
-        found = tuple(pools[name].lookup(hashes[index]) for index in indices)
+        indices = {i for k in positions for i in life_cycle.resume_blocks(k, block_size)}
+        found = tuple(pools[name].lookup(hashes[index]) for index in sorted(indices))
+        if from_end:
+            extra = life_cycle.from_end_blocks(state.prompt_len, block_size) - indices
+            looked_up = (pools[name].lookup(hashes[index]) for index in sorted(extra))
+            found += tuple(page for page in looked_up if page is not None)
         for page in found:
             if page is not None:
                 pools[name].ref(page)

@@ -13,9 +13,13 @@ until its context ends). Branch records count among the retained turns
 | full    | ceil(L/B)                                     | ceil(L/B) (*)     | as a turn         |
 | window  | min(ceil(L/B), ceil((w+c)/B)+1 + (ckpt+br)*W) | (1 + ckpt) * W    | W                 |
 | private | ceil(L/B)                                     | 0                 | 0                 |
-| state   | ceil(c/B) + 2 + 1 + ckpt + br                 | 1 + ckpt          | 1                 |
+| state   | ceil(c/B) + 2 + 1 + ckpt + br + E             | 1 + ckpt + E      | 1                 |
 
-W = ceil(w/B). (*) no sharing, unless `full_tokens_per_retained_turn` says what each holds.
+W = ceil(w/B). E = the state life cycle's from-end offsets besides 0: a resident request keeps
+each from-end snapshot until its context ends, and every retained turn keeps its own (a from-end
+boundary moves with the prompt, so turns never share them). Periodic snapshots are left to the
+LRU and counted nowhere: they are evictable, so conversions of pages to tokens count live ones.
+(*) no sharing, unless `full_tokens_per_retained_turn` says what each holds.
 
 Under pressure (fewer pages than the peak) the proportional split is lifted to a floor: what
 one conversation alone needs, a request at L next to its previous turn's whole prefix (a turn
@@ -31,7 +35,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, NamedTuple, cast
 
-from kvfleet.kvstore.life_cycles import LifeCycle, WindowLifeCycle
+from kvfleet.kvstore.life_cycles import LifeCycle, StateLifeCycle, WindowLifeCycle
 
 if TYPE_CHECKING:
     from kvfleet.kvstore.policies import ReusePolicy
@@ -43,6 +47,8 @@ class TypicalStep:
 
     `branch_points`: resident requests may keep a branch-point window (the policy's
     `keep_branch_points`). `branch_records`: how many of `retained_turns` are branch records.
+    `retained_snapshots` False leaves the retained turns' from-end snapshots out of the plan
+    (what sizing did before they were retained: a baseline for measuring their effect).
     """
 
     num_slots: int
@@ -53,6 +59,7 @@ class TypicalStep:
     full_tokens_per_retained_turn: int | None = None
     branch_points: bool = False
     branch_records: int = 0
+    retained_snapshots: bool = True
 
     def __post_init__(self) -> None:
         if self.num_slots < 1 or self.max_context_tokens < 1 or self.chunk_tokens < 1:
@@ -76,6 +83,7 @@ def rank_typical_step(
     retained_conversations: int,
     policy: ReusePolicy,
     checkpoint: bool = True,
+    retained_snapshots: bool = True,
 ) -> TypicalStep:
     """The step a rank's pools are sized for (the engine and the simulator both call this):
     every slot resident at the longest context, plus the retained turns of
@@ -97,6 +105,7 @@ def rank_typical_step(
         full_tokens_per_retained_turn=max_context_tokens // max(1, turns),
         branch_points=branches > 0,
         branch_records=retained_conversations * branches,
+        retained_snapshots=retained_snapshots,
     )
 
 
@@ -131,8 +140,10 @@ def _private(lc: LifeCycle, step: TypicalStep, bs: int) -> Peak:
 
 
 def _state(lc: LifeCycle, step: TypicalStep, bs: int) -> Peak:
+    from_end = cast(StateLifeCycle, lc).num_extra_from_end  # PEAK_PAGES maps only "state" here
     resident = _blocks(step.chunk_tokens, bs) + 3 + step.checkpoint + step.branch_points
-    return Peak(resident, 1 + step.checkpoint, 1)
+    retained = 1 + step.checkpoint + from_end * step.retained_snapshots
+    return Peak(resident + from_end, retained, 1)
 
 
 # Kinds whose peak per request grows with the context (the others are bounded by a window).

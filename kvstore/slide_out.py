@@ -10,7 +10,8 @@ Which window/state blocks a request commits and keeps until its context ends:
 | endpoint window (prompt end)             | yes       | yes                    |
 | checkpoint window (C, when planned)      | yes       | yes                    |
 | branch-point window and snapshot (b)     | yes       | yes                    |
-| state snapshots                          | yes       | no                     |
+| state snapshots at offsets from the end  | yes       | yes                    |
+| periodic state snapshots                 | yes       | no                     |
 | whole-prefix (full) life cycles          | all       | never slide            |
 """
 
@@ -59,6 +60,7 @@ def plan_commits(
         for position in positions:
             if position is not None:
                 wanted.update(life_cycle.resume_blocks(position // bs, bs))
+        wanted.update(life_cycle.from_end_blocks(state.prompt_len, bs))
         state.keep[name] = frozenset(wanted)
         state.commit_blocks[name] = frozenset(
             wanted | life_cycle.snapshot_blocks(state.prompt_len, bs)

@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import math
 import os
+import threading
 import time
 from collections import defaultdict
 from typing import Any
@@ -46,6 +47,8 @@ def configure(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) -> Non
     memo.readers = {}
     memo.histories = defaultdict(lambda: defaultdict(list))
     memo.last_autoscale = {}
+    memo.locks = defaultdict(threading.Lock)
+    memo.generations = {}
 
 
 def fleet_ref(body: kopf.Body) -> FleetRef:
@@ -118,6 +121,18 @@ def converge(
     Status keys are written only when their value changed, so an idle fleet costs no writes.
     """
     fleet = fleet_ref(body)
+    key = (fleet.namespace, fleet.name, fleet.uid)
+    generation = body.metadata.get("generation") or 0
+    # One pass at a time per fleet, and never one from a body older than a pass already made
+    # (the timer can hold the spec from before an edit the update handler just applied).
+    with memo.locks[key]:
+        if generation < memo.generations.get(key, 0):
+            return
+        memo.generations[key] = generation
+        _converge(body, fleet, spec, status, patch, memo, autoscaled, logger)
+
+
+def _converge(body, fleet, spec, status, patch, memo, autoscaled, logger) -> None:
     sizing = size_pools(memo.kube, fleet, spec, status, autoscaled, time.time())
     for name, ordinals in sizing.unmark.items():
         mark_draining(memo.kube, fleet, rank_names(fleet, name, ordinals), False)
@@ -180,7 +195,7 @@ def delete_fleet(body: kopf.Body, memo: kopf.Memo, logger, **_: Any) -> None:
     fleet = fleet_ref(body)
     delete_children(memo.kube, fleet, logger)
     key = (fleet.namespace, fleet.name, fleet.uid)
-    for per_fleet in (memo.readers, memo.histories, memo.last_autoscale):
+    for per_fleet in (memo.readers, memo.histories, memo.last_autoscale, memo.generations):
         per_fleet.pop(key, None)
 
 

@@ -15,12 +15,26 @@ DISK_TIER_DIR = "/var/lib/kvfleet/disk"
 MODEL_MOUNT = "/models"
 
 
+def served_model_path(spec: FleetSpec) -> str:
+    """Where engines (and the router, for the tokenizer) find the model's directory."""
+    if spec.model.pvc_name:
+        return f"{MODEL_MOUNT}/{spec.model.path.lstrip('/')}"
+    return spec.model.path
+
+
+def model_volume(spec: FleetSpec) -> tuple[list[dict], list[dict]]:
+    """The weights' PVC, read-only at MODEL_MOUNT (none when the model path is in the image)."""
+    if not spec.model.pvc_name:
+        return [], []
+    claim = {"claimName": spec.model.pvc_name, "readOnly": True}
+    volume = {"name": "model", "persistentVolumeClaim": claim}
+    return [volume], [{"name": "model", "mountPath": MODEL_MOUNT, "readOnly": True}]
+
+
 def engine_config(spec: FleetSpec, pool_name: str) -> dict[str, Any]:
     """What an engine rank of `pool_name` reads from --config (snake_case keys)."""
     pool = spec.pool(pool_name)
-    model_path = (
-        f"{MODEL_MOUNT}/{spec.model.path.lstrip('/')}" if spec.model.pvc_name else spec.model.path
-    )
+    model_path = served_model_path(spec)
     tiers = spec.kv_tiers
     return {
         "model": {

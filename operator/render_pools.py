@@ -5,7 +5,7 @@ from __future__ import annotations
 from kubernetes.utils.quantity import parse_quantity
 
 from .names import CONFIG_HASH_ANNOTATION, FleetRef
-from .render_config import DISK_TIER_DIR, MODEL_MOUNT, config_hash, config_key
+from .render_config import DISK_TIER_DIR, config_hash, config_key, model_volume
 from .render_router import EXIT_MARGIN_SECONDS
 from .render_secret import fleet_env
 from .security import container_security_context, pod_security_context, scratch_volumes
@@ -42,7 +42,7 @@ def engine_args(fleet: FleetRef, spec: FleetSpec, pool_name: str) -> list[str]:
         "--grpc-port", str(ports.engine_grpc),
         "--http-port", str(ports.engine_http),
         "--metrics-port", str(ports.engine_metrics),
-        "--router", fleet.router_address(ports.router_grpc),
+        "--router", fleet.router_address(ports.router_rank),  # the rank-facing port
         "--rank-id", "$(POD_NAME)",
         "--config", "/etc/kvfleet/engine.yaml",
         "--disk-tier-dir", DISK_TIER_DIR,
@@ -78,11 +78,8 @@ def _volumes(fleet: FleetRef, spec: FleetSpec, pool_name: str) -> tuple[list[dic
             {"name": "disk-tier", "persistentVolumeClaim": {"claimName": fleet.child_name("disk")}}
         )
         mounts.append({"name": "disk-tier", "mountPath": DISK_TIER_DIR})
-    if spec.model.pvc_name:
-        claim = {"claimName": spec.model.pvc_name, "readOnly": True}
-        volumes.append({"name": "model", "persistentVolumeClaim": claim})
-        mounts.append({"name": "model", "mountPath": MODEL_MOUNT, "readOnly": True})
-    return volumes, mounts
+    model_volumes, model_mounts = model_volume(spec)
+    return volumes + model_volumes, mounts + model_mounts
 
 
 def _resources(spec: FleetSpec, pool_name: str) -> dict:

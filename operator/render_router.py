@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from .names import FleetRef
+from .render_config import model_volume, served_model_path
 from .render_secret import REDIS_PASSWORD_ENV, REDIS_PASSWORD_KEY, fleet_env, secret_env
 from .security import container_security_context, pod_security_context, scratch_volumes
 from .spec import FleetSpec
@@ -21,6 +22,7 @@ def router_args(fleet: FleetRef, spec: FleetSpec) -> list[str]:
     return [
         "kvfleet", "router",
         "--grpc-port", str(ports.router_grpc),
+        "--rank-port", str(ports.router_rank),
         "--http-port", str(ports.router_http),
         "--metrics-port", str(ports.router_metrics),
         "--replica-id", "$(POD_NAME)",
@@ -31,6 +33,9 @@ def router_args(fleet: FleetRef, spec: FleetSpec) -> list[str]:
         "--placement", routing.placement,
         "--pin-ttl-seconds", str(routing.pin_ttl_seconds),
         "--heartbeat-timeout-seconds", str(routing.heartbeat_timeout_seconds),
+        # The OpenAI front serves the model's name and renders prompts with its tokenizer.
+        "--model", spec.model.name,
+        *(["--model-path", model_path] if (model_path := served_model_path(spec)) else []),
     ]  # fmt: skip
 
 
@@ -53,6 +58,8 @@ def render_router(fleet: FleetRef, spec: FleetSpec, replicas: dict[str, int]) ->
     """Router Deployment `<fleet>-router` and the ClusterIP Service in front of it."""
     ports = spec.ports
     volumes, mounts = scratch_volumes()
+    model_volumes, model_mounts = model_volume(spec)
+    volumes, mounts = volumes + model_volumes, mounts + model_mounts
     health = {"httpGet": {"path": "/health", "port": "http"}}
     container = {
         "name": "router",
@@ -62,6 +69,7 @@ def render_router(fleet: FleetRef, spec: FleetSpec, replicas: dict[str, int]) ->
         "env": _router_env(fleet, spec),
         "ports": [
             {"name": "grpc", "containerPort": ports.router_grpc},
+            {"name": "rank", "containerPort": ports.router_rank},
             {"name": "http", "containerPort": ports.router_http},
             {"name": "metrics", "containerPort": ports.router_metrics},
         ],
@@ -100,6 +108,7 @@ def render_router(fleet: FleetRef, spec: FleetSpec, replicas: dict[str, int]) ->
             "selector": fleet.selector("router"),
             "ports": [
                 {"name": "grpc", "port": ports.router_grpc, "targetPort": "grpc"},
+                {"name": "rank", "port": ports.router_rank, "targetPort": "rank"},
                 {"name": "http", "port": ports.router_http, "targetPort": "http"},
                 {"name": "metrics", "port": ports.router_metrics, "targetPort": "metrics"},
             ],

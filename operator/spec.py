@@ -136,6 +136,7 @@ class Autoscaling(_Model):
 
 class Ports(_Model):
     router_grpc: int = Field(default=50051, ge=1, le=65535)
+    router_rank: int = Field(default=50052, ge=1, le=65535)
     router_http: int = Field(default=8000, ge=1, le=65535)
     router_metrics: int = Field(default=9400, ge=1, le=65535)
     engine_grpc: int = Field(default=50061, ge=1, le=65535)

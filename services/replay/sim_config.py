@@ -47,6 +47,7 @@ class FleetOptions:
     keep_branch_points: int = 0  # per_conversation: branch endpoints kept (kvstore/branch_points)
     retained_conversations: int = 8
     checkpoint: bool = True
+    retained_snapshot_sizing: bool = True  # pools count retained turns' from-end snapshots
     tick_seconds: float = 0.05
     max_decode_run_steps: int = 64
 

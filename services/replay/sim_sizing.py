@@ -51,6 +51,7 @@ def typical_step(fleet: FleetOptions, policy: ReusePolicy) -> TypicalStep:
         fleet.retained_conversations,
         policy,
         fleet.checkpoint,
+        fleet.retained_snapshot_sizing,
     )
 
 

@@ -271,14 +271,6 @@ def _router_parser():
     return parser
 
 
-def _router_has_http_port() -> bool:
-    router = _router_parser()._subparsers._group_actions[0].choices["router"]
-    return "--http-port" in router._option_string_actions
-
-
-@pytest.mark.skipif(
-    not _router_has_http_port(), reason="the router's --http-port (OpenAI front) is not here yet"
-)
 def test_rendered_router_args_parse_with_the_router_cli():
     """A flag the router does not know crashes every router pod at start."""
     from kvfleet.operator.names import FleetRef
@@ -287,6 +279,23 @@ def test_rendered_router_args_parse_with_the_router_cli():
     args = router_args(FleetRef("f", "ns", "uid"), _operator_spec())
     parsed = _router_parser().parse_args(args[1:])
     assert parsed.replica_id == "$(POD_NAME)"  # expanded by the kubelet
+
+
+def test_engines_register_on_the_routers_rank_port_and_its_service_exposes_it():
+    """The router serves RankRegistry only on its rank port: engines pointed at the client
+    port would never register, and a Service without the port would not reach it."""
+    from kvfleet.operator.names import FleetRef
+    from kvfleet.operator.render_pools import engine_args
+    from kvfleet.operator.render_router import render_router, router_args
+
+    fleet, spec = FleetRef("f", "ns", "uid"), _operator_spec()
+    router = _router_parser().parse_args(router_args(fleet, spec)[1:])
+    engine = engine_args(fleet, spec, spec.enabled_pools()[0])
+    registry = engine[engine.index("--router") + 1]
+    assert registry == f"f-router:{router.rank_port}" != f"f-router:{router.grpc_port}"
+    _deployment, service = render_router(fleet, spec, {})
+    assert router.rank_port in [p["port"] for p in service["spec"]["ports"]]
+    assert router.model == spec.model.name
 
 
 def _tensor_parallel_spec(**changes):

@@ -1,4 +1,12 @@
-"""Pool sizing: live pages at a driven peak never exceed what sizing reserved."""
+"""Pool sizing proofs: drive a real manager to its peak and count live pages per pool.
+
+Each scenario is tight: the live pages at the peak fit the plan, and exceed the plan that forgets
+one retained turn, the checkpoint, or the from-end snapshots (so a sizing rule that forgets any
+of them fails here). Prompts are long enough to plan a checkpoint on every later turn; each
+conversation runs one turn more than `per_conversation(max_num_turns)` retains.
+"""
+
+from dataclasses import replace
 
 import pytest
 from kv_factories import make_manager, tokens
@@ -11,64 +19,64 @@ from kvfleet.kvstore.life_cycles import (
 from kvfleet.kvstore.policies import PerConversation
 from kvfleet.kvstore.sizing import TypicalStep, plan_pools
 
-BLOCK, CHUNK, DECODE, TURNS, KEEP = 8, 32, 8, 3, 2
+BLOCK, CHUNK, DECODE, KEEP, MARGIN = 8, 32, 8, 2, 8
+TURNS = KEEP + 1
+FIRST, APPEND = 64, 40
+# The checkpoint falls at prompt_len - 8 (replay) - 8 (margin); the extra from-end offset 24
+# puts a snapshot one block before it, so neither hides the other.
+SSM = StateLifeCycle("ssm", every_tokens=32, offsets_from_end=(0, 24))
 LIFE_CYCLES = [
     FullLifeCycle("full"),
-    WindowLifeCycle("swa", 32, replay_tokens=16),
-    StateLifeCycle("ssm", every_tokens=64),
+    WindowLifeCycle("swa", 16, replay_tokens=8),
+    SSM,
     PrivateLifeCycle("scratch"),
 ]
+MAX_CONTEXT = FIRST + APPEND * (TURNS - 1) + DECODE
 
 
-def drive_to_peak(manager, num_slots, num_conversations, reset_turns=(), kept_tokens=32):
-    """Run every conversation's turns (chunked prefill, decode) with `num_slots` resident;
-    return the most live pages seen per pool. A turn in `reset_turns` (0-based) keeps only the
-    first `kept_tokens` of the conversation's prompt before its own tokens."""
+def drive_to_peak(manager, num_slots: int, conversations: int) -> dict[str, int]:
+    """Run every conversation's turns (each appends to the last prompt; chunked prefill, then
+    decode) with up to `num_slots` resident in lock step; the most live pages seen per pool."""
     queues = {
-        f"c{c}": [tokens(c * 10 + t, 64 if t == 0 else 40) for t in range(TURNS)]
-        for c in range(num_conversations)
+        f"c{c}": [tokens(c * 10 + t, FIRST if t == 0 else APPEND) for t in range(TURNS)]
+        for c in range(conversations)
     }
-    prompts = {c: [] for c in queues}
+    prompts: dict[str, list[int]] = {c: [] for c in queues}
     active: dict[str, dict] = {}
     peak = dict.fromkeys(manager.pools, 0)
-
-    def record():
-        for name, pool in manager.pools.items():
-            peak[name] = max(peak[name], pool.num_in_use)
-
     for _ in range(10_000):
         for conversation, turns in queues.items():
             busy = any(r["conversation"] == conversation for r in active.values())
             if turns and not busy and len(active) < num_slots:
-                kept = kept_tokens if TURNS - len(turns) in reset_turns else None
-                prompts[conversation] = prompts[conversation][:kept] + turns.pop(0)
+                prompts[conversation] = prompts[conversation] + turns.pop(0)
                 request_id = f"{conversation}t{TURNS - len(turns)}"
                 manager.add_request(request_id, prompts[conversation], conversation)
-                prompt_len = len(prompts[conversation])
-                active[request_id] = {"conversation": conversation, "len": prompt_len, "out": 0}
+                length = len(prompts[conversation])
+                active[request_id] = {"conversation": conversation, "len": length, "out": 0}
         if not active:
             return peak
-        for request_id, request in list(active.items()):
-            progress = manager.progress(request_id) if request.get("admitted") else None
-            if progress is None:
+        for request_id, request in active.items():  # every resident allocates, then all commit
+            if not request.get("admitted"):
                 reused = manager.match(request_id).num_reusable_tokens
                 size = min(CHUNK, request["len"] - reused)
                 assert manager.can_admit(request_id, size)
                 manager.admit(request_id, size)
-                request["admitted"], done = True, reused + size
-            elif progress.num_computed_tokens < request["len"]:
-                size = min(CHUNK, request["len"] - progress.num_computed_tokens)
+                request["admitted"], request["done"] = True, reused + size
+            elif request["done"] < request["len"]:
+                size = min(CHUNK, request["len"] - request["done"])
                 assert manager.can_allocate(request_id, size)
                 manager.allocate(request_id, size)
-                done = progress.num_computed_tokens + size
+                request["done"] += size
             else:
                 assert manager.can_allocate(request_id, 1)
                 manager.allocate(request_id, 1)
                 manager.append_tokens(request_id, [7])
-                done, request["out"] = progress.num_computed_tokens + 1, request["out"] + 1
-            record()
-            manager.commit(request_id, done)
-            if done == request["len"]:
+                request["done"], request["out"] = request["done"] + 1, request["out"] + 1
+        for name, pool in manager.pools.items():
+            peak[name] = max(peak[name], pool.num_in_use)
+        for request_id, request in list(active.items()):
+            manager.commit(request_id, request["done"])
+            if request["done"] == request["len"]:
                 manager.finish_context(request_id)
             if request["out"] == DECODE:
                 manager.finish_request(request_id)
@@ -77,21 +85,73 @@ def drive_to_peak(manager, num_slots, num_conversations, reset_turns=(), kept_to
     raise AssertionError("workload did not finish in 10,000 steps")
 
 
-@pytest.mark.parametrize("num_slots", [1, 3])
-def test_live_pages_at_peak_fit_the_plan(num_slots):
-    """Sizing that forgets retained endpoints or the checkpoint would be exceeded here."""
-    num_conversations = 3
-    step = TypicalStep(
-        num_slots=num_slots,
-        max_context_tokens=64 + 40 * (TURNS - 1) + DECODE,
-        chunk_tokens=CHUNK,
-        retained_turns=num_conversations * KEEP,
+def step_for(num_slots: int, retained_turns: int, checkpoint: bool = True) -> TypicalStep:
+    return TypicalStep(num_slots, MAX_CONTEXT, CHUNK, retained_turns, checkpoint=checkpoint)
+
+
+def demand(step: TypicalStep, life_cycles=tuple(LIFE_CYCLES)) -> dict[str, int]:
+    return dict(plan_pools(step, list(life_cycles), BLOCK).demand)
+
+
+def run_at(num_slots: int, conversations: int, plan_step: TypicalStep) -> dict[str, int]:
+    plan = plan_pools(plan_step, LIFE_CYCLES, BLOCK)
+    manager = make_manager(
+        LIFE_CYCLES,
+        dict(plan.pool_pages),
+        BLOCK,
+        PerConversation(KEEP),
+        checkpoint_margin_tokens=MARGIN,
     )
-    plan = plan_pools(step, LIFE_CYCLES, BLOCK)
-    manager = make_manager(LIFE_CYCLES, dict(plan.pool_pages), BLOCK, PerConversation(KEEP))
-    peak = drive_to_peak(manager, num_slots, num_conversations)
-    for name, need in plan.demand.items():
+    peak = drive_to_peak(manager, num_slots, conversations)
+    for conversation in range(conversations):
+        assert len(manager.retained_turns(f"c{conversation}")) == KEEP
+    manager.check_integrity()
+    return peak
+
+
+@pytest.mark.parametrize(("num_slots", "conversations"), [(1, 3), (3, 9)])
+def test_peak_fits_the_plan_and_exceeds_each_wrong_plan(num_slots, conversations):
+    """Wrong plans: one retained turn short per conversation (N-1), no checkpoint, no from-end
+    snapshots. The peak comes at the last turns, every conversation holding KEEP turns."""
+    retained = conversations * KEEP
+    right = demand(step_for(num_slots, retained))
+    peak = run_at(num_slots, conversations, step_for(num_slots, retained))
+    for name, need in right.items():
         assert 0 < peak[name] <= need, (name, peak[name], need)
+    one_turn_short = demand(step_for(num_slots, conversations * (KEEP - 1)))
+    no_checkpoint = demand(step_for(num_slots, retained, checkpoint=False))
+    no_from_end = demand(step_for(num_slots, retained), [replace(SSM, offsets_from_end=(0,))])
+    for pool in ("swa", "ssm"):
+        assert peak[pool] > one_turn_short[pool], (pool, peak[pool], one_turn_short[pool])
+        assert peak[pool] > no_checkpoint[pool], (pool, peak[pool], no_checkpoint[pool])
+    assert peak["ssm"] > no_from_end["ssm"], (peak["ssm"], no_from_end["ssm"])
+    # the plan that counts a resident request's from-end snapshots but not the retained turns'
+    unretained = demand(replace(step_for(num_slots, retained), retained_snapshots=False))
+    assert peak["ssm"] > unretained["ssm"], (peak["ssm"], unretained["ssm"])
+
+
+def test_retained_turns_keep_their_own_from_end_snapshots():
+    """Each retained turn holds a snapshot at every from-end offset of its own prompt."""
+    manager = make_manager(
+        LIFE_CYCLES, 64, BLOCK, PerConversation(KEEP), checkpoint_margin_tokens=MARGIN
+    )
+    prompt: list[int] = []
+    for turn in range(TURNS):
+        prompt = prompt + tokens(turn, FIRST if turn == 0 else APPEND)
+        manager.add_request(f"t{turn}", prompt, "c")
+        manager.admit(f"t{turn}", len(prompt) - manager.match(f"t{turn}").num_reusable_tokens)
+        manager.commit(f"t{turn}", len(prompt))
+        manager.finish_context(f"t{turn}")
+        manager.finish_request(f"t{turn}")
+    prompt_lens = [FIRST + APPEND * turn for turn in range(1, TURNS)]
+    records = manager.retained_turns("c")
+    for record, prompt_len in zip(records, prompt_lens, strict=True):
+        assert len(SSM.from_end_blocks(prompt_len, BLOCK)) == 2  # endpoint, 24 tokens before
+        # endpoint, checkpoint and the from-end snapshot, each held
+        assert len(set(record.pages["ssm"])) == 3, record.pages["ssm"]
+        assert all(manager.pools["ssm"].ref_count(page) >= 1 for page in record.pages["ssm"])
+    # a from-end boundary moves with the prompt: the turns share no snapshot
+    assert not set(records[0].pages["ssm"]) & set(records[1].pages["ssm"])
     manager.check_integrity()
 
 
@@ -100,97 +160,30 @@ def test_split_is_proportional_to_demand():
     step = TypicalStep(num_slots=2, max_context_tokens=256, chunk_tokens=32, retained_turns=4)
     plan = plan_pools(step, LIFE_CYCLES, BLOCK, total_pages=1000)
     assert sum(plan.pool_pages.values()) == 1000
-    assert plan.demand == {"full": 192, "swa": 58, "ssm": 24, "scratch": 64}
+    # ssm: 2 x (4 + 3 + 1 + 1 from-end) + 4 x (1 + 1 + 1 from-end)
+    assert plan.demand["ssm"] == 2 * 9 + 4 * 3
     assert plan.pool_pages["full"] > plan.pool_pages["scratch"] > plan.pool_pages["ssm"]
 
 
-def test_one_slot_still_counts_retained_endpoints():
-    """With one slot, retained turns dominate the window pool; forgetting them starves it."""
-    one = TypicalStep(num_slots=1, max_context_tokens=4096, chunk_tokens=512, retained_turns=8)
-    demand = plan_pools(one, LIFE_CYCLES, 64).demand
-    # resident: ceil((32 + 512) / 64) + 1 sliding + 1 checkpoint; retained: 8 x (endpoint + ckpt)
-    assert demand["swa"] == 11 + 8 * 2
-
-
-def test_live_pages_at_peak_fit_a_plan_that_counts_the_root():
-    """Sizing must count each conversation's root as one more retained turn, and hold it."""
-    num_conversations, policy = 3, PerConversation(1, keep_root=True)
-    max_context = 64 + 40 * (TURNS - 1) + DECODE
-
-    def plan_for(retained_per_conversation):
-        step = TypicalStep(1, max_context, CHUNK, num_conversations * retained_per_conversation)
-        return plan_pools(step, LIFE_CYCLES, BLOCK)
-
-    plan = plan_for(policy.retained_turns)
-    manager = make_manager(LIFE_CYCLES, dict(plan.pool_pages), BLOCK, policy)
-    peak = drive_to_peak(manager, 1, num_conversations)
-    for name, need in plan.demand.items():
-        assert 0 < peak[name] <= need, (name, peak[name], need)
-    # resident: ceil((32 + 32) / 8) + 1 sliding + 4 checkpoint; retained: 3 x (1 + root) x 2 x 4
-    assert plan.demand["swa"] == 13 + 6 * 8 == plan_for(policy.recent_turns).demand["swa"] + 24
+def test_a_from_end_snapshot_is_kept_under_pressure_until_its_turn_is_retained():
+    """A request holds its from-end snapshot until its context ends: another request cannot
+    evict it in between, so the retained turn always has it."""
+    ssm = StateLifeCycle("ssm", offsets_from_end=(0, 24))
+    manager = make_manager([ssm], 4, BLOCK, PerConversation(1))  # three usable pages
+    prompt = tokens(1, 64)
+    manager.add_request("a", prompt, "c")
+    manager.admit("a", 8)
+    for done in range(8, 64, 8):  # the from-end snapshot (block 4) is behind the state by now
+        manager.commit("a", done)
+        manager.allocate("a", 8)
+    manager.add_request("b", tokens(2, 8))
+    if manager.can_admit("b", 8):  # only if its page fits beside those "a" still holds
+        manager.admit("b", 8)
+        manager.commit("b", 8)
+        manager.finish_context("b")
+        manager.finish_request("b")
+    manager.commit("a", 64)
+    manager.finish_context("a")
+    (record,) = manager.retained_turns("c")
+    assert len(record.pages["ssm"]) == 2  # the endpoint and the snapshot 24 tokens before it
     manager.check_integrity()
-
-
-def test_live_pages_at_peak_fit_a_plan_that_counts_branch_points():
-    """Resets keep a branch window while they run and a branch record after: sizing must hold
-    both (one more retained turn per conversation, one more kept window per resident request)."""
-    num_conversations, policy = 3, PerConversation(1, keep_branch_points=1)
-    max_context = 64 + 40 * (TURNS - 1) + DECODE
-    step = TypicalStep(
-        3,
-        max_context,
-        CHUNK,
-        num_conversations * policy.retained_turns,
-        branch_points=True,
-        branch_records=num_conversations,
-    )
-    plan = plan_pools(step, LIFE_CYCLES, BLOCK)
-    manager = make_manager(
-        LIFE_CYCLES, dict(plan.pool_pages), BLOCK, policy, checkpoint_margin_tokens=8
-    )
-    peak = drive_to_peak(manager, 3, num_conversations, reset_turns=(2,))
-    for name, need in plan.demand.items():
-        assert 0 < peak[name] <= need, (name, peak[name], need)
-    held = [t.branch_tokens for c in range(3) for t in manager.retained_turns(f"c{c}")]
-    assert held.count(32) == num_conversations  # every reset kept its branch at 32
-    # resident: min(19, ceil((32 + 32) / 8) + 1 + (ckpt + branch) x 4) = 17;
-    # retained: 3 turns x (endpoint + checkpoint) x 4 + 3 branch records x 4
-    assert plan.demand["swa"] == 3 * 17 + 3 * 8 + 3 * 4
-    assert plan.demand["ssm"] == 3 * (4 + 3 + 1 + 1) + 3 * 2 + 3 * 1
-    manager.check_integrity()
-
-
-def test_branch_records_count_one_window_not_a_turns_two():
-    """Counting a branch record as a whole turn would take full-pool pages it never uses."""
-    as_turns = TypicalStep(1, 4096, 512, retained_turns=6, branch_points=True)
-    as_records = TypicalStep(1, 4096, 512, retained_turns=6, branch_points=True, branch_records=2)
-    turns, records = (plan_pools(step, LIFE_CYCLES, 64).demand for step in (as_turns, as_records))
-    # swa: 2 records x (endpoint + checkpoint) -> 2 x one window of ceil(32 / 64) = 1 block
-    assert (turns["swa"] - records["swa"], turns["ssm"] - records["ssm"]) == (2, 2)
-    assert turns["full"] == records["full"]
-    with pytest.raises(ValueError, match="branch_records <= retained_turns, got 7 and 6"):
-        TypicalStep(1, 4096, 512, retained_turns=6, branch_records=7)
-
-
-@pytest.mark.parametrize("total", [1000, 2500, 3000, 3500, 5000, 20000])
-def test_pressed_split_leaves_the_full_pool_room_for_a_rewritten_prompt(total):
-    """If this fails, a proportional split under pressure gives the window pool pages for
-    retained turns of many conversations while the full pool cannot hold one prompt at the
-    longest context next to the previous turn's prefix, so one conversation alone on the rank
-    loses its prefix at the first rewritten turn."""
-    life_cycles = [FullLifeCycle("full"), WindowLifeCycle("swa", 4096, replay_tokens=512)]
-    context = 131072
-    step = TypicalStep(
-        2, context, 8192, retained_turns=15, full_tokens_per_retained_turn=context // 5
-    )
-    pages = plan_pools(step, life_cycles, 64, total_pages=total).pool_pages
-    # one request alone: sliding (4096 + 8192) / 64 + 1 + checkpoint 64, its turn's two windows
-    window_floor = 193 + 64 + 128 + 1
-    assert sum(pages.values()) == total
-    if total < window_floor + context // 64 + 1:  # not even one request alone fits: no floor
-        assert pages["swa"] == total * 2434 // 12680
-        return
-    assert pages["swa"] >= window_floor
-    assert pages["full"] >= min(2 * context // 64 + 1, total - window_floor)
-    if total >= 20000:  # the typical step fits: the proportional split is kept
-        assert pages["swa"] == total * 2434 // 12680

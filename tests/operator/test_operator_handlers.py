@@ -92,10 +92,16 @@ async def test_scaling_a_pool_patches_only_that_statefulset(k8s, operator):
     spec["pools"]["generation"]["replicas"] = 5
     await send(k8s, "PATCH", f"{FLEET_PATH}/f2", {"metadata": {"generation": 2}, "spec": spec})
     await eventually(lambda: live(k8s, STS, "f2-generation")["spec"]["replicas"] == 5)
+    pools = "kvfleet.dev/v1alpha1/kvfleetpools"
+    await eventually(lambda: live(k8s, pools, "f2-generation")["spec"]["replicas"] == 5)
     patched = [(r.resource.plural, r.name) for r in list(k8s["patch"])[before:]]
     child_patches = [(plural, name) for plural, name in patched if plural != "kvfleets"]
-    # (the timer may converge the same change too: still that StatefulSet only)
-    assert set(child_patches) == {("statefulsets", "f2-generation")}
+    # (the timer may converge the same change too: still that pool only), and the pool's
+    # KVFleetPool follows the fleet's new size (its scale subresource)
+    assert set(child_patches) == {
+        ("statefulsets", "f2-generation"),
+        ("kvfleetpools", "f2-generation"),
+    }
     assert live(k8s, STS, "f2-context")["spec"]["replicas"] == 1
     check_children_owned(k8s, "f2", "uid-2")
 

@@ -1,0 +1,115 @@
+"""A Mamba-2-style selective state-space layer in plain torch: a reference recurrent scan.
+
+Per token t (heads H of width P, state size N, one B/C group):
+
+    xBC_t = silu(causal_conv(xBC)_t)                 conv over the last K inputs (conv state)
+    dt_t  = softplus(dt_t + dt_bias)                 [H]
+    h_t   = exp(dt_t * A) * h_{t-1} + dt_t * x_t B_t^T   [H, P, N]  (A = -exp(A_log))
+    y_t   = h_t C_t + D * x_t, gated by silu(z_t), RMS-normed, then out_proj
+
+The recurrent state after token t is `(conv [K-1, conv_dim], ssm [H, P, N])`; resuming from it
+equals recomputing the prefix, which is what the `state` life cycle's snapshots rely on.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+
+@dataclass(frozen=True)
+class SSMShape:
+    """Dimensions of one selective SSM layer."""
+
+    hidden_size: int
+    num_heads: int = 4
+    head_dim: int = 8
+    state_size: int = 8
+    conv_kernel: int = 4
+    rms_norm_eps: float = 1e-5
+
+    @property
+    def inner(self) -> int:
+        return self.num_heads * self.head_dim
+
+    @property
+    def conv_dim(self) -> int:
+        return self.inner + 2 * self.state_size
+
+    @property
+    def state_numel(self) -> int:
+        """Floats of one layer's recurrent state (conv window plus SSM state)."""
+        conv = (self.conv_kernel - 1) * self.conv_dim
+        return conv + self.num_heads * self.head_dim * self.state_size
+
+
+@dataclass
+class SSMState:
+    """One layer's recurrent state after some token (zeros before the first)."""
+
+    conv: torch.Tensor  # [K-1, conv_dim]
+    ssm: torch.Tensor  # [H, P, N]
+
+    @classmethod
+    def zeros(cls, shape: SSMShape, device: torch.device | str = "cpu") -> SSMState:
+        conv = torch.zeros(shape.conv_kernel - 1, shape.conv_dim, device=device)
+        ssm = torch.zeros(shape.num_heads, shape.head_dim, shape.state_size, device=device)
+        return cls(conv, ssm)
+
+    def flat(self) -> torch.Tensor:
+        """The state as one fp32 vector (`SSMShape.state_numel` floats)."""
+        return torch.cat([self.conv.flatten(), self.ssm.flatten()]).float()
+
+    @classmethod
+    def from_flat(cls, shape: SSMShape, flat: torch.Tensor) -> SSMState:
+        split = (shape.conv_kernel - 1) * shape.conv_dim
+        conv = flat[:split].reshape(shape.conv_kernel - 1, shape.conv_dim).clone()
+        ssm = flat[split : shape.state_numel]
+        return cls(conv, ssm.reshape(shape.num_heads, shape.head_dim, shape.state_size).clone())
+
+
+class SelectiveSSM(nn.Module):
+    """Mamba-2 mixer (one group, gated RMSNorm); `forward` scans token by token."""
+
+    def __init__(self, shape: SSMShape) -> None:
+        super().__init__()
+        self.shape = shape
+        h, inner, heads = shape.hidden_size, shape.inner, shape.num_heads
+        self.in_proj = nn.Linear(h, inner + shape.conv_dim + heads, bias=False)
+        self.conv_weight = nn.Parameter(torch.randn(shape.conv_dim, shape.conv_kernel) * 0.3)
+        self.conv_bias = nn.Parameter(torch.zeros(shape.conv_dim))
+        self.dt_bias = nn.Parameter(torch.full((heads,), -2.0))
+        self.A_log = nn.Parameter(torch.log(torch.arange(1, heads + 1, dtype=torch.float32)))
+        self.D = nn.Parameter(torch.ones(heads))
+        self.norm_weight = nn.Parameter(torch.ones(inner))
+        self.out_proj = nn.Linear(inner, h, bias=False)
+
+    def forward(
+        self, x: torch.Tensor, state: SSMState, keep_after: frozenset[int] = frozenset()
+    ) -> tuple[torch.Tensor, SSMState, dict[int, SSMState]]:
+        """Outputs `[T, hidden]` of tokens `x [T, hidden]` from `state`; the state after the
+        last token, and after each token index in `keep_after` (the snapshots to store)."""
+        s = self.shape
+        z, xbc, dt = self.in_proj(x).float().split([s.inner, s.conv_dim, s.num_heads], dim=-1)
+        dt = F.softplus(dt + self.dt_bias)
+        decay_rate = -torch.exp(self.A_log.float())
+        conv, ssm = state.conv.clone(), state.ssm.clone()
+        outputs, kept = [], {}
+        for t in range(x.shape[0]):
+            window = torch.cat([conv, xbc[t : t + 1]])  # [K, conv_dim], oldest first
+            conv = window[1:]
+            mixed = F.silu((window.T * self.conv_weight).sum(-1) + self.conv_bias)
+            xt, b, c = mixed.split([s.inner, s.state_size, s.state_size])
+            xt = xt.view(s.num_heads, s.head_dim)
+            decay = torch.exp(dt[t] * decay_rate)[:, None, None]
+            ssm = decay * ssm + dt[t][:, None, None] * xt[:, :, None] * b[None, None, :]
+            y = (ssm @ c) + self.D[:, None] * xt
+            outputs.append(y.flatten() * F.silu(z[t]))
+            if t in keep_after:
+                kept[t] = SSMState(conv.clone(), ssm.clone())
+        y = torch.stack(outputs)
+        y = y * torch.rsqrt(y.pow(2).mean(-1, keepdim=True) + s.rms_norm_eps) * self.norm_weight
+        return self.out_proj(y.to(x.dtype)), SSMState(conv, ssm), kept
