@@ -248,6 +248,11 @@ def _tensor_parallel_problems(spec: FleetSpec, name: str, pool: Pool) -> list[st
         problems.append(f"pools.{name}: tensorParallel={tp} runs one rank per pod (ranksPerPod 1)")
     if not spec.model.path:
         problems.append(f"pools.{name}: tensorParallel={tp} needs model.path (a checkpoint)")
+    if spec.pools.context.enabled:
+        problems.append(
+            f"pools.{name}: tensorParallel={tp} needs pools.context.enabled=false "
+            "(KV hand-off does not move shards yet)"
+        )
     if spec.kv_tiers.disk.enabled:
         problems.append(
             f"pools.{name}: tensorParallel={tp} needs kvTiers.disk.enabled=false "

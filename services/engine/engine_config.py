@@ -146,6 +146,7 @@ class EngineConfig:
         needs = {
             "compute_backend 'torch'": self.compute_backend == "torch",
             "a model_path (a checkpoint to load by slices)": bool(self.model_path),
+            "role 'both' (KV hand-off does not move shards yet)": self.role == "both",
             "no disk tier (disk_tier_enabled false: shards are not written to disk yet)": not (
                 self.disk_tier_dir and self.disk_tier_enabled
             ),

@@ -303,8 +303,11 @@ def _tensor_parallel_spec(**changes):
 
     raw = {
         "model": {"name": "m", "path": "/models/m"},
-        "pools": {"generation": {"gpusPerPod": 1, "tensorParallel": 2}},
         "kvTiers": {"hostGiB": 4, "disk": {"enabled": False}},
+        "pools": {
+            "context": {"enabled": False},
+            "generation": {"gpusPerPod": 1, "tensorParallel": 2},
+        },
         **changes,
     }
     return parse_spec(raw)
@@ -346,5 +349,7 @@ def test_tensor_parallel_pool_needs_one_rank_a_checkpoint_and_no_disk_tier():
                                                     "gpusPerPod": 4}})  # fmt: skip
     with pytest.raises(SpecError, match=r"tensorParallel=2 needs kvTiers.disk.enabled=false"):
         _tensor_parallel_spec(kvTiers={"hostGiB": 4})
+    with pytest.raises(SpecError, match=r"tensorParallel=2 needs pools.context.enabled=false"):
+        _tensor_parallel_spec(pools={"generation": {"tensorParallel": 2}})
     with pytest.raises(SpecError, match=r"tensorParallel=2 needs model.path"):
         _tensor_parallel_spec(model={"name": "m", "path": ""})

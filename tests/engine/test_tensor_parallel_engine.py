@@ -51,6 +51,8 @@ def test_tensor_parallel_needs_a_checkpoint_and_no_disk_tier() -> None:
         EngineConfig(tensor_parallel=2)
     with pytest.raises(ValueError, match=r"tensor_parallel=2 needs .*disk_tier_enabled false"):
         EngineConfig(tensor_parallel=2, model_path="/m", disk_tier_dir="/disk")
+    with pytest.raises(ValueError, match=r"tensor_parallel=2 needs .*role 'both'"):
+        EngineConfig(tensor_parallel=2, model_path="/m", role="context")
     with pytest.raises(ValueError, match="tensor_parallel must be >= 1"):
         EngineConfig(tensor_parallel=0)
 
