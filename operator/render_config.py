@@ -44,6 +44,8 @@ def engine_config(spec: FleetSpec, pool_name: str) -> dict[str, Any]:
         },
         "max_batch_size": pool.max_batch_size,
         "ranks_per_pod": pool.ranks_per_pod,
+        # Only when > 1: a TP-1 engine.yaml stays as it was.
+        **({"tensor_parallel": pool.tensor_parallel} if pool.tensor_parallel > 1 else {}),
         "reuse": {
             "policy": spec.reuse.policy,
             "max_num_turns": spec.reuse.max_num_turns,

@@ -26,10 +26,18 @@ def engine_role(spec: FleetSpec, pool_name: str) -> str:
 
 
 def engine_args(fleet: FleetRef, spec: FleetSpec, pool_name: str) -> list[str]:
-    """The `kvfleet engine` command line, as the engine's CLI contract defines it."""
+    """The `kvfleet engine` command line, as the engine's CLI contract defines it; a
+    tensor-parallel pool starts its workers under torchrun (worker 0 serves, the others
+    follow it)."""
     ports = spec.ports
+    tp = spec.pool(pool_name).tensor_parallel
+    launcher = (
+        ["torchrun", "--standalone", f"--nproc-per-node={tp}", "-m", "kvfleet.services.cli"]
+        if tp > 1
+        else ["kvfleet"]
+    )
     return [
-        "kvfleet", "engine",
+        *launcher, "engine",
         "--role", engine_role(spec, pool_name),
         "--grpc-port", str(ports.engine_grpc),
         "--http-port", str(ports.engine_http),
@@ -80,8 +88,9 @@ def _resources(spec: FleetSpec, pool_name: str) -> dict:
     scheduled onto a node that cannot hold its tier and then killed for memory."""
     pool = spec.pool(pool_name)
     resources = {key: dict(value) for key, value in pool.resources.items()}
-    if pool.gpus_per_pod:
-        resources.setdefault("limits", {})["nvidia.com/gpu"] = pool.gpus_per_pod
+    if pool.gpus_per_pod:  # a tensor-parallel rank needs one GPU per worker
+        gpus = max(pool.gpus_per_pod, pool.tensor_parallel * pool.ranks_per_pod)
+        resources.setdefault("limits", {})["nvidia.com/gpu"] = gpus
     floor_gib = spec.kv_tiers.host_gib * pool.ranks_per_pod + ENGINE_PROCESS_GIB
     for kind in ("requests", "limits"):
         given = resources.get(kind, {}).get("memory")

@@ -49,6 +49,8 @@ class Pool(_Model):
     replicas: int = Field(default=1, ge=0)
     gpus_per_pod: int = Field(default=1, ge=0)
     ranks_per_pod: int = Field(default=1, ge=1)
+    # GPUs of one rank (tensor parallelism): the pod runs one rank of this many workers.
+    tensor_parallel: int = Field(default=1, ge=1)
     max_batch_size: int = Field(default=32, ge=1)
     resources: dict[str, Any] = Field(default_factory=dict)
     node_selector: dict[str, str] = Field(default_factory=dict)
@@ -226,12 +228,35 @@ def _pool_problems(spec: FleetSpec) -> list[str]:
             problems.append(
                 f"pools.{name}: ranksPerPod={pool.ranks_per_pod} > gpusPerPod={pool.gpus_per_pod}"
             )
+        problems += _tensor_parallel_problems(spec, name, pool)
     total_pods = sum(spec.pool(name).replicas for name in spec.enabled_pools())
     disk = spec.kv_tiers.disk
     if disk.enabled and disk.access_mode != "ReadWriteMany" and total_pods > 1:
         problems.append(
             f"kvTiers.disk.accessMode={disk.access_mode} cannot be shared by"
             f" {total_pods} engine pods; use ReadWriteMany"
+        )
+    return problems
+
+
+def _tensor_parallel_problems(spec: FleetSpec, name: str, pool: Pool) -> list[str]:
+    tp = pool.tensor_parallel
+    if tp == 1:
+        return []
+    problems = []
+    if pool.ranks_per_pod != 1:
+        problems.append(f"pools.{name}: tensorParallel={tp} runs one rank per pod (ranksPerPod 1)")
+    if not spec.model.path:
+        problems.append(f"pools.{name}: tensorParallel={tp} needs model.path (a checkpoint)")
+    if spec.pools.context.enabled:
+        problems.append(
+            f"pools.{name}: tensorParallel={tp} needs pools.context.enabled=false "
+            "(KV hand-off does not move shards yet)"
+        )
+    if spec.kv_tiers.disk.enabled:
+        problems.append(
+            f"pools.{name}: tensorParallel={tp} needs kvTiers.disk.enabled=false "
+            "(the disk tier does not hold KV shards yet)"
         )
     return problems
 

@@ -91,6 +91,13 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "--sim-time-scale", type=float, default=None, help="sim: factor on each step's sleep"
     )
     parser.add_argument("--sim-costs", default=None, help="sim: a sim_costs.yaml (hardware)")
+    parser.add_argument(
+        "--tensor-parallel",
+        type=int,
+        default=None,
+        help="workers (GPUs) of this rank; start it under torchrun --nproc-per-node N: "
+        "worker 0 serves, the others follow its steps",
+    )
     parser.set_defaults(func=run)  # fmt: skip
 
 
@@ -118,6 +125,7 @@ def engine_config_from_args(args: argparse.Namespace):
         host_kv_gib=args.host_kv_gib,
         disk_kv_gib=args.disk_kv_gib,
         disk_prefetch_num_reqs=args.disk_prefetch_num_reqs,
+        tensor_parallel=getattr(args, "tensor_parallel", None),
     )
 
 
@@ -132,6 +140,16 @@ def run(args: argparse.Namespace) -> int:
     config = engine_config_from_args(args)
     if not config.model_path and config.model not in PRESETS:
         raise SystemExit(f"--model: unknown model {config.model!r}; known: {sorted(PRESETS)}")
+    if config.tensor_parallel > 1:
+        if config.ranks_per_pod != 1:
+            raise SystemExit(
+                "--tensor-parallel: a tensor-parallel pod runs one rank (ranks_per_pod 1)"
+            )
+        if int(os.environ.get("RANK", "0")) > 0:  # torchrun's worker index: a follower
+            from .tp.rank_group import follow
+
+            follow(config)
+            return 0
     addresses = RankAddresses(
         host=args.host,
         grpc_port=args.grpc_port,
@@ -164,4 +182,8 @@ def run(args: argparse.Namespace) -> int:
         thread.start()
     for thread in leaving:
         thread.join()
+    for rank in ranks:
+        stop_workers = getattr(rank.core.compute, "stop_workers", None)
+        if stop_workers is not None:
+            stop_workers()  # a tensor-parallel rank's followers exit too
     return 0

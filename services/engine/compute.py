@@ -23,9 +23,12 @@ from .device_kv_cache import DeviceKVCache
 from .engine_config import EngineConfig
 from .generation import default_dtype
 from .kv_budget import kv_budget, probe_device_memory
-from .kv_setup import build_kv, open_kv_tiers
+from .kv_setup import build_kv, open_kv_tiers, tier_config
 from .sampling import NON_FINITE_LOGITS, RowResult, SampleFailure, sample_batch
 from .scheduler import ScheduledChunk
+from .tp import ShardedBytes, broadcast_chunks, load_sharded_checkpoint, shard_config
+from .tp.rank_group import join_rank_group, worker_device
+from .tp.step_plan import OPEN, send_to_workers
 from .weights import build_model, load_checkpoint
 
 
@@ -41,7 +44,14 @@ class TorchCompute:
         memory = probe_device_memory(self.device)  # before the weights take their share
         self.model_config = resolve_model_config(config)
         chosen = None if config.dtype == "auto" else getattr(torch, config.dtype)
-        if config.model_path:
+        # Worker 0 of a tensor-parallel rank: its shard here, the others follow (tp/).
+        self.tp = join_rank_group(config, self.device)
+        if self.tp.size > 1:
+            self.device = worker_device(self.device, self.tp)
+            self.model = load_sharded_checkpoint(config.model_path, self.tp, self.device, chosen)
+            self.model_config = shard_config(self.model_config, self.tp)
+            dtype = next(self.model.parameters()).dtype
+        elif config.model_path:
             self.model = load_checkpoint(config.model_path, self.device, chosen)
             dtype = next(self.model.parameters()).dtype
         else:
@@ -63,6 +73,10 @@ class TorchCompute:
         the tiers when its manager is done.
         """
         tiers = open_kv_tiers(self.model_config, self.config, self.kv, self.device)
+        if self.tp.size > 1:
+            host = tier_config(self.model_config, self.config, self.kv.store_config, self.kv.layout)
+            send_to_workers((OPEN, dict(self.kv.store_config.pool_pages), host.host_pages))
+            tiers.bytes = ShardedBytes(tiers.bytes)
         self.cache = DeviceKVCache(self.model_config, tiers.device_kv)
         self.decode = self._decode_runner(self.cache)
         return tiers
@@ -70,7 +84,7 @@ class TorchCompute:
     def _decode_runner(self, cache: DeviceKVCache) -> DecodeRunner | None:
         """Graphs are bound to one cache's tensors: a new cache gets a new runner."""
         mode = self.config.decode_graphs
-        if mode == "off" or (mode == "auto" and self.device.type != "cuda"):
+        if mode == "off" or (mode == "auto" and self.device.type != "cuda") or self.tp.size > 1:
             return None
         return DecodeRunner(
             self.model, cache, self.attention, self.config.max_batch_size, mode == "auto"
@@ -97,6 +111,8 @@ class TorchCompute:
             raise ValueError("only a decode-graph step takes its tokens from the device")
         else:
             inputs = [SequenceChunk(c.new_tokens, c.start, c.page_ids) for c in chunks]
+            if self.tp.size > 1:
+                broadcast_chunks(inputs)
             logits = self.model(ForwardBatch.build(inputs, self.cache), self.cache, self.attention)
         rows = [i for i, c in enumerate(chunks) if c.samples]
         if rows and all(chunks[i].sequence.sampling.plain_greedy for i in rows):
@@ -126,6 +142,11 @@ class TorchCompute:
             for row, token in zip(rows, sampled, strict=True):
                 tokens[row] = token
         return lambda: tokens
+
+    def stop_workers(self) -> None:
+        """Tell a tensor-parallel rank's other workers to exit (nothing at TP-1)."""
+        if self.tp.size > 1:
+            broadcast_chunks(None)
 
     def _to_host(self, values: torch.Tensor) -> Callable[[], list[int]]:
         """Start copying int64 `values` into pinned memory; the call waits and reads them."""

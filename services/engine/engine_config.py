@@ -82,6 +82,9 @@ class EngineConfig:
     # From the operator's engine.yaml: ranks this pod runs (rank i on the base ports + i, on GPU
     # i) and a cap on the served model's context.
     ranks_per_pod: int = 1
+    # Workers (GPUs) of one rank, splitting every layer (services/engine/tp): worker 0 serves,
+    # the others follow its step plans; all of them started by the launcher (torchrun).
+    tensor_parallel: int = 1
     max_model_len: int | None = None
     extra: dict[str, Any] = field(default_factory=dict, compare=False)
 
@@ -127,12 +130,30 @@ class EngineConfig:
             raise ValueError(f"sim_time_scale must be >= 0, got {self.sim_time_scale}")
         if self.ranks_per_pod < 1:
             raise ValueError(f"ranks_per_pod must be >= 1, got {self.ranks_per_pod}")
+        self._check_tensor_parallel()
         if (self.max_model_len or 1) < 1:
             raise ValueError(f"max_model_len must be >= 1, got {self.max_model_len}")
         if self.max_num_turns < 1:
             raise ValueError(f"max_num_turns must be >= 1, got {self.max_num_turns}")
         if self.keep_branch_points < 0:
             raise ValueError(f"keep_branch_points must be >= 0, got {self.keep_branch_points}")
+
+    def _check_tensor_parallel(self) -> None:
+        if self.tensor_parallel < 1:
+            raise ValueError(f"tensor_parallel must be >= 1, got {self.tensor_parallel}")
+        if self.tensor_parallel == 1:
+            return
+        needs = {
+            "compute_backend 'torch'": self.compute_backend == "torch",
+            "a model_path (a checkpoint to load by slices)": bool(self.model_path),
+            "role 'both' (KV hand-off does not move shards yet)": self.role == "both",
+            "no disk tier (disk_tier_enabled false: shards are not written to disk yet)": not (
+                self.disk_tier_dir and self.disk_tier_enabled
+            ),
+        }
+        missing = [what for what, ok in needs.items() if not ok]
+        if missing:
+            raise ValueError(f"tensor_parallel={self.tensor_parallel} needs {'; '.join(missing)}")
 
     def with_changes(self, **changes: Any) -> EngineConfig:
         """A copy with some fields replaced; None values are ignored (unset CLI flags)."""

@@ -5,6 +5,7 @@ Layout (snake_case; the operator renders it, docs/operator.md documents it):
     model: {name: tiny, path: "", config: {dtype: bfloat16, max_model_len: 32768}}
     max_batch_size: 8
     ranks_per_pod: 1
+    tensor_parallel: 1          # workers (GPUs) of the rank, started by torchrun
     reuse: {policy: per_conversation, max_num_turns: 5, checkpoint: true,
             keep_root: false, keep_branch_points: 0}
     kv_tiers: {gpu_memory_fraction: 0.9, host_gib: 0, host_pages: null,
@@ -84,6 +85,7 @@ class EngineYaml(_Strict):
     model: ModelSection = Field(default_factory=ModelSection)
     max_batch_size: int | None = None
     ranks_per_pod: int | None = Field(default=None, ge=1)
+    tensor_parallel: int | None = Field(default=None, ge=1)
     reuse: ReuseSection = Field(default_factory=ReuseSection)
     kv_tiers: TiersSection = Field(default_factory=TiersSection)
     engine: EngineSection = Field(default_factory=EngineSection)  # type: ignore[valid-type]
@@ -120,7 +122,7 @@ def config_values(parsed: EngineYaml) -> dict[str, Any]:
     if parsed.model.path:
         values["model_path"] = parsed.model.path
     values.update(_set(parsed.model.config, {}))
-    for key in ("max_batch_size", "ranks_per_pod"):
+    for key in ("max_batch_size", "ranks_per_pod", "tensor_parallel"):
         if getattr(parsed, key) is not None:
             values[key] = getattr(parsed, key)
     values.update(_set(parsed.reuse, REUSE_FIELDS))

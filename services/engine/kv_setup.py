@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import inspect
 import logging
+import os
 from collections.abc import Mapping
 from dataclasses import dataclass
 
@@ -174,8 +175,13 @@ def tier_pages(
 
 
 def disk_tier_root(model: ModelConfig, config: EngineConfig) -> str:
-    """This model's folder of the shared disk tier (`model_disk_root`)."""
-    return model_disk_root(config.disk_tier_dir, model.name, config.model_path, config.seed)
+    """This model's folder of the shared disk tier (`model_disk_root`); a tensor-parallel
+    rank's blocks hold one worker's shard each, so its layout gets a folder of its own (a block
+    of another layout is a miss, never wrong bytes)."""
+    root = model_disk_root(config.disk_tier_dir, model.name, config.model_path, config.seed)
+    if config.tensor_parallel == 1:
+        return root
+    return os.path.join(root, f"tensor-parallel-{config.tensor_parallel}")
 
 
 def tier_config(

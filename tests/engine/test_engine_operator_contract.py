@@ -296,3 +296,60 @@ def test_engines_register_on_the_routers_rank_port_and_its_service_exposes_it():
     _deployment, service = render_router(fleet, spec, {})
     assert router.rank_port in [p["port"] for p in service["spec"]["ports"]]
     assert router.model == spec.model.name
+
+
+def _tensor_parallel_spec(**changes):
+    from kvfleet.operator.spec import parse_spec
+
+    raw = {
+        "model": {"name": "m", "path": "/models/m"},
+        "kvTiers": {"hostGiB": 4, "disk": {"enabled": False}},
+        "pools": {
+            "context": {"enabled": False},
+            "generation": {"gpusPerPod": 1, "tensorParallel": 2},
+        },
+        **changes,
+    }
+    return parse_spec(raw)
+
+
+def test_tensor_parallel_pool_runs_one_rank_of_workers_under_torchrun():
+    """The pod asks for a GPU per worker, torchrun starts the workers with the engine's own
+    command line, and the rendered engine.yaml gives the engine its tensor_parallel."""
+    import argparse
+
+    from kvfleet.operator.names import FleetRef
+    from kvfleet.operator.render_config import engine_config
+    from kvfleet.operator.render_pools import engine_args, render_pool
+    from kvfleet.services.engine.engine_config import engine_config_from_dict
+
+    fleet, spec = FleetRef("f", "ns", "uid"), _tensor_parallel_spec()
+    args = engine_args(fleet, spec, "generation")
+    assert args[:3] == ["torchrun", "--standalone", "--nproc-per-node=2"]
+    parser = argparse.ArgumentParser()
+    register(parser.add_subparsers())
+    module = args.index("kvfleet.services.cli")
+    assert args[module - 1] == "-m" and parser.parse_args(args[module + 1 :]).config
+    assert engine_config_from_dict(engine_config(spec, "generation")).tensor_parallel == 2
+    objects = render_pool(fleet, spec, "generation", 1)
+    containers = [
+        c
+        for o in objects
+        if o["kind"] == "StatefulSet"
+        for c in o["spec"]["template"]["spec"]["containers"]
+    ]
+    assert containers[0]["resources"]["limits"]["nvidia.com/gpu"] == 2
+
+
+def test_tensor_parallel_pool_needs_one_rank_a_checkpoint_and_no_disk_tier():
+    from kvfleet.operator.spec import SpecError
+
+    with pytest.raises(SpecError, match=r"tensorParallel=2 runs one rank per pod"):
+        _tensor_parallel_spec(pools={"generation": {"tensorParallel": 2, "ranksPerPod": 2,
+                                                    "gpusPerPod": 4}})  # fmt: skip
+    with pytest.raises(SpecError, match=r"tensorParallel=2 needs kvTiers.disk.enabled=false"):
+        _tensor_parallel_spec(kvTiers={"hostGiB": 4})
+    with pytest.raises(SpecError, match=r"tensorParallel=2 needs pools.context.enabled=false"):
+        _tensor_parallel_spec(pools={"generation": {"tensorParallel": 2}})
+    with pytest.raises(SpecError, match=r"tensorParallel=2 needs model.path"):
+        _tensor_parallel_spec(model={"name": "m", "path": ""})

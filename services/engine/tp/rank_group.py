@@ -1,0 +1,67 @@
+"""Joining the rank's process group and a follower worker's life.
+
+The launcher starts `tensor_parallel` processes of the engine (torchrun sets RANK, WORLD_SIZE,
+MASTER_ADDR/PORT for the `env://` rendezvous); process 0 serves (scheduler, kvstore, gRPC),
+the others call `follow` and run what it sends. NCCL on GPUs, gloo on CPU.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.distributed as dist
+
+from ..engine_config import EngineConfig
+from .sharding import TPLayout
+
+
+def join_rank_group(config: EngineConfig, device: torch.device) -> TPLayout:
+    """This process's place in the rank (TP-1: alone, no process group)."""
+    if config.tensor_parallel == 1:
+        return TPLayout()
+    if not dist.is_initialized():
+        dist.init_process_group("nccl" if device.type == "cuda" else "gloo")
+    layout = TPLayout.from_process_group()
+    if layout.size != config.tensor_parallel:
+        raise ValueError(
+            f"tensor_parallel={config.tensor_parallel} but the launcher started "
+            f"{layout.size} workers"
+        )
+    return layout
+
+
+def worker_device(device: torch.device, layout: TPLayout) -> torch.device:
+    """One GPU per worker (the pod's GPUs in worker order); CPU stays CPU."""
+    if device.type != "cuda" or layout.size == 1:
+        return device
+    torch.cuda.set_device(layout.rank)
+    return torch.device("cuda", layout.rank)
+
+
+def follow(config: EngineConfig) -> int:
+    """A worker other than 0: load its shard, then carry out the leader's orders until it
+    says stop; returns how many it carried out."""
+    from kvfleet.kvstore.tiers.torch_bytes import TorchBytes
+
+    from ..attention import make_backend
+    from ..device import resolve_device
+    from ..device_kv_cache import DeviceKVCache
+    from ..kv_setup import kv_layout
+    from .loading import load_sharded_checkpoint
+    from .step_plan import StepPlanFollower
+
+    torch.set_num_threads(config.torch_threads)
+    device = resolve_device(config.device)
+    layout = join_rank_group(config, device)
+    if layout.rank == 0:
+        raise ValueError("worker 0 leads the rank: it serves, it does not follow")
+    device = worker_device(device, layout)
+    chosen = None if config.dtype == "auto" else getattr(torch, config.dtype)
+    model = load_sharded_checkpoint(config.model_path, layout, device, chosen)
+    dtype = next(model.parameters()).dtype
+
+    def open_kv(pool_pages: dict, host_pages: dict):
+        store = TorchBytes(kv_layout(model.config, config, dtype), pool_pages, host_pages, device)
+        return DeviceKVCache(model.config, store.kv), store
+
+    backend = make_backend(config.attention_backend, device)
+    return StepPlanFollower(model, None, backend, open_kv=open_kv).run()

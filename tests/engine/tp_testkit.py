@@ -1,0 +1,54 @@
+"""Starting a tensor-parallel rank's workers as processes on this machine (gloo, a file://
+rendezvous, so no port can be taken by someone else), with a deadline and a clean teardown."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+DEADLINE_S = 300
+
+
+def run_workers(script: Path, world: int, tmp: Path, *args: str) -> None:
+    """Run `script --rank=R --world=W --rendezvous=... *args` for every rank; fail with the
+    failing workers' logs, and kill what is left, whatever happens."""
+    rendezvous = tmp / "rendezvous"
+    procs, logs = [], []
+    try:
+        for rank in range(world):
+            log = (tmp / f"worker{rank}.log").open("w")
+            logs.append(log)
+            cmd = [sys.executable, str(script), f"--rank={rank}", f"--world={world}"]
+            cmd += [f"--rendezvous={rendezvous}", *args]
+            procs.append(subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT))
+        for proc in procs:
+            proc.wait(timeout=DEADLINE_S)
+    finally:
+        for proc in procs:
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()
+        for log in logs:
+            log.close()
+    failed = [(r, p.returncode) for r, p in enumerate(procs) if p.returncode != 0]
+    if failed:
+        text = "\n".join((tmp / f"worker{r}.log").read_text()[-3000:] for r, _ in failed)
+        pytest.fail(f"workers {failed} failed:\n{text}")
+
+
+def join_group(rendezvous: str, rank: int, world: int) -> None:
+    """The worker side: join the gloo group (a generous timeout for a loaded machine)."""
+    from datetime import timedelta
+
+    import torch.distributed as dist
+
+    dist.init_process_group(
+        "gloo",
+        init_method=f"file://{rendezvous}",
+        rank=rank,
+        world_size=world,
+        timeout=timedelta(seconds=120),
+    )
