@@ -22,15 +22,15 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
 
-from kvfleet.kvstore.block_pool import NULL_PAGE, BlockPool
-from kvfleet.kvstore.config import KVStoreConfig
-from kvfleet.kvstore.life_cycles import LifeCycle
-from kvfleet.kvstore.request_state import RequestState
-from kvfleet.kvstore.results import PrefixMatch
-from kvfleet.kvstore.slide_out import planned_checkpoint
-from kvfleet.kvstore.tiers.metrics import DISK
-from kvfleet.kvstore.tiers.onboarding import onboard_staged
-from kvfleet.kvstore.tiers.stack import KVTiers, StagedBlock, StaleMatchError
+from .block_pool import NULL_PAGE, BlockPool
+from .config import KVStoreConfig
+from .life_cycles import LifeCycle
+from .request_state import RequestState
+from .results import PrefixMatch
+from .slide_out import planned_checkpoint
+from .tiers.metrics import DISK
+from .tiers.onboarding import onboard_staged
+from .tiers.stack import KVTiers, StagedBlock, StaleMatchError
 
 
 def blocks_for(num_tokens: int, block_size: int) -> int:

@@ -19,7 +19,7 @@ from collections import Counter, OrderedDict, deque
 from collections.abc import Callable, Iterable, Mapping
 from typing import cast
 
-from kvfleet.kvstore.events import KVEvent, KVEventKind, KVEventListener, ignore_event
+from .events import KVEvent, KVEventKind, KVEventListener, ignore_event
 
 # NOTE: page 0 of every pool is reserved as the null page. Page tables put it where a window
 # slid out (or a state life cycle keeps no snapshot), so they stay position-aligned; the engine

@@ -33,7 +33,7 @@ branch record takes refs on those and the full blocks [0, b). A conversation hol
 
 from __future__ import annotations
 
-from kvfleet.kvstore.config import KVStoreConfig
+from .config import KVStoreConfig
 
 
 def branch_position(

@@ -5,8 +5,8 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
-from kvfleet.kvstore.life_cycles import LifeCycle
-from kvfleet.kvstore.policies import PerRequest, ReusePolicy
+from .life_cycles import LifeCycle
+from .policies import PerRequest, ReusePolicy
 
 CHECKPOINT_MARGIN_TOKENS = 512
 

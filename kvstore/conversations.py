@@ -10,12 +10,12 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
 
-from kvfleet.kvstore.block_pool import BlockPool
-from kvfleet.kvstore.life_cycles import LifeCycle
-from kvfleet.kvstore.policies import ReusePolicy
-from kvfleet.kvstore.request_state import RequestState
-from kvfleet.kvstore.results import DropPlan, TurnRecord, TurnRelease
-from kvfleet.kvstore.retention import RetainedTurns, drop_turns, release_turn, retain_finished
+from .block_pool import BlockPool
+from .life_cycles import LifeCycle
+from .policies import ReusePolicy
+from .request_state import RequestState
+from .results import DropPlan, TurnRecord, TurnRelease
+from .retention import RetainedTurns, drop_turns, release_turn, retain_finished
 
 Block = tuple[int, int]  # (device page, block hash)
 

@@ -41,13 +41,14 @@ def next_prompt(kind: str, prompt: list[int], rng) -> list[int]:
 def run_demo(args: argparse.Namespace) -> int:
     """Drive the turns and print the table."""
     import numpy as np
-    from kvfleet.kvstore.config import KVStoreConfig
-    from kvfleet.kvstore.life_cycles import FullLifeCycle, StateLifeCycle, WindowLifeCycle
-    from kvfleet.kvstore.manager import KVCacheManager
-    from kvfleet.kvstore.policies import make_reuse_policy
-    from kvfleet.kvstore.sizing import TypicalStep, plan_pools
     from rich.console import Console
     from rich.table import Table
+
+    from .config import KVStoreConfig
+    from .life_cycles import FullLifeCycle, StateLifeCycle, WindowLifeCycle
+    from .manager import KVCacheManager
+    from .policies import make_reuse_policy
+    from .sizing import TypicalStep, plan_pools
 
     block_size, max_turns = args.block_size, 2
     life_cycles = (

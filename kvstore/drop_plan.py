@@ -9,8 +9,8 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping
 
-from kvfleet.kvstore.life_cycles import LifeCycle
-from kvfleet.kvstore.results import DropPlan, TurnRecord
+from .life_cycles import LifeCycle
+from .results import DropPlan, TurnRecord
 
 
 def build_drop_plan(

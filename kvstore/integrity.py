@@ -10,9 +10,9 @@ from __future__ import annotations
 from collections import Counter
 from collections.abc import Iterable, Mapping
 
-from kvfleet.kvstore.block_pool import NULL_PAGE, BlockPool
-from kvfleet.kvstore.request_state import RequestState
-from kvfleet.kvstore.retention import RetainedTurns
+from .block_pool import NULL_PAGE, BlockPool
+from .request_state import RequestState
+from .retention import RetainedTurns
 
 
 def page_holders(

@@ -33,7 +33,8 @@ from collections.abc import Callable, Mapping, Sequence
 from functools import partial
 
 import numpy as np
-from kvfleet.kvstore.admission import (
+
+from .admission import (
     admit_match,
     computed_fits,
     disk_blocks,
@@ -42,14 +43,14 @@ from kvfleet.kvstore.admission import (
     take_computed,
     take_next,
 )
-from kvfleet.kvstore.block_pool import BlockPool
-from kvfleet.kvstore.config import KVStoreConfig
-from kvfleet.kvstore.conversations import ConversationRetention
-from kvfleet.kvstore.events import KVEventListener, ignore_event
-from kvfleet.kvstore.integrity import check_pools
-from kvfleet.kvstore.matching import match_prompt
-from kvfleet.kvstore.request_state import RequestState
-from kvfleet.kvstore.results import (
+from .block_pool import BlockPool
+from .config import KVStoreConfig
+from .conversations import ConversationRetention
+from .events import KVEventListener, ignore_event
+from .integrity import check_pools
+from .matching import match_prompt
+from .request_state import RequestState
+from .results import (
     Allocation,
     DropPlan,
     PrefixMatch,
@@ -57,14 +58,14 @@ from kvfleet.kvstore.results import (
     TurnRecord,
     TurnRelease,
 )
-from kvfleet.kvstore.slide_out import (
+from .slide_out import (
     commit_computed,
     plan_commits,
     release_kept,
     release_slid_out,
     release_tables,
 )
-from kvfleet.kvstore.tiers.stack import KVTiers
+from .tiers.stack import KVTiers
 
 
 class UnknownRequestError(KeyError):

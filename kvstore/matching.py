@@ -10,10 +10,10 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
 
-from kvfleet.kvstore.block_pool import NULL_PAGE, BlockPool
-from kvfleet.kvstore.config import KVStoreConfig
-from kvfleet.kvstore.life_cycles import LifeCycle
-from kvfleet.kvstore.results import PrefixMatch
+from .block_pool import NULL_PAGE, BlockPool
+from .config import KVStoreConfig
+from .life_cycles import LifeCycle
+from .results import PrefixMatch
 
 # locate(life_cycle, block_hash) -> "host" / "disk" for a block off the device, else None.
 Locate = Callable[[str, int], str | None]

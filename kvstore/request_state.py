@@ -6,8 +6,9 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
-from kvfleet.kvstore.hashing import SequenceHashes
-from kvfleet.kvstore.results import RequestProgress
+
+from .hashing import SequenceHashes
+from .results import RequestProgress
 
 
 @dataclass

@@ -25,12 +25,12 @@ from collections import OrderedDict, deque
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 
-from kvfleet.kvstore.block_pool import BlockPool
-from kvfleet.kvstore.drop_plan import build_drop_plan
-from kvfleet.kvstore.life_cycles import LifeCycle
-from kvfleet.kvstore.policies import ReusePolicy
-from kvfleet.kvstore.request_state import RequestState
-from kvfleet.kvstore.results import DropPlan, TurnRecord, TurnRelease
+from .block_pool import BlockPool
+from .drop_plan import build_drop_plan
+from .life_cycles import LifeCycle
+from .policies import ReusePolicy
+from .request_state import RequestState
+from .results import DropPlan, TurnRecord, TurnRelease
 
 
 @dataclass

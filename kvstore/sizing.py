@@ -35,10 +35,10 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, NamedTuple, cast
 
-from kvfleet.kvstore.life_cycles import LifeCycle, StateLifeCycle, WindowLifeCycle
+from .life_cycles import LifeCycle, StateLifeCycle, WindowLifeCycle
 
 if TYPE_CHECKING:
-    from kvfleet.kvstore.policies import ReusePolicy
+    from .policies import ReusePolicy
 
 
 @dataclass(frozen=True)

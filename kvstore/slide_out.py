@@ -19,11 +19,11 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
-from kvfleet.kvstore.block_pool import NULL_PAGE, BlockPool
-from kvfleet.kvstore.branch_points import branch_position
-from kvfleet.kvstore.config import KVStoreConfig
-from kvfleet.kvstore.life_cycles import LifeCycle
-from kvfleet.kvstore.request_state import RequestState
+from .block_pool import NULL_PAGE, BlockPool
+from .branch_points import branch_position
+from .config import KVStoreConfig
+from .life_cycles import LifeCycle
+from .request_state import RequestState
 
 
 def planned_checkpoint(

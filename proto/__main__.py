@@ -1,5 +1,5 @@
 """`python -m kvfleet.proto`: regenerate the gRPC code from the .proto files."""
 
-from kvfleet.proto.cli import regenerate
+from .cli import regenerate
 
 raise SystemExit(regenerate())

@@ -7,7 +7,7 @@ import argparse
 
 def regenerate(_args: argparse.Namespace | None = None) -> int:
     """Generate every *_pb2*.py file now and print what was written."""
-    from kvfleet.proto.codegen import generate
+    from .codegen import generate
 
     for path in generate():
         print(path)

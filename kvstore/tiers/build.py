@@ -7,10 +7,10 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from kvfleet.kvstore.config import KVStoreConfig
-from kvfleet.kvstore.tiers.disk_files import DiskFiles, NoDiskFiles
-from kvfleet.kvstore.tiers.layout import KVLayout
-from kvfleet.kvstore.tiers.stack import KVTiers
+from ..config import KVStoreConfig
+from .disk_files import DiskFiles, NoDiskFiles
+from .layout import KVLayout
+from .stack import KVTiers
 
 log = logging.getLogger(__name__)
 
@@ -54,7 +54,7 @@ def build_tiers(
     missing = sorted(set(names) - set(layout.layers))
     if missing:
         raise ValueError(f"layout has no layers entry for life cycles {missing}")
-    from kvfleet.kvstore.tiers.torch_bytes import TorchBytes  # torch only where bytes are real
+    from .torch_bytes import TorchBytes  # torch only where bytes are real
 
     byte_store = TorchBytes(layout, store.pool_pages, host, device)
     page_bytes = {name: layout.page_bytes(name) for name in names}

@@ -9,7 +9,8 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 
 import torch
-from kvfleet.kvstore.tiers.layout import KVLayout
+
+from .layout import KVLayout
 
 
 def default_device() -> torch.device:

@@ -32,7 +32,8 @@ from collections.abc import Mapping
 from pathlib import Path
 
 import blake3
-from kvfleet.kvstore.tiers.disk_key import disk_key
+
+from .disk_key import disk_key
 
 log = logging.getLogger(__name__)
 

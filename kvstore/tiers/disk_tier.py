@@ -13,9 +13,9 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 
-from kvfleet.kvstore.tiers.disk_files import DiskFiles, NoDiskFiles
-from kvfleet.kvstore.tiers.metrics import TierMetrics
-from kvfleet.kvstore.tiers.tier_index import TierIndex
+from .disk_files import DiskFiles, NoDiskFiles
+from .metrics import TierMetrics
+from .tier_index import TierIndex
 
 
 class WriteBackoff:

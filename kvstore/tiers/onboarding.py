@@ -8,9 +8,9 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
-from kvfleet.kvstore.block_pool import BlockPool
-from kvfleet.kvstore.life_cycles import LifeCycle
-from kvfleet.kvstore.tiers.stack import KVTiers, StagedBlock
+from ..block_pool import BlockPool
+from ..life_cycles import LifeCycle
+from .stack import KVTiers, StagedBlock
 
 
 def onboard_staged(

@@ -14,7 +14,7 @@ import queue
 import threading
 from collections.abc import Iterable, Mapping
 
-from kvfleet.kvstore.tiers.disk_files import DiskFiles, NoDiskFiles
+from .disk_files import DiskFiles, NoDiskFiles
 
 BlockKey = tuple[str, int]  # (life cycle, block hash)
 # A finished read: the payload, or None and why not (`disk_files.MISSING`: no file).

@@ -26,15 +26,15 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, cast
 
-from kvfleet.kvstore.block_pool import IntegrityError
-from kvfleet.kvstore.events import KVEvent, KVEventKind, KVEventListener, ignore_event
-from kvfleet.kvstore.results import PrefixMatch
-from kvfleet.kvstore.tiers.disk_files import MISSING, DiskFiles, NoDiskFiles
-from kvfleet.kvstore.tiers.disk_tier import DiskTier
-from kvfleet.kvstore.tiers.metrics import DEVICE, DISK, HOST, TierMetrics, new_tier_metrics
-from kvfleet.kvstore.tiers.page_bytes import NoBytes, TierBytes
-from kvfleet.kvstore.tiers.prefetch import BlockKey, Prefetcher
-from kvfleet.kvstore.tiers.tier_index import TierIndex
+from ..block_pool import IntegrityError
+from ..events import KVEvent, KVEventKind, KVEventListener, ignore_event
+from ..results import PrefixMatch
+from .disk_files import MISSING, DiskFiles, NoDiskFiles
+from .disk_tier import DiskTier
+from .metrics import DEVICE, DISK, HOST, TierMetrics, new_tier_metrics
+from .page_bytes import NoBytes, TierBytes
+from .prefetch import BlockKey, Prefetcher
+from .tier_index import TierIndex
 
 log = logging.getLogger(__name__)
 

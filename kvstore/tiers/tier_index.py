@@ -9,7 +9,7 @@ from __future__ import annotations
 from collections import OrderedDict
 from collections.abc import Mapping
 
-from kvfleet.kvstore.block_pool import IntegrityError
+from ..block_pool import IntegrityError
 
 
 class TierIndex:

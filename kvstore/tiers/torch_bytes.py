@@ -15,8 +15,9 @@ from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
 
 import torch
-from kvfleet.kvstore.tiers.device_kv import DeviceKV, default_device
-from kvfleet.kvstore.tiers.layout import KVLayout
+
+from .device_kv import DeviceKV, default_device
+from .layout import KVLayout
 
 # Pages per batched copy: bounds the transient device buffer of a gather or scatter.
 COPY_CHUNK_PAGES = 64

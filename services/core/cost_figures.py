@@ -12,7 +12,8 @@ from pathlib import Path
 from typing import Any
 
 import yaml
-from kvfleet.kvstore.life_cycles import (
+
+from ...kvstore.life_cycles import (
     FullLifeCycle,
     PrivateLifeCycle,
     StateLifeCycle,

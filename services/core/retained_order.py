@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections import OrderedDict
 from collections.abc import Callable, Iterator
 
-from kvfleet.kvstore.manager import KVCacheManager
+from ...kvstore.manager import KVCacheManager
 
 
 class RetainedConversations:

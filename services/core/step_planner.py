@@ -22,8 +22,7 @@ from __future__ import annotations
 from collections import deque
 from typing import Generic, Protocol, TypeVar
 
-from kvfleet.kvstore.manager import KVCacheManager
-
+from ...kvstore.manager import KVCacheManager
 from .retained_order import RetainedConversations
 
 

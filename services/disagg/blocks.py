@@ -13,7 +13,8 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
 import torch
-from kvfleet.kvstore.tiers.layout import KVLayout
+
+from ...kvstore.tiers.layout import KVLayout
 
 # The block hash of the partial last block of a prompt: it has no hash, only a position.
 NO_HASH = 0

@@ -11,9 +11,8 @@ from __future__ import annotations
 import logging
 from concurrent.futures import ThreadPoolExecutor
 
-from kvfleet.kvstore.block_pool import NULL_PAGE
-from kvfleet.kvstore.hashing import SequenceHashes
-
+from ...kvstore.block_pool import NULL_PAGE
+from ...kvstore.hashing import SequenceHashes
 from .blocks import NO_HASH, KVBlock, read_pages
 from .disk_handoff import DiskHandoff
 from .holds import HandoffHolds, Hold

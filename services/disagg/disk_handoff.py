@@ -10,9 +10,9 @@ from __future__ import annotations
 import logging
 
 import xxhash
-from kvfleet.kvstore.tiers.disk_files import DiskFiles
-from kvfleet.kvstore.tiers.layout import KVLayout
 
+from ...kvstore.tiers.disk_files import DiskFiles
+from ...kvstore.tiers.layout import KVLayout
 from .blocks import NO_HASH, KVBlock
 from .transport_types import FetchRequest, TransportError
 

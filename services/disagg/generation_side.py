@@ -19,8 +19,7 @@ import time
 from collections.abc import Sequence as Seq
 from dataclasses import dataclass
 
-from kvfleet.kvstore.block_pool import NULL_PAGE
-
+from ...kvstore.block_pool import NULL_PAGE
 from .blocks import NO_HASH, CorruptBlockError, KVBlock, install_blocks, kv_layout
 from .context_side import prompt_hashes
 from .transport_types import FetchRequest, HandoffTransport, TransportError

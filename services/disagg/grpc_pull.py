@@ -6,8 +6,8 @@ import threading
 from collections.abc import Iterator, Sequence
 
 import grpc
-from kvfleet.proto import engine_pb2, engine_pb2_grpc
 
+from ...proto import engine_pb2, engine_pb2_grpc
 from .blocks import KVBlock
 from .transport_types import FetchRequest, TransportError
 

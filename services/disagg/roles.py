@@ -14,8 +14,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable
 
-from kvfleet.services.core.model_disk import model_disk_root
-
+from ..core.model_disk import model_disk_root
 from .blocks import kv_layout
 from .context_side import HANDOFF_REASON, ContextSide
 from .disk_handoff import DiskHandoff

@@ -10,8 +10,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Protocol
 
-from kvfleet.kvstore.tiers.layout import KVLayout
-
+from ...kvstore.tiers.layout import KVLayout
 from .blocks import KVBlock
 
 

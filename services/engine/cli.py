@@ -130,8 +130,7 @@ def engine_config_from_args(args: argparse.Namespace):
 
 
 def run(args: argparse.Namespace) -> int:
-    from kvfleet.services.router.fleet_secret import load_fleet_secret
-
+    from ..router.fleet_secret import load_fleet_secret
     from .config import PRESETS
     from .pod_ranks import pod_ranks
     from .rank import EngineRank, RankAddresses

@@ -10,8 +10,8 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 
 import torch
-from kvfleet.kvstore.tiers.stack import KVTiers
 
+from ...kvstore.tiers.stack import KVTiers
 from . import fused
 from .attention import make_backend
 from .batch import ForwardBatch, SequenceChunk

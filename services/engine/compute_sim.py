@@ -22,12 +22,12 @@ from pathlib import Path
 
 import torch
 import xxhash
-from kvfleet.kvstore.tiers.build import TierConfig, build_tiers
-from kvfleet.kvstore.tiers.metrics import DISK, HOST
-from kvfleet.kvstore.tiers.stack import KVTiers
-from kvfleet.services.core.cost_figures import ModelShape, load_hardware
-from kvfleet.services.core.cost_model import CostModel, StepWork
 
+from ...kvstore.tiers.build import TierConfig, build_tiers
+from ...kvstore.tiers.metrics import DISK, HOST
+from ...kvstore.tiers.stack import KVTiers
+from ..core.cost_figures import ModelShape, load_hardware
+from ..core.cost_model import CostModel, StepWork
 from .compute_types import resolve_model_config
 from .config import ModelConfig
 from .engine_config import EngineConfig

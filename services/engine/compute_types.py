@@ -9,9 +9,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Protocol
 
-from kvfleet.kvstore.config import KVStoreConfig
-from kvfleet.kvstore.tiers.stack import KVTiers
-
+from ...kvstore.config import KVStoreConfig
+from ...kvstore.tiers.stack import KVTiers
 from .config import ModelConfig, preset
 from .engine_config import EngineConfig
 from .scheduler import ScheduledChunk

@@ -8,9 +8,8 @@ names.
 
 from __future__ import annotations
 
-from kvfleet.kvstore.block_pool import NULL_PAGE
-from kvfleet.kvstore.tiers.device_kv import DeviceKV
-
+from ...kvstore.block_pool import NULL_PAGE
+from ...kvstore.tiers.device_kv import DeviceKV
 from .config import ModelConfig
 from .kv_cache import PagedKVCache
 

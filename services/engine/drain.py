@@ -15,8 +15,9 @@ from __future__ import annotations
 
 import logging
 
-from kvfleet.kvstore.manager import KVCacheManager
 from prometheus_client import Counter
+
+from ...kvstore.manager import KVCacheManager
 
 log = logging.getLogger(__name__)
 

@@ -17,11 +17,10 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from kvfleet.kvstore.events import KVEvent
-from kvfleet.kvstore.manager import KVCacheManager
-from kvfleet.kvstore.sizing import TypicalStep, peak_demand
-from kvfleet.services.disagg.roles import ROLE_HOOKS
-
+from ...kvstore.events import KVEvent
+from ...kvstore.manager import KVCacheManager
+from ...kvstore.sizing import TypicalStep, peak_demand
+from ..disagg.roles import ROLE_HOOKS
 from .compute import make_compute
 from .compute_types import ComputeBackend
 from .drain import DiskDrain

@@ -9,12 +9,12 @@ from concurrent import futures
 
 import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
-from kvfleet.proto import common_pb2, engine_pb2, engine_pb2_grpc
-from kvfleet.proto.limits import GRPC_MESSAGE_OPTIONS
-from kvfleet.services.disagg.context_side import HeldPrefixMismatch, HoldNotFound
-from kvfleet.services.disagg.generation_side import HandoffFailed, HandoffNoRoom
-from kvfleet.services.disagg.grpc_pull import serve_pull
 
+from ...proto import common_pb2, engine_pb2, engine_pb2_grpc
+from ...proto.limits import GRPC_MESSAGE_OPTIONS
+from ..disagg.context_side import HeldPrefixMismatch, HoldNotFound
+from ..disagg.generation_side import HandoffFailed, HandoffNoRoom
+from ..disagg.grpc_pull import serve_pull
 from .detokenizer import StopChecker, StreamDetokenizer
 from .engine_core import EngineCore
 from .engine_request import (

@@ -14,9 +14,9 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Protocol
 
 import grpc
-from kvfleet.proto import common_pb2, router_pb2, router_pb2_grpc
-from kvfleet.proto.limits import GRPC_MESSAGE_OPTIONS
 
+from ...proto import common_pb2, router_pb2, router_pb2_grpc
+from ...proto.limits import GRPC_MESSAGE_OPTIONS
 from .detokenizer import StopChecker
 from .engine_request import (
     EngineStoppedError,

@@ -14,14 +14,14 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 import torch
-from kvfleet.kvstore.block_pool import NULL_PAGE
-from kvfleet.kvstore.config import KVStoreConfig
-from kvfleet.kvstore.life_cycles import FullLifeCycle, StateLifeCycle
-from kvfleet.kvstore.manager import KVCacheManager
-from kvfleet.kvstore.policies import ReusePolicy
-from kvfleet.kvstore.tiers.build import TierConfig, build_tiers
-from kvfleet.kvstore.tiers.layout import KVLayout
 
+from ...kvstore.block_pool import NULL_PAGE
+from ...kvstore.config import KVStoreConfig
+from ...kvstore.life_cycles import FullLifeCycle, StateLifeCycle
+from ...kvstore.manager import KVCacheManager
+from ...kvstore.policies import ReusePolicy
+from ...kvstore.tiers.build import TierConfig, build_tiers
+from ...kvstore.tiers.layout import KVLayout
 from .models.hybrid import HybridLM
 from .models.ssm import SSMState
 

@@ -11,8 +11,8 @@ from __future__ import annotations
 from collections.abc import Mapping
 
 import torch
-from kvfleet.kvstore.block_pool import IntegrityError
 
+from ...kvstore.block_pool import IntegrityError
 from .config import ModelConfig
 
 

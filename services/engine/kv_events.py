@@ -10,9 +10,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from kvfleet.kvstore.events import KVEvent, KVEventKind
-from kvfleet.kvstore.hashing import SequenceHashes
-
+from ...kvstore.events import KVEvent, KVEventKind
+from ...kvstore.hashing import SequenceHashes
 from .config import FULL_GROUP
 
 

@@ -18,15 +18,15 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 
 import torch
-from kvfleet.kvstore.config import KVStoreConfig
-from kvfleet.kvstore.life_cycles import FullLifeCycle, LifeCycle, WindowLifeCycle
-from kvfleet.kvstore.policies import REUSE_POLICIES, make_reuse_policy
-from kvfleet.kvstore.sizing import TypicalStep, plan_pools, rank_typical_step
-from kvfleet.kvstore.tiers.build import TierConfig, build_tiers
-from kvfleet.kvstore.tiers.layout import KVLayout
-from kvfleet.kvstore.tiers.stack import KVTiers
-from kvfleet.services.core.model_disk import model_disk_root
 
+from ...kvstore.config import KVStoreConfig
+from ...kvstore.life_cycles import FullLifeCycle, LifeCycle, WindowLifeCycle
+from ...kvstore.policies import REUSE_POLICIES, make_reuse_policy
+from ...kvstore.sizing import TypicalStep, plan_pools, rank_typical_step
+from ...kvstore.tiers.build import TierConfig, build_tiers
+from ...kvstore.tiers.layout import KVLayout
+from ...kvstore.tiers.stack import KVTiers
+from ..core.model_disk import model_disk_root
 from .config import FULL_GROUP, WINDOW_GROUP, ModelConfig
 from .engine_config import EngineConfig
 from .kv_budget import KVBudget

@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-from kvfleet.services.disagg.metrics import HandoffMetrics
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
+from ..disagg.metrics import HandoffMetrics
 from .engine_request import EngineLoad, Usage
 from .tier_metrics import TierMetricsCollector
 

@@ -8,9 +8,9 @@ import time
 from dataclasses import dataclass
 
 import grpc
-from kvfleet.services.router.fleet_secret import load_fleet_secret
 from prometheus_client import start_http_server
 
+from ..router.fleet_secret import load_fleet_secret
 from .engine_config import EngineConfig
 from .engine_core import EngineCore
 from .grpc_service import create_engine_server

@@ -13,10 +13,10 @@ import threading
 from collections.abc import Callable, Iterator
 
 import grpc
-from kvfleet.kvstore.events import KVEventKind
-from kvfleet.proto import common_pb2, router_pb2, router_pb2_grpc
-from kvfleet.services.router.fleet_secret import secret_metadata
 
+from ...kvstore.events import KVEventKind
+from ...proto import common_pb2, router_pb2, router_pb2_grpc
+from ..router.fleet_secret import secret_metadata
 from .engine_request import EngineLoad
 from .kv_events import BlockEvent
 

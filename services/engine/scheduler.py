@@ -16,8 +16,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-from kvfleet.services.core.step_planner import StepPlanner
-
+from ..core.step_planner import StepPlanner
 from .sequence import Sequence
 
 

@@ -9,9 +9,10 @@ from __future__ import annotations
 
 from collections.abc import Iterator, Mapping
 
-from kvfleet.kvstore.tiers.metrics import TierMetrics
 from prometheus_client.core import CounterMetricFamily
 from prometheus_client.registry import Collector
+
+from ...kvstore.tiers.metrics import TierMetrics
 
 PREFIX = "kvfleet_engine_kv_tier"
 # (metric suffix, help, TierMetrics field) of the counters labelled by tier alone.

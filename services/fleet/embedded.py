@@ -11,11 +11,10 @@ import time
 import uuid
 from dataclasses import dataclass, field
 
-from kvfleet.services.engine.engine_config import EngineConfig
-from kvfleet.services.engine.http_backends import model_card
-from kvfleet.services.engine.rank import EngineRank, RankAddresses
-from kvfleet.services.router.admission import AdmissionConfig
-
+from ..engine.engine_config import EngineConfig
+from ..engine.http_backends import model_card
+from ..engine.rank import EngineRank, RankAddresses
+from ..router.admission import AdmissionConfig
 from .metrics import FleetMetrics, serve_fleet_metrics
 from .router_front import RouterFront
 
@@ -77,7 +76,7 @@ class EmbeddedFleet:
 
     def start(self, timeout: float = 30.0) -> EmbeddedFleet:
         """Start everything; return once every rank is registered with the router."""
-        from kvfleet.services.router.server import RouterConfig, create_server
+        from ..router.server import RouterConfig, create_server
 
         c = self.config
         router_config = RouterConfig(

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import argparse
 
-from kvfleet.services.router import cli as router_cli
+from ..router import cli as router_cli
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:

@@ -13,10 +13,11 @@ from pathlib import Path
 
 import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
-from kvfleet.services.engine.http_backends import RouterBackend
-from kvfleet.services.engine.http_server import HttpServer
-from kvfleet.services.engine.openai_http import build_app
-from kvfleet.services.engine.tokenizer import Tokenizer, tokenizer_for_model
+
+from ..engine.http_backends import RouterBackend
+from ..engine.http_server import HttpServer
+from ..engine.openai_http import build_app
+from ..engine.tokenizer import Tokenizer, tokenizer_for_model
 
 HEALTH_TIMEOUT_SECONDS = 2.0
 

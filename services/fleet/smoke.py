@@ -6,7 +6,8 @@ import uuid
 
 import grpc
 import httpx
-from kvfleet.proto import common_pb2, router_pb2, router_pb2_grpc
+
+from ...proto import common_pb2, router_pb2, router_pb2_grpc
 
 QUESTION = "Hello, fleet. Please list three prime numbers and explain why they are prime. "
 FOLLOW_UP = "Now add the next two primes to the list. "

@@ -94,9 +94,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 def fleet_config(args: argparse.Namespace):
     """The `FleetConfig` the command line asks for."""
-    from kvfleet.services.engine.engine_config import EngineConfig
-    from kvfleet.services.router.admission import AdmissionConfig
-
+    from ..engine.engine_config import EngineConfig
+    from ..router.admission import AdmissionConfig
     from .embedded import FleetConfig
 
     step_tokens = args.max_num_batched_tokens or DEFAULT_STEP_TOKENS[args.compute_backend]
@@ -124,8 +123,7 @@ def fleet_config(args: argparse.Namespace):
 
 
 def run(args: argparse.Namespace) -> int:
-    from kvfleet.services.engine.config import PRESETS
-
+    from ..engine.config import PRESETS
     from .embedded import EmbeddedFleet
 
     logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(name)s %(message)s")

@@ -8,8 +8,8 @@ TTFT is the first streamed chunk that carries tokens, on the client's clock; reu
 from __future__ import annotations
 
 import grpc
-from kvfleet.proto import common_pb2, router_pb2, router_pb2_grpc
 
+from ...proto import common_pb2, router_pb2, router_pb2_grpc
 from .records import Generation
 from .target_types import TargetError, TargetInfo, WallClock
 

@@ -13,10 +13,9 @@ from collections.abc import Mapping
 from dataclasses import dataclass, replace
 from typing import Any
 
-from kvfleet.kvstore.config import KVStoreConfig
-from kvfleet.services.router.admission import AdmissionConfig
-from kvfleet.services.router.store import StoreIntegrityError
-
+from ...kvstore.config import KVStoreConfig
+from ..router.admission import AdmissionConfig
+from ..router.store import StoreIntegrityError
 from .grpc_target import RouterGenerateTarget
 from .sim_config import SimConfig
 
@@ -60,9 +59,9 @@ def admission_config(sim: SimConfig) -> AdmissionConfig:
 def engine_config(sim: SimConfig, settings: TwinSettings) -> Any:
     """An `EngineConfig` whose kvstore config equals the simulator rank's; raise TwinMismatch
     when an option cannot be mirrored or the two kvstore configs differ."""
-    from kvfleet.services.engine.config import preset
-    from kvfleet.services.engine.engine_config import EngineConfig
-    from kvfleet.services.engine.kv_setup import kvstore_config
+    from ..engine.config import preset
+    from ..engine.engine_config import EngineConfig
+    from ..engine.kv_setup import kvstore_config
 
     options = sim.fleet
     for name, value in UNMIRRORED_DEFAULTS.items():
@@ -110,7 +109,7 @@ class LiveTwin:
     rank's kvstore and the router's reservations."""
 
     def __init__(self, sim: SimConfig, settings: TwinSettings | None = None) -> None:
-        from kvfleet.services.fleet.embedded import EmbeddedFleet, FleetConfig
+        from ..fleet.embedded import EmbeddedFleet, FleetConfig
 
         self.settings = settings or TwinSettings()
         self.engine = engine_config(sim, self.settings)

@@ -15,7 +15,8 @@ from typing import Any
 from urllib.parse import parse_qsl
 
 import yaml
-from kvfleet.services.core.cost_figures import (
+
+from ..core.cost_figures import (
     Hardware,
     ModelShape,
     SimConfigError,

@@ -9,8 +9,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from kvfleet.services.core.cost_model import CostModel, StepWork
-
+from ..core.cost_model import CostModel, StepWork
 from .sim_clock import ScheduledEvent
 from .sim_request import SimRequest
 

@@ -21,15 +21,14 @@ from __future__ import annotations
 import asyncio
 import itertools
 
-from kvfleet.kvstore.events import KVEvent
-from kvfleet.kvstore.manager import KVCacheManager
-from kvfleet.services.core.cost_model import CostModel
-from kvfleet.services.router.admission import GENERATION_ROLES, AdmissionConfig, AdmissionQueue
-from kvfleet.services.router.handoff import GENERATION_PIN_SUFFIX
-from kvfleet.services.router.model import Admission, PendingRequest, RankInfo, RankLoad, Role
-from kvfleet.services.router.prefix_index import PrefixIndex
-from kvfleet.services.router.store import LocalStore, StoreIntegrityError
-
+from ...kvstore.events import KVEvent
+from ...kvstore.manager import KVCacheManager
+from ..core.cost_model import CostModel
+from ..router.admission import GENERATION_ROLES, AdmissionConfig, AdmissionQueue
+from ..router.handoff import GENERATION_PIN_SUFFIX
+from ..router.model import Admission, PendingRequest, RankInfo, RankLoad, Role
+from ..router.prefix_index import PrefixIndex
+from ..router.store import LocalStore, StoreIntegrityError
 from .sim_clock import ScheduledEvent, VirtualClock
 from .sim_config import FleetOptions, SimConfig
 from .sim_handoff import HandoffStats, Reservation, page_bytes_of

@@ -22,9 +22,8 @@ from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from kvfleet.kvstore.block_pool import NULL_PAGE
-from kvfleet.services.router.model import Role
-
+from ...kvstore.block_pool import NULL_PAGE
+from ..router.model import Role
 from .sim_request import SimRequest
 
 # What a rank does after a request's first token, per role (as services/disagg/roles.py).
@@ -65,7 +64,7 @@ def pages_from(manager, request: SimRequest, first_block: int) -> dict[str, int]
     """Pages per life cycle that the context rank sends for blocks `first_block..` of the
     prompt: the live rule, `context_side.select_blocks` over this manager."""
     # NOTE: imported here: the disagg package loads torch, which only disaggregated fleets need.
-    from kvfleet.services.disagg.context_side import prompt_hashes, select_blocks
+    from ..disagg.context_side import prompt_hashes, select_blocks
 
     hashes = prompt_hashes(tuple(request.tokens), manager.config.block_size)
     rows = select_blocks(manager, request.request_id, hashes, request.prompt_len, first_block)

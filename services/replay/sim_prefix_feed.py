@@ -2,10 +2,9 @@
 
 from __future__ import annotations
 
-from kvfleet.kvstore.events import KVEvent, KVEventKind
-from kvfleet.kvstore.hashing import block_hashes
-from kvfleet.services.router.prefix_index import PrefixIndex
-
+from ...kvstore.events import KVEvent, KVEventKind
+from ...kvstore.hashing import block_hashes
+from ..router.prefix_index import PrefixIndex
 from .sim_request import SimRequest
 
 

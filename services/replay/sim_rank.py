@@ -18,12 +18,11 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from kvfleet.kvstore.manager import KVCacheManager
-from kvfleet.kvstore.tiers.metrics import DISK, HOST
-from kvfleet.services.core.cost_model import CostModel
-from kvfleet.services.core.step_planner import StepPlanner
-from kvfleet.services.router.model import Role
-
+from ...kvstore.manager import KVCacheManager
+from ...kvstore.tiers.metrics import DISK, HOST
+from ..core.cost_model import CostModel
+from ..core.step_planner import StepPlanner
+from ..router.model import Role
 from .sim_clock import VirtualClock
 from .sim_decode_run import DecodeRun, plan_decode_run
 from .sim_handoff import HandoffSide, ReservedCallback

@@ -7,12 +7,11 @@ disk tiers are split like the device pools.
 
 from __future__ import annotations
 
-from kvfleet.kvstore.config import KVStoreConfig
-from kvfleet.kvstore.policies import ReusePolicy, make_reuse_policy
-from kvfleet.kvstore.sizing import TypicalStep, plan_pools, rank_typical_step
-from kvfleet.kvstore.tiers.stack import KVTiers
-from kvfleet.services.core.cost_figures import ModelShape
-
+from ...kvstore.config import KVStoreConfig
+from ...kvstore.policies import ReusePolicy, make_reuse_policy
+from ...kvstore.sizing import TypicalStep, plan_pools, rank_typical_step
+from ...kvstore.tiers.stack import KVTiers
+from ..core.cost_figures import ModelShape
 from .sim_config import FleetOptions
 
 

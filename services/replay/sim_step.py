@@ -4,9 +4,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from kvfleet.kvstore.results import Allocation
-from kvfleet.services.core.cost_model import StepWork
-
+from ...kvstore.results import Allocation
+from ..core.cost_model import StepWork
 from .sim_request import SimRequest
 
 

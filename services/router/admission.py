@@ -27,15 +27,15 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from kvfleet.services.router.model import PendingRequest, Placement, RankSlots, Role
-from kvfleet.services.router.pass_state import PassResult, PassState
-from kvfleet.services.router.policies import (
+from .model import PendingRequest, Placement, RankSlots, Role
+from .pass_state import PassResult, PassState
+from .policies import (
     AFFINITY_POLICIES,
     PLACEMENT_POLICIES,
     WaitBound,
 )
-from kvfleet.services.router.prefix_index import PrefixIndex
-from kvfleet.services.router.store import AdmissionStore
+from .prefix_index import PrefixIndex
+from .store import AdmissionStore
 
 # Ranks a new request may start on; generation-only ranks get work by KV hand-off, placed by
 # a second queue over GENERATION_ROLES (see runtime.py).

@@ -157,10 +157,10 @@ def register(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
 
 def router_config(args: argparse.Namespace):
     """The `RouterConfig` the command line asks for."""
-    from kvfleet.services.router.admission import AdmissionConfig
-    from kvfleet.services.router.fleet_secret import load_fleet_secret
-    from kvfleet.services.router.redis_connect import load_password
-    from kvfleet.services.router.server import RouterConfig
+    from .admission import AdmissionConfig
+    from .fleet_secret import load_fleet_secret
+    from .redis_connect import load_password
+    from .server import RouterConfig
 
     secret = load_fleet_secret(args.fleet_secret_file)
     admission = AdmissionConfig(
@@ -207,8 +207,8 @@ def run(args: argparse.Namespace, front: FrontStarter | None = None) -> int:
     import sys
     import threading
 
-    from kvfleet.services.router.fleet_secret import SECRET_ENV
-    from kvfleet.services.router.server import create_server
+    from .fleet_secret import SECRET_ENV
+    from .server import create_server
 
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s %(message)s")
     config = router_config(args)

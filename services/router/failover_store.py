@@ -18,9 +18,10 @@ from collections.abc import Callable, Iterable
 from typing import TypeVar
 
 import redis
-from kvfleet.services.router.model import RankInfo, RankLoad, RankSlots
-from kvfleet.services.router.redis_store import RedisStore
-from kvfleet.services.router.store import LocalStore, RankRecord
+
+from .model import RankInfo, RankLoad, RankSlots
+from .redis_store import RedisStore
+from .store import LocalStore, RankRecord
 
 T = TypeVar("T")
 

@@ -21,11 +21,12 @@ import time
 from collections.abc import Callable, Iterator
 
 import grpc
-from kvfleet.proto import common_pb2, engine_pb2, router_pb2
-from kvfleet.services.router.engine_outcomes import Outcome, full_backoff, outcome_of
-from kvfleet.services.router.errors import EngineRejected, RankUnavailable
-from kvfleet.services.router.model import Admission, PendingRequest
-from kvfleet.services.router.stream_watch import IDLE_REASON, AbandonedStream, watched_chunks
+
+from ...proto import common_pb2, engine_pb2, router_pb2
+from .engine_outcomes import Outcome, full_backoff, outcome_of
+from .errors import EngineRejected, RankUnavailable
+from .model import Admission, PendingRequest
+from .stream_watch import IDLE_REASON, AbandonedStream, watched_chunks
 
 log = logging.getLogger(__name__)
 

@@ -4,10 +4,11 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from kvfleet.services.router.admission import PassResult
-from kvfleet.services.router.model import Placement
-from kvfleet.services.router.recent_quantile import RecentQuantile
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+
+from .admission import PassResult
+from .model import Placement
+from .recent_quantile import RecentQuantile
 
 
 @dataclass

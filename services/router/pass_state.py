@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from kvfleet.services.router.model import Admission, PendingRequest, Placement, RankSlots
-from kvfleet.services.router.policies import AffinityPolicy
+from .model import Admission, PendingRequest, Placement, RankSlots
+from .policies import AffinityPolicy
 
 
 @dataclass

@@ -6,8 +6,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Protocol
 
-from kvfleet.services.router.model import PendingRequest, RankSlots
-from kvfleet.services.router.prefix_index import PrefixIndex, chain_keys
+from .model import PendingRequest, RankSlots
+from .prefix_index import PrefixIndex, chain_keys
 
 
 @dataclass(frozen=True)

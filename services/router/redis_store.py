@@ -6,9 +6,10 @@ import json
 from collections.abc import Iterable
 
 import redis
-from kvfleet.services.router.model import RankInfo, RankLoad, RankSlots, Role
-from kvfleet.services.router.redis_connect import RedisSettings, connect
-from kvfleet.services.router.redis_lua import (
+
+from .model import RankInfo, RankLoad, RankSlots, Role
+from .redis_connect import RedisSettings, connect
+from .redis_lua import (
     CLEAR_OWNER,
     HEARTBEAT,
     REAP_RESERVATIONS,
@@ -19,7 +20,7 @@ from kvfleet.services.router.redis_lua import (
     SNAPSHOT,
     TRY_ADMIT,
 )
-from kvfleet.services.router.store import RankRecord, StoreIntegrityError
+from .store import RankRecord, StoreIntegrityError
 
 
 class RedisStore:

@@ -9,9 +9,10 @@ import logging
 from functools import partial
 
 import grpc
-from kvfleet.proto import common_pb2, router_pb2, router_pb2_grpc
-from kvfleet.services.router.model import RankInfo, RankLoad, Role
-from kvfleet.services.router.runtime import RouterRuntime
+
+from ...proto import common_pb2, router_pb2, router_pb2_grpc
+from .model import RankInfo, RankLoad, Role
+from .runtime import RouterRuntime
 
 log = logging.getLogger(__name__)
 

@@ -16,7 +16,8 @@ import logging
 import threading
 
 import redis
-from kvfleet.services.router.failover_store import FailoverStore
+
+from .failover_store import FailoverStore
 
 log = logging.getLogger(__name__)
 

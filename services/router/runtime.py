@@ -15,12 +15,12 @@ import threading
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from kvfleet.services.router.admission import AdmissionQueue
-from kvfleet.services.router.errors import QueueTimeout, RankUnavailable, RouterError
-from kvfleet.services.router.failover_store import FailoverStore
-from kvfleet.services.router.metrics import RouterMetrics
-from kvfleet.services.router.model import Admission, PendingRequest, RankInfo, RankLoad, RankSlots
-from kvfleet.services.router.prefix_index import PrefixIndex
+from .admission import AdmissionQueue
+from .errors import QueueTimeout, RankUnavailable, RouterError
+from .failover_store import FailoverStore
+from .metrics import RouterMetrics
+from .model import Admission, PendingRequest, RankInfo, RankLoad, RankSlots
+from .prefix_index import PrefixIndex
 
 log = logging.getLogger(__name__)
 

@@ -14,23 +14,24 @@ from typing import Any
 import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
-from kvfleet.proto import router_pb2, router_pb2_grpc
-from kvfleet.proto.limits import GRPC_MESSAGE_OPTIONS
-from kvfleet.services.router.admission import GENERATION_ROLES, AdmissionConfig, AdmissionQueue
-from kvfleet.services.router.failover_store import FailoverStore
-from kvfleet.services.router.fleet_secret import FleetSecretInterceptor
-from kvfleet.services.router.metrics import RouterMetrics
-from kvfleet.services.router.prefix_index import PrefixIndex
-from kvfleet.services.router.redis_connect import RedisSettings, connect
-from kvfleet.services.router.redis_store import RedisStore
-from kvfleet.services.router.registry_service import RankRegistryServicer
-from kvfleet.services.router.replica_lease import ReplicaLease
-from kvfleet.services.router.runtime import RouterRuntime
-from kvfleet.services.router.service import EngineChannels, RouterServicer
-from kvfleet.services.router.store import AdmissionStore, LocalStore
-from kvfleet.services.router.stream_watch import StreamWatch
-from kvfleet.services.router.validation import RequestLimits
 from prometheus_client import start_http_server
+
+from ...proto import router_pb2, router_pb2_grpc
+from ...proto.limits import GRPC_MESSAGE_OPTIONS
+from .admission import GENERATION_ROLES, AdmissionConfig, AdmissionQueue
+from .failover_store import FailoverStore
+from .fleet_secret import FleetSecretInterceptor
+from .metrics import RouterMetrics
+from .prefix_index import PrefixIndex
+from .redis_connect import RedisSettings, connect
+from .redis_store import RedisStore
+from .registry_service import RankRegistryServicer
+from .replica_lease import ReplicaLease
+from .runtime import RouterRuntime
+from .service import EngineChannels, RouterServicer
+from .store import AdmissionStore, LocalStore
+from .stream_watch import StreamWatch
+from .validation import RequestLimits
 
 log = logging.getLogger(__name__)
 

@@ -11,11 +11,12 @@ import uuid
 from collections.abc import Callable, Iterator
 
 import grpc
-from kvfleet.proto import common_pb2, engine_pb2, engine_pb2_grpc, router_pb2, router_pb2_grpc
-from kvfleet.proto.limits import GRPC_MESSAGE_OPTIONS
-from kvfleet.services.router.deadlines import call_timeout
-from kvfleet.services.router.engine_outcomes import Outcome, full_backoff, outcome_of
-from kvfleet.services.router.errors import (
+
+from ...proto import common_pb2, engine_pb2, engine_pb2_grpc, router_pb2, router_pb2_grpc
+from ...proto.limits import GRPC_MESSAGE_OPTIONS
+from .deadlines import call_timeout
+from .engine_outcomes import Outcome, full_backoff, outcome_of
+from .errors import (
     DuplicateRequest,
     EngineRejected,
     QueueTimeout,
@@ -23,16 +24,16 @@ from kvfleet.services.router.errors import (
     RouterError,
     grpc_code,
 )
-from kvfleet.services.router.handoff import HandoffForwarder, as_first_token, is_handoff
-from kvfleet.services.router.model import Admission, PendingRequest
-from kvfleet.services.router.runtime import RouterRuntime
-from kvfleet.services.router.stream_watch import (
+from .handoff import HandoffForwarder, as_first_token, is_handoff
+from .model import Admission, PendingRequest
+from .runtime import RouterRuntime
+from .stream_watch import (
     IDLE_REASON,
     AbandonedStream,
     StreamWatch,
     watched_chunks,
 )
-from kvfleet.services.router.validation import RequestLimits, validate
+from .validation import RequestLimits, validate
 
 log = logging.getLogger(__name__)
 

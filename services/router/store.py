@@ -13,7 +13,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Protocol
 
-from kvfleet.services.router.model import RankInfo, RankLoad, RankSlots
+from .model import RankInfo, RankLoad, RankSlots
 
 
 class StoreIntegrityError(RuntimeError):

@@ -5,9 +5,9 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from kvfleet.proto import router_pb2
-from kvfleet.services.router.errors import InvalidRequest
-from kvfleet.services.router.model import RankSlots
+from ...proto import router_pb2
+from .errors import InvalidRequest
+from .model import RankSlots
 
 
 @dataclass(frozen=True)

@@ -40,8 +40,7 @@ def worker_device(device: torch.device, layout: TPLayout) -> torch.device:
 def follow(config: EngineConfig) -> int:
     """A worker other than 0: load its shard, then carry out the leader's orders until it
     says stop; returns how many it carried out."""
-    from kvfleet.kvstore.tiers.torch_bytes import TorchBytes
-
+    from ....kvstore.tiers.torch_bytes import TorchBytes
     from ..attention import make_backend
     from ..device import resolve_device
     from ..device_kv_cache import DeviceKVCache
