@@ -224,7 +224,7 @@ async def test_scale_subresource_sizes_a_pool_and_drains_before_scale_in(api, op
     """`kubectl scale kvfleetpool` (HPA, KEDA) must size the pool through the operator: up at
     once, down only after the leaving rank was marked draining for drainSeconds."""
     spec = example_spec()
-    spec["drainSeconds"] = 3
+    spec["drainSeconds"] = 10  # the window in which both leaving ranks are seen draining
     namespace, name = await new_fleet(api, spec)
     await all_children(api, namespace, name)
     apps, custom, core = api["apps"], api["custom"], api["core"]
@@ -259,7 +259,9 @@ async def test_scale_subresource_sizes_a_pool_and_drains_before_scale_in(api, op
             if (p.metadata.annotations or {}).get("kvfleet.dev/draining") == "true"
         )
 
-    assert await wait_for(draining) == [f"{pool}-1", f"{pool}-2"]
-    assert sts_replicas() == 3  # the leaving ranks still serve while they drain
+    # The operator marks the leaving pods one patch at a time: wait for both, seen while the
+    # StatefulSet still holds them (the leaving ranks still serve while they drain).
+    leaving = [f"{pool}-1", f"{pool}-2"]
+    assert await wait_for(lambda: draining() == leaving and sts_replicas() == 3)
     await wait_for(lambda: sts_replicas() == 1)
     assert operator.lines == []
