@@ -69,15 +69,18 @@ def main(args: argparse.Namespace) -> None:
     try:
         if args.rank:
             follow(config)
-            return
-        compute = TorchCompute(config)
-        core = EngineCore(config, compute=compute).start()
-        try:
-            result = serve_conversation(core)
-        finally:
-            core.stop()
-            compute.stop_workers()
-        Path(args.out).write_text(json.dumps(result))
+        else:
+            compute = TorchCompute(config)
+            core = EngineCore(config, compute=compute).start()
+            try:
+                result = serve_conversation(core)
+            finally:
+                core.stop()
+                compute.stop_workers()
+            Path(args.out).write_text(json.dumps(result))
+        # Neither worker tears its gloo pairs down while the other may still use them: a worker
+        # whose peer closed first can die in gloo's threads (std::terminate) at the teardown.
+        dist.barrier()
     finally:
         dist.destroy_process_group()
 

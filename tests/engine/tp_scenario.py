@@ -125,6 +125,9 @@ def _worker(args: argparse.Namespace) -> None:
             torch.save(result, args.out)
         else:
             StepPlanFollower(model, cache, backend, tier).run()
+        # Neither worker tears its gloo pairs down while the other may still use them: a worker
+        # whose peer closed first can die in gloo's threads (std::terminate) at the teardown.
+        dist.barrier()
     finally:
         dist.destroy_process_group()
 
