@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import re
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -86,33 +87,41 @@ def _target(name: str, config: ModelConfig, params: dict[str, torch.Tensor]):
     raise ValueError(f"unexpected tensor {name!r}")
 
 
-def load_checkpoint(
-    directory: str | Path,
-    device: torch.device | str = "cpu",
-    dtype: torch.dtype | None = None,
-) -> CausalLM:
-    """Load the checkpoint in `directory` onto `device` in `dtype` (None: config.json's
-    torch_dtype, else fp32)."""
-    from safetensors import safe_open
-
-    directory = Path(directory)
-    data = json.loads((directory / "config.json").read_text())
-    config = config_from_dict(data, directory.name)
-    dtype = dtype or checkpoint_dtype(data) or torch.float32
+def empty_model(
+    config: ModelConfig, dtype: torch.dtype, device: torch.device | str
+) -> tuple[CausalLM, dict[str, torch.Tensor]]:
+    """The model allocated (not initialised) on `device` in `dtype`, and its parameters by name."""
     with torch.device("meta"):
         model = CausalLM(config).to(dtype)
     model = model.to_empty(device=device)
     if config.tie_embeddings:
         model.lm_head.weight = model.model.embed_tokens.weight
-    params = {name: p.data for name, p in model.named_parameters()}
-    written = dict.fromkeys(params, 0)
+    return model, {name: p.data for name, p in model.named_parameters()}
+
+
+# Reads tensor `key` of an open shard (what this process keeps of it); None: nothing to copy.
+ReadTensor = Callable[[Any, str], "torch.Tensor | None"]
+
+
+def fill_parameters(
+    directory: Path,
+    config: ModelConfig,
+    params: dict[str, torch.Tensor],
+    read: ReadTensor,
+    open_device: str = "cpu",
+    written: dict[str, int] | None = None,
+    what: str = "checkpoint",
+) -> None:
+    """Copy every tensor of the checkpoint's files into `params`, one at a time, through
+    `read`; ValueError naming the tensors unless every element is written exactly once.
+    `written` holds elements already accounted for (e.g. a bias this process never adds)."""
+    from safetensors import safe_open
+
+    written = written if written is not None else dict.fromkeys(params, 0)
     unexpected: list[str] = []
-    onto = torch.device(device)
-    if onto.type == "cuda" and onto.index is None:
-        onto = torch.device("cuda", torch.cuda.current_device())
     with torch.no_grad():
         for path in weight_files(directory):
-            with safe_open(str(path), framework="pt", device=str(onto)) as shard:
+            with safe_open(str(path), framework="pt", device=open_device) as shard:
                 for key in shard.keys():  # noqa: SIM118 (safe_open is not a mapping)
                     try:
                         target = _target(key, config, params)
@@ -122,10 +131,12 @@ def load_checkpoint(
                     if target is None:
                         continue
                     name, view = target
-                    tensor = shard.get_tensor(key)
+                    tensor = read(shard, key)
+                    if tensor is None:
+                        continue
                     if tuple(tensor.shape) != tuple(view.shape):
                         raise ValueError(
-                            f"{key}: checkpoint shape {tuple(tensor.shape)} != {tuple(view.shape)}"
+                            f"{key}: {what} shape {tuple(tensor.shape)} != {tuple(view.shape)}"
                         )
                     view.copy_(tensor)
                     written[name] += view.numel()
@@ -133,7 +144,25 @@ def load_checkpoint(
     twice = sorted(n for n, count in written.items() if count > params[n].numel())
     if missing or unexpected or twice:
         raise ValueError(
-            f"checkpoint {directory}: missing {missing[:5]}, unexpected {unexpected[:5]}, "
+            f"{what} {directory}: missing {missing[:5]}, unexpected {unexpected[:5]}, "
             f"written twice {twice[:5]}"
         )
+
+
+def load_checkpoint(
+    directory: str | Path,
+    device: torch.device | str = "cpu",
+    dtype: torch.dtype | None = None,
+) -> CausalLM:
+    """Load the checkpoint in `directory` onto `device` in `dtype` (None: config.json's
+    torch_dtype, else fp32)."""
+    directory = Path(directory)
+    data = json.loads((directory / "config.json").read_text())
+    config = config_from_dict(data, directory.name)
+    dtype = dtype or checkpoint_dtype(data) or torch.float32
+    model, params = empty_model(config, dtype, device)
+    onto = torch.device(device)
+    if onto.type == "cuda" and onto.index is None:
+        onto = torch.device("cuda", torch.cuda.current_device())
+    fill_parameters(directory, config, params, lambda shard, key: shard.get_tensor(key), str(onto))
     return model.eval().requires_grad_(False)

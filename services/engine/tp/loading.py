@@ -17,7 +17,7 @@ from pathlib import Path
 import torch
 
 from ..model import CausalLM
-from ..models.checkpoint import _target, checkpoint_dtype, config_from_dict, weight_files
+from ..models.checkpoint import checkpoint_dtype, config_from_dict, empty_model, fill_parameters
 from .sharding import TPLayout, install_all_reduce, shard_config
 
 _COLUMN = re.compile(r"\.(q_proj|k_proj|v_proj|gate_proj|up_proj|w1|w3)\.(weight|bias)$")
@@ -59,54 +59,26 @@ def load_sharded_checkpoint(
     """Worker `layout.rank`'s shard of the checkpoint in `directory`, all-reduces installed.
 
     The model's `config` is the worker's sharded shape; `full_config` the checkpoint's."""
-    from safetensors import safe_open
-
     directory = Path(directory)
     data = json.loads((directory / "config.json").read_text())
     full = config_from_dict(data, directory.name)
     config = shard_config(full, layout)
     dtype = dtype or checkpoint_dtype(data) or torch.float32
-    with torch.device("meta"):
-        model = CausalLM(config).to(dtype)
-    model = model.to_empty(device=device)
-    if config.tie_embeddings:
-        model.lm_head.weight = model.model.embed_tokens.weight
-    params = {name: p.data for name, p in model.named_parameters()}
+    model, params = empty_model(config, dtype, device)
     written = dict.fromkeys(params, 0)
-    unexpected: list[str] = []
     with torch.no_grad():
         for name, p in params.items():
             if _ROW.search(name) and name.endswith(".bias"):
                 p.zero_()  # workers other than 0 add no bias
                 written[name] = p.numel() if layout.rank else 0
-        for path in weight_files(directory):
-            with safe_open(str(path), framework="pt", device="cpu") as shard:
-                for key in shard.keys():  # noqa: SIM118 (safe_open is not a mapping)
-                    try:
-                        target = _target(key, config, params)
-                    except ValueError:
-                        unexpected.append(key)
-                        continue
-                    if target is None:
-                        continue
-                    name, view = target
-                    tensor = _read_shard(shard.get_slice(key), key, layout)
-                    if tensor is None:
-                        continue
-                    if tuple(tensor.shape) != tuple(view.shape):
-                        raise ValueError(
-                            f"{key}: shard {layout.tag} shape {tuple(tensor.shape)} != "
-                            f"{tuple(view.shape)}"
-                        )
-                    view.copy_(tensor)
-                    written[name] += view.numel()
-    missing = sorted(n for n, count in written.items() if count < params[n].numel())
-    twice = sorted(n for n, count in written.items() if count > params[n].numel())
-    if missing or unexpected or twice:
-        raise ValueError(
-            f"checkpoint {directory} ({layout.tag}): missing {missing[:5]}, unexpected "
-            f"{unexpected[:5]}, written twice {twice[:5]}"
-        )
+    fill_parameters(
+        directory,
+        config,
+        params,
+        lambda shard, key: _read_shard(shard.get_slice(key), key, layout),
+        written=written,
+        what=f"checkpoint shard {layout.tag}",
+    )
     model.full_config = full
     install_all_reduce(model, layout)
     return model.eval().requires_grad_(False)
