@@ -72,3 +72,14 @@ def test_documented_command_parses(page: str, line: str, fenced: bool) -> None:
     known = {option for action in subcommand(words[0])._actions for option in action.option_strings}
     for flag in (w.split("=")[0].strip("[]") for w in words[1:] if w.lstrip("[").startswith("-")):
         assert flag in known, f"{page}: {line!r}: kvfleet {words[0]} has no {flag}"
+
+
+def test_docs_speak_of_the_product_not_of_issues():
+    """If this fails, a doc says where a feature came from ("issue 6") instead of what it is."""
+    cited = [
+        f"{doc.relative_to(ROOT)}:{number}: {line.strip()}"
+        for doc in DOCS
+        for number, line in enumerate(doc.read_text().splitlines(), 1)
+        if re.search(r"\bissues? #?\d+", line, re.IGNORECASE)
+    ]
+    assert not cited, cited
