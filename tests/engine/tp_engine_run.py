@@ -59,36 +59,26 @@ def serve_conversation(core: EngineCore) -> dict:
 
 
 def main(args: argparse.Namespace) -> None:
-    import torch.distributed as dist
     from kvfleet.services.engine.compute import TorchCompute
     from kvfleet.services.engine.tp.rank_group import follow
-    from tp_testkit import join_group
+    from tp_testkit import worker_group
 
-    join_group(args.rendezvous, args.rank, args.world)
-    config = engine_config(args.checkpoint, args.world)
-    try:
+    with worker_group(args.rendezvous, args.rank, args.world):
+        config = engine_config(args.checkpoint, args.world)
         if args.rank:
             follow(config)
-        else:
-            compute = TorchCompute(config)
-            core = EngineCore(config, compute=compute).start()
-            try:
-                result = serve_conversation(core)
-            finally:
-                core.stop()
-                compute.stop_workers()
-            Path(args.out).write_text(json.dumps(result))
-        # Neither worker tears its gloo pairs down while the other may still use them: a worker
-        # whose peer closed first can die in gloo's threads (std::terminate) at the teardown.
-        dist.barrier()
-    finally:
-        dist.destroy_process_group()
+            return
+        compute = TorchCompute(config)
+        core = EngineCore(config, compute=compute).start()
+        try:
+            result = serve_conversation(core)
+        finally:
+            core.stop()
+            compute.stop_workers()
+        Path(args.out).write_text(json.dumps(result))
 
 
 if __name__ == "__main__":
-    parser = argparse.ArgumentParser()
-    for name in ("rank", "world"):
-        parser.add_argument(f"--{name}", type=int, required=True)
-    for name in ("rendezvous", "checkpoint", "out"):
-        parser.add_argument(f"--{name}", required=True)
-    main(parser.parse_args())
+    from tp_testkit import worker_arguments
+
+    main(worker_arguments())

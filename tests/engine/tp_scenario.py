@@ -94,7 +94,6 @@ def run_scenario(forward: Forward, groups, chunk_type, tier) -> dict:
 
 
 def _worker(args: argparse.Namespace) -> None:
-    import torch.distributed as dist
     from kvfleet.services.engine import SequenceChunk, make_backend
     from kvfleet.services.engine.tp import (
         ShardedBytes,
@@ -104,11 +103,10 @@ def _worker(args: argparse.Namespace) -> None:
         leader_forward,
         load_sharded_checkpoint,
     )
-    from tp_testkit import join_group
+    from tp_testkit import worker_group
 
     torch.set_num_threads(1)
-    join_group(args.rendezvous, args.rank, args.world)
-    try:
+    with worker_group(args.rendezvous, args.rank, args.world):
         layout = TPLayout.from_process_group()
         model = load_sharded_checkpoint(args.checkpoint, layout, dtype=torch.float32)
         tier, cache = kv_bytes(model.config)
@@ -125,17 +123,9 @@ def _worker(args: argparse.Namespace) -> None:
             torch.save(result, args.out)
         else:
             StepPlanFollower(model, cache, backend, tier).run()
-        # Neither worker tears its gloo pairs down while the other may still use them: a worker
-        # whose peer closed first can die in gloo's threads (std::terminate) at the teardown.
-        dist.barrier()
-    finally:
-        dist.destroy_process_group()
 
 
 if __name__ == "__main__":
-    parser = argparse.ArgumentParser()
-    for name in ("rank", "world"):
-        parser.add_argument(f"--{name}", type=int, required=True)
-    for name in ("rendezvous", "checkpoint", "out"):
-        parser.add_argument(f"--{name}", required=True)
-    _worker(parser.parse_args())
+    from tp_testkit import worker_arguments
+
+    _worker(worker_arguments())

@@ -3,8 +3,11 @@ rendezvous, so no port can be taken by someone else), with a deadline and a clea
 
 from __future__ import annotations
 
+import argparse
+import contextlib
 import subprocess
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -39,8 +42,12 @@ def run_workers(script: Path, world: int, tmp: Path, *args: str) -> None:
         pytest.fail(f"workers {failed} failed:\n{text}")
 
 
-def join_group(rendezvous: str, rank: int, world: int) -> None:
-    """The worker side: join the gloo group (a generous timeout for a loaded machine)."""
+@contextlib.contextmanager
+def worker_group(rendezvous: str, rank: int, world: int) -> Iterator[None]:
+    """The worker side: the gloo group (a generous timeout for a loaded machine) for the
+    block's length. Neither worker tears its gloo pairs down while the other may still use
+    them: a worker whose peer closed first can die in gloo's threads (std::terminate), so a
+    block that ends normally meets the others at a barrier first."""
     from datetime import timedelta
 
     import torch.distributed as dist
@@ -52,3 +59,18 @@ def join_group(rendezvous: str, rank: int, world: int) -> None:
         world_size=world,
         timeout=timedelta(seconds=120),
     )
+    try:
+        yield
+        dist.barrier()
+    finally:
+        dist.destroy_process_group()
+
+
+def worker_arguments() -> argparse.Namespace:
+    """What run_workers passes a worker script, plus its --checkpoint and --out."""
+    parser = argparse.ArgumentParser()
+    for name in ("rank", "world"):
+        parser.add_argument(f"--{name}", type=int, required=True)
+    for name in ("rendezvous", "checkpoint", "out"):
+        parser.add_argument(f"--{name}", required=True)
+    return parser.parse_args()
