@@ -18,17 +18,26 @@ def free_port() -> int:
 
 
 class OwnRedis:
-    """One redis-server process; `start` again after `stop` comes back empty (no persistence)."""
+    """One redis-server process; `start` again after `stop` comes back empty (no persistence).
+    With `tls=(cert, key)` it serves TLS only (no plain port) with that certificate."""
 
-    def __init__(self, password: str | None = None) -> None:
+    def __init__(self, password: str | None = None, tls: tuple[str, str] | None = None) -> None:
         self.port = free_port()
         self.password = password
+        self.tls = tls
         auth = f":{password}@" if password else ""
-        self.url = f"redis://{auth}127.0.0.1:{self.port}/0"
+        scheme = "rediss" if tls else "redis"
+        self.url = f"{scheme}://{auth}127.0.0.1:{self.port}/0"
         self.process: subprocess.Popen | None = None
 
     def start(self) -> None:
-        args = ["--port", str(self.port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no"]
+        args = ["--bind", "127.0.0.1", "--save", "", "--appendonly", "no"]
+        if self.tls:
+            cert, key = self.tls
+            args += ["--port", "0", "--tls-port", str(self.port)]
+            args += ["--tls-cert-file", cert, "--tls-key-file", key, "--tls-auth-clients", "no"]
+        else:
+            args += ["--port", str(self.port)]
         if self.password:
             args += ["--requirepass", self.password]
         self.process = subprocess.Popen(
@@ -39,6 +48,8 @@ class OwnRedis:
         client.close()
 
     def client(self, **kwargs) -> redis.Redis:
+        if self.tls:
+            kwargs = {"ssl": True, "ssl_ca_certs": self.tls[0], **kwargs}
         return redis.Redis(port=self.port, password=self.password, decode_responses=True, **kwargs)
 
     def stop(self) -> None:

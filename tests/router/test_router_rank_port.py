@@ -14,6 +14,7 @@ from kvfleet.services.engine.engine_config import EngineConfig
 from kvfleet.services.engine.rank import EngineRank, RankAddresses
 from kvfleet.services.router.fleet_secret import SECRET_ENV, secret_metadata
 from kvfleet.services.router.server import RouterConfig, create_server
+from self_signed import self_signed_certificate
 from router_fake_engine import FakeEngine, wait_until
 
 SECRET = "fleet-secret-for-tests"
@@ -123,13 +124,7 @@ def test_the_router_command_will_not_open_a_rank_port_without_a_secret():
 
 def test_the_client_port_serves_tls_with_the_given_certificate(tmp_path):
     """Optional TLS on the client port: a client trusting the certificate is served."""
-    cert, key = tmp_path / "cert.pem", tmp_path / "key.pem"
-    subprocess.run(
-        ["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "1",
-         "-keyout", str(key), "-out", str(cert), "-subj", "/CN=localhost",
-         "-addext", "subjectAltName=DNS:localhost,IP:127.0.0.1"],
-        check=True, capture_output=True, timeout=60,
-    )  # fmt: skip
+    cert, key = self_signed_certificate(tmp_path)
     config = RouterConfig(
         tls_cert_file=str(cert), tls_key_file=str(key), rank_address="127.0.0.1:0"
     )
