@@ -14,8 +14,8 @@ from kvfleet.services.engine.engine_config import EngineConfig
 from kvfleet.services.engine.rank import EngineRank, RankAddresses
 from kvfleet.services.router.fleet_secret import SECRET_ENV, secret_metadata
 from kvfleet.services.router.server import RouterConfig, create_server
-from self_signed import self_signed_certificate
 from router_fake_engine import FakeEngine, wait_until
+from self_signed import self_signed_certificate
 
 SECRET = "fleet-secret-for-tests"
 
