@@ -9,10 +9,22 @@ import uvicorn
 
 
 class HttpServer:
-    """A uvicorn server on a background thread; `port` is the bound port after `start`."""
+    """A uvicorn server on a background thread; `port` is the bound port after `start`.
+    `tls=(certificate chain, key)` PEM files serve HTTPS instead of HTTP."""
 
-    def __init__(self, app, host: str = "127.0.0.1", port: int = 0) -> None:
-        config = uvicorn.Config(app, host=host, port=port, log_level="warning", lifespan="off")
+    def __init__(
+        self, app, host: str = "127.0.0.1", port: int = 0, tls: tuple[str, str] | None = None
+    ) -> None:
+        cert, key = tls or (None, None)
+        config = uvicorn.Config(
+            app,
+            host=host,
+            port=port,
+            log_level="warning",
+            lifespan="off",
+            ssl_certfile=cert,
+            ssl_keyfile=key,
+        )
         self._server = uvicorn.Server(config)
         self._thread = threading.Thread(target=self._server.run, name="http", daemon=True)
         self.host = host

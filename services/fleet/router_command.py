@@ -19,12 +19,15 @@ def run(args: argparse.Namespace) -> int:
 
 
 def start_front(args: argparse.Namespace, grpc_port: int):
-    """The OpenAI HTTP front over this process's router on `grpc_port`."""
+    """The OpenAI HTTP front over this process's router on `grpc_port` (plain gRPC: the
+    loopback port when the client port serves TLS). With the router's certificate the HTTP
+    port serves HTTPS too, so neither client door is left in the clear."""
     from .router_front import RouterFront, front_tokenizer
 
-    local = "127.0.0.1" if args.host in ("0.0.0.0", "::", "") else args.host
+    tls = (args.tls_cert_file, args.tls_key_file) if args.tls_cert_file else None
+    local = "127.0.0.1" if tls or args.host in ("0.0.0.0", "::", "") else args.host
     tokenizer = front_tokenizer(args.model_path)
     names = (args.model, "kvfleet")
     return RouterFront(
-        f"{local}:{grpc_port}", tokenizer, names, None, args.host, args.http_port
+        f"{local}:{grpc_port}", tokenizer, names, None, args.host, args.http_port, tls
     ).start()

@@ -40,11 +40,15 @@ class RouterFront:
         card: Mapping[str, int] | None = None,
         host: str = "0.0.0.0",
         port: int = 8000,
+        tls: tuple[str, str] | None = None,
     ) -> None:
+        """`router_address` is plain gRPC (the router's loopback port when its client port
+        serves TLS); `tls=(certificate chain, key)` serves HTTPS."""
         self.backend = RouterBackend(router_address, tokenizer, model_names, card)
         self._health_channel = grpc.insecure_channel(router_address)
         self._health = health_pb2_grpc.HealthStub(self._health_channel)
-        self.http = HttpServer(build_app(self.backend, healthy=self.serving), host, port)
+        app = build_app(self.backend, healthy=self.serving)
+        self.http = HttpServer(app, host, port, tls)
 
     @property
     def port(self) -> int | None:

@@ -234,7 +234,7 @@ def run(args: argparse.Namespace, front: FrontStarter | None = None) -> int:
     http = None
     if front is not None and args.http_port >= 0:
         try:
-            http = front(args, port)
+            http = front(args, server.front_port)
         except OSError as error:  # FileNotFoundError included: no tokenizer.json
             print(f"kvfleet router: {error}; --http-port 0 picks a free port, -1 serves no HTTP",
                   file=sys.stderr, flush=True)  # fmt: skip

@@ -106,6 +106,7 @@ class RouterServer:
         self._watch = watch
         self.rank_server = rank_server
         self.rank_port: int | None = None  # where RankRegistry listens (None: the client port)
+        self.front_port: int | None = None  # plain gRPC for the HTTP front beside the router
         self.grpc_server = grpc_server
         self.lease = lease
         self.runtime = runtime
@@ -234,6 +235,11 @@ def create_server(
         (*SERVICE_NAMES, health.SERVICE_NAME, reflection.SERVICE_NAME), grpc_server
     )
     port = _bind(grpc_server, address, config)
+    # The HTTP front in the same pod speaks to the router in the clear, on loopback only when
+    # the client port serves TLS (the certificate need not name an address the pod can dial).
+    front_port = port
+    if config.tls_cert_file:
+        front_port = grpc_server.add_insecure_port("127.0.0.1:0")
     rank_port = None
     if rank_server is not None:
         rank_port = rank_server.add_insecure_port(config.rank_address)
@@ -249,6 +255,7 @@ def create_server(
         grpc_server, runtime, channels, metrics, health_servicer, lease, watch, rank_server
     )
     server.rank_port = rank_port
+    server.front_port = front_port
     if config.metrics_port is not None:
         server.serve_metrics(config.metrics_port)
     log.info(

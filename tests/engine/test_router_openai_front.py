@@ -6,12 +6,15 @@ two-turn chat through the router's HTTP port, with the conversation in `X-Conver
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
 import signal
+import ssl
 import subprocess
 import sys
 import threading
+from pathlib import Path
 
 import httpx
 import openai
@@ -20,15 +23,18 @@ from engine_testkit import TEST_CONFIG, wait_until
 from kvfleet.services.engine.rank import EngineRank, RankAddresses
 from kvfleet.services.router.fleet_secret import SECRET_ENV
 
+sys.path.insert(0, str(Path(__file__).parents[1] / "router"))
+from self_signed import self_signed_certificate
+
 FLEET_SECRET = "front-test-secret"
 
 
-def start_router() -> tuple[subprocess.Popen, int, int]:
+def start_router(*extra: str) -> tuple[subprocess.Popen, int, int]:
     """A `kvfleet router` process on free ports; returns it, its rank and its HTTP port."""
     process = subprocess.Popen(
         [sys.executable, "-m", "kvfleet.services.cli", "router", "--host", "127.0.0.1",
          "--grpc-port", "0", "--rank-port", "0", "--http-port", "0", "--metrics-port", "-1",
-         "--grace-seconds", "30"],
+         "--grace-seconds", "30", *extra],
         stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True,
         env={**os.environ, SECRET_ENV: FLEET_SECRET},
     )  # fmt: skip
@@ -41,21 +47,28 @@ def start_router() -> tuple[subprocess.Popen, int, int]:
     return process, int(rank_port.group(1)), int(http_port.group(1))
 
 
-@pytest.fixture(scope="module")
-def fleet():
-    process, rank_port, http_port = start_router()
+@contextlib.contextmanager
+def router_with_a_rank(*extra: str, scheme: str = "http"):
+    """A router process and one engine rank registered with it; (process, base URL, rank)."""
+    process, rank_port, http_port = start_router(*extra)
     addresses = RankAddresses(
         router=f"127.0.0.1:{rank_port}", rank_id="front-rank", fleet_secret=FLEET_SECRET
     )
     rank = EngineRank(TEST_CONFIG, addresses).start()
     try:
         assert rank.link.registered.wait(30), "the rank did not register with the router"
-        yield process, f"http://127.0.0.1:{http_port}", rank
+        yield process, f"{scheme}://localhost:{http_port}", rank
     finally:
         rank.stop(grace=0.5)
         if process.poll() is None:
             process.kill()
         process.wait(30)
+
+
+@pytest.fixture(scope="module")
+def fleet():
+    with router_with_a_rank() as running:
+        yield running
 
 
 def test_two_turn_chat_through_the_router_reuses_the_first_turn(fleet):
@@ -113,3 +126,23 @@ def test_health_is_200_while_serving_and_503_once_the_router_stops(fleet):
             release.set()
             held.join()
         assert any(line.startswith("data: ") for line in lines)  # streamed on within the grace
+
+
+def test_with_a_certificate_both_client_doors_serve_tls_only(tmp_path):
+    """The router's certificate covers its HTTP port too: an OpenAI client that trusts it
+    holds a chat there, plain HTTP gets no answer, and the front reaches its own router
+    although the client port now speaks TLS only."""
+    cert, key = self_signed_certificate(tmp_path)
+    tls = ("--tls-cert-file", str(cert), "--tls-key-file", str(key))
+    with router_with_a_rank(*tls, scheme="https") as (_process, base, _rank):
+        with (
+            httpx.Client(verify=ssl.create_default_context(cafile=cert), timeout=60) as trusting,
+            openai.OpenAI(
+                base_url=f"{base}/v1", api_key="x", max_retries=0, http_client=trusting
+            ) as client,
+        ):
+            reply = client.completions.create(model="tiny", prompt="a" * 20, max_tokens=3)
+            assert reply.usage.completion_tokens == 3
+        plain = base.replace("https://", "http://")
+        with pytest.raises(httpx.HTTPError):
+            httpx.get(f"{plain}/health", timeout=10)
