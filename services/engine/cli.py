@@ -145,9 +145,10 @@ def run(args: argparse.Namespace) -> int:
                 "--tensor-parallel: a tensor-parallel pod runs one rank (ranks_per_pod 1)"
             )
         if int(os.environ.get("RANK", "0")) > 0:  # torchrun's worker index: a follower
-            from .tp.rank_group import follow
+            from .tp.rank_group import follow, leave_rank_group
 
             follow(config)
+            leave_rank_group()
             return 0
     addresses = RankAddresses(
         host=args.host,
@@ -185,4 +186,8 @@ def run(args: argparse.Namespace) -> int:
         stop_workers = getattr(rank.core.compute, "stop_workers", None)
         if stop_workers is not None:
             stop_workers()  # a tensor-parallel rank's followers exit too
+    if config.tensor_parallel > 1:
+        from .tp.rank_group import leave_rank_group
+
+        leave_rank_group()
     return 0

@@ -45,13 +45,15 @@ def run_workers(script: Path, world: int, tmp: Path, *args: str) -> None:
 @contextlib.contextmanager
 def worker_group(rendezvous: str, rank: int, world: int) -> Iterator[None]:
     """The worker side: the gloo group (a generous timeout for a loaded machine) for the
-    block's length. Neither worker tears its gloo pairs down while the other may still use
-    them: a worker whose peer closed first can die in gloo's threads (std::terminate), so a
-    block that ends normally meets the others at a barrier first."""
+    block's length; a block that ends normally leaves it as the product does (everyone meets,
+    then tears down), one that raises just tears down."""
+    import faulthandler
     from datetime import timedelta
 
     import torch.distributed as dist
+    from kvfleet.services.engine.tp.rank_group import leave_rank_group
 
+    faulthandler.enable()  # a worker that dies on a signal leaves its Python stacks in its log
     dist.init_process_group(
         "gloo",
         init_method=f"file://{rendezvous}",
@@ -61,9 +63,10 @@ def worker_group(rendezvous: str, rank: int, world: int) -> Iterator[None]:
     )
     try:
         yield
-        dist.barrier()
+        leave_rank_group()
     finally:
-        dist.destroy_process_group()
+        if dist.is_initialized():
+            dist.destroy_process_group()
 
 
 def worker_arguments() -> argparse.Namespace:

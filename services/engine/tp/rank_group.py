@@ -7,6 +7,8 @@ the others call `follow` and run what it sends. NCCL on GPUs, gloo on CPU.
 
 from __future__ import annotations
 
+import gc
+
 import torch
 import torch.distributed as dist
 
@@ -27,6 +29,19 @@ def join_rank_group(config: EngineConfig, device: torch.device) -> TPLayout:
             f"{layout.size} workers"
         )
     return layout
+
+
+def leave_rank_group() -> None:
+    """Every worker meets the others, then tears its process group down. A worker that closes
+    its connections while a peer may still use them can take that peer down with it (gloo's
+    threads call std::terminate), so nobody leaves before everyone is done. The collection
+    frees what still holds the group while the interpreter is whole: a gloo group destroyed
+    during interpreter shutdown aborts the process."""
+    if not dist.is_initialized():
+        return
+    dist.barrier()
+    dist.destroy_process_group()
+    gc.collect()
 
 
 def worker_device(device: torch.device, layout: TPLayout) -> torch.device:
