@@ -42,7 +42,9 @@ SMALL = dict(vocab_size=2048, hidden_size=256, intermediate_size=512, num_hidden
              num_attention_heads=8, num_key_value_heads=4, head_dim=32)  # fmt: skip
 
 
-def build_hf(name: str, small: bool, device: torch.device, dtype: torch.dtype, seed: int):
+def build_hf(
+    name: str, small: bool, device: torch.device, dtype: torch.dtype, seed: int, attention: str
+):
     import transformers
 
     class_name, shape = SHAPES[name]
@@ -54,7 +56,7 @@ def build_hf(name: str, small: bool, device: torch.device, dtype: torch.dtype, s
     torch.manual_seed(seed)
     with torch.device(device):
         model = transformers.AutoModelForCausalLM.from_config(
-            config, dtype=dtype, attn_implementation="sdpa"
+            config, dtype=dtype, attn_implementation=attention
         )
     return model.eval()
 
@@ -93,7 +95,7 @@ def ours_prompt_logits(engine, model, prompt, device, dtype, backend, chunk=512)
 
 
 def compare(engine, name, args, device, dtype) -> list[list[object]]:
-    hf = build_hf(name, args.small, device, dtype, args.seed)
+    hf = build_hf(name, args.small, device, dtype, args.seed, args.hf_attention)
     rows = []
     with tempfile.TemporaryDirectory(prefix="hf-parity-") as tmp:
         hf.save_pretrained(tmp, max_shard_size="4MB" if args.small else "1GB")
@@ -104,7 +106,7 @@ def compare(engine, name, args, device, dtype) -> list[list[object]]:
         sync(device)
         load_s = time.perf_counter() - t0
         rss_rise_mib = (resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - rss0) / 1024
-    backend = engine.make_backend(None, device)
+    backend = engine.make_backend(args.backend, device)
     gen = torch.Generator().manual_seed(args.seed)
     vocab = hf.config.vocab_size
     for length in args.prompt_lens:
@@ -124,7 +126,8 @@ def compare(engine, name, args, device, dtype) -> list[list[object]]:
         expected = hf_prompt_logits(hf, prompt, device)
         got = ours_prompt_logits(engine, ours, prompt, device, dtype, backend)
         argmax_agree = float((got.argmax(-1) == expected.argmax(-1)).float().mean())
-        rows.append([name, str(dtype).removeprefix("torch."), backend.name, shards,
+        rows.append([name, str(dtype).removeprefix("torch."), args.hf_attention, backend.name,
+                     shards,
                      round(load_s, 2), round(rss_rise_mib), length,
                      f"{same}/{len(theirs)}", margin, float((got - expected).abs().max()),
                      float(expected.abs().max()), argmax_agree])  # fmt: skip
@@ -140,6 +143,8 @@ def main() -> int:
     parser.add_argument("--prompt-lens", default=None, help="default: 32,512,2000 (CPU: 32,256)")
     parser.add_argument("--new-tokens", type=int, default=32)
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--hf-attention", default="sdpa", help="transformers: sdpa or eager")
+    parser.add_argument("--backend", default=None, help="ours: flash, sdpa or reference (auto)")
     args = parser.parse_args()
     device = torch.device(args.device)
     args.small = args.small or device.type == "cpu"
@@ -156,6 +161,7 @@ def main() -> int:
         [
             "model",
             "dtype",
+            "HF attention",
             "backend",
             "shards",
             "load s",
