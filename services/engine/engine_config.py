@@ -55,6 +55,11 @@ class EngineConfig:
     checkpoint: bool = True
     checkpoint_margin_tokens: int = 512
     window_replay_tokens: int = 0
+    # Hybrid models' recurrent state (the `state` life cycle): a snapshot every this many tokens
+    # from the start (0: none) and at these offsets from each prompt's end. The end (0) lets the
+    # next turn resume; a turn that rewrites up to 512 tail tokens resumes at the second.
+    state_every_tokens: int = 0
+    state_offsets_from_end: tuple[int, ...] = (0, 512)
     disk_tier_dir: str = ""
     # KV tiers under the device pools (kvfleet.kvstore.tiers); pages per life cycle come from
     # the GiB split like the device pools, unless *_pages fixes them.

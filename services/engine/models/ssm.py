@@ -13,11 +13,18 @@ equals recomputing the prefix, which is what the `state` life cycle's snapshots 
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import torch
 import torch.nn.functional as F
 from torch import nn
+
+from ..layers import RMSNorm
+
+if TYPE_CHECKING:
+    from ..config import ModelConfig
 
 
 @dataclass(frozen=True)
@@ -30,6 +37,18 @@ class SSMShape:
     state_size: int = 8
     conv_kernel: int = 4
     rms_norm_eps: float = 1e-5
+
+    @classmethod
+    def of(cls, config: ModelConfig) -> SSMShape:
+        """The SSM layers' shape of a hybrid model config."""
+        return cls(
+            hidden_size=config.hidden_size,
+            num_heads=config.ssm_num_heads,
+            head_dim=config.ssm_head_dim,
+            state_size=config.ssm_state_size,
+            conv_kernel=config.ssm_conv_kernel,
+            rms_norm_eps=config.rms_norm_eps,
+        )
 
     @property
     def inner(self) -> int:
@@ -81,11 +100,22 @@ class SelectiveSSM(nn.Module):
         self.in_proj = nn.Linear(h, inner + shape.conv_dim + heads, bias=False)
         self.conv_weight = nn.Parameter(torch.randn(shape.conv_dim, shape.conv_kernel) * 0.3)
         self.conv_bias = nn.Parameter(torch.zeros(shape.conv_dim))
-        self.dt_bias = nn.Parameter(torch.full((heads,), -2.0))
-        self.A_log = nn.Parameter(torch.log(torch.arange(1, heads + 1, dtype=torch.float32)))
-        self.D = nn.Parameter(torch.ones(heads))
-        self.norm_weight = nn.Parameter(torch.ones(inner))
+        self.dt_bias = nn.Parameter(torch.empty(heads))
+        self.A_log = nn.Parameter(torch.empty(heads))
+        self.D = nn.Parameter(torch.empty(heads))
+        self.norm = RMSNorm(inner, shape.rms_norm_eps)  # gated: applied to y * silu(z)
         self.out_proj = nn.Linear(inner, h, bias=False)
+        self.reset_dynamics()
+
+    @torch.no_grad()
+    def reset_dynamics(self) -> None:
+        """Mamba-2's starting values: dt log-spaced over [0.001, 0.1] across heads (some heads
+        remember hundreds of tokens), decay rates A in [1, 16], skip D = 1."""
+        heads = self.shape.num_heads
+        dt = torch.exp(torch.linspace(math.log(1e-3), math.log(1e-1), heads))
+        self.dt_bias.copy_(dt + torch.log(-torch.expm1(-dt)))  # softplus(dt_bias) = dt
+        self.A_log.copy_(torch.log(torch.linspace(1.0, 16.0, heads)))
+        self.D.fill_(1.0)
 
     def forward(
         self, x: torch.Tensor, state: SSMState, keep_after: frozenset[int] = frozenset()
@@ -110,6 +140,5 @@ class SelectiveSSM(nn.Module):
             outputs.append(y.flatten() * F.silu(z[t]))
             if t in keep_after:
                 kept[t] = SSMState(conv.clone(), ssm.clone())
-        y = torch.stack(outputs)
-        y = y * torch.rsqrt(y.pow(2).mean(-1, keepdim=True) + s.rms_norm_eps) * self.norm_weight
+        y = self.norm(torch.stack(outputs))
         return self.out_proj(y.to(x.dtype)), SSMState(conv, ssm), kept
