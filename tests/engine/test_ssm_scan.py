@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import pytest
 import torch
 from kvfleet.services.engine.config import preset
+from kvfleet.services.engine.models.ssd_scan import run_ends
 from kvfleet.services.engine.models.ssm import SelectiveSSM, SSMShape, SSMState
 
 
@@ -34,3 +36,28 @@ def test_state_floats_match_the_config():
     config = preset("hybrid-tiny")
     state = SSMState.zeros(SSMShape.of(config))
     assert state.flat().numel() == config.ssm_state_floats == SSMShape.of(config).state_numel
+
+
+@pytest.mark.parametrize("count", [1, 5, 16, 63, 64, 65, 150])
+def test_chunked_scan_equals_the_token_by_token_scan(count):
+    """Prefill's chunked (SSD) scan must give the recurrence's outputs, end state and every
+    kept snapshot, from a state that is not zero."""
+    layer = _layer()
+    torch.manual_seed(count)
+    _, state, _ = layer(torch.randn(7, 64), SSMState.zeros(layer.shape), chunked=False)
+    x = torch.randn(count, 64)
+    keep = frozenset(range(3, count, 16)) | frozenset({count - 1})
+    ref, ref_end, ref_kept = layer(x, state, keep, chunked=False)
+    out, end, kept = layer(x, state, keep, chunked=True)
+    torch.testing.assert_close(out, ref, rtol=1e-4, atol=1e-5)
+    for got, want in [(end, ref_end), *((kept[i], ref_kept[i]) for i in sorted(keep))]:
+        torch.testing.assert_close(got.ssm, want.ssm, rtol=1e-4, atol=1e-5)
+        torch.testing.assert_close(got.conv, want.conv)
+    assert sorted(kept) == sorted(ref_kept)
+
+
+def test_runs_end_at_every_kept_token_and_stay_within_the_chunk():
+    """A snapshot is a run's end state: a run that crossed a kept token would lose it."""
+    assert run_ends(150, {15, 31, 149}) == [16, 32, 96, 150]
+    assert run_ends(10, set()) == [10]
+    assert run_ends(130, set(), chunk_tokens=64) == [64, 128, 130]

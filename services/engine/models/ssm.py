@@ -22,6 +22,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from ..layers import RMSNorm
+from .ssd_scan import causal_conv, chunk_scan, run_ends
 
 if TYPE_CHECKING:
     from ..config import ModelConfig
@@ -118,17 +119,36 @@ class SelectiveSSM(nn.Module):
         self.D.fill_(1.0)
 
     def forward(
-        self, x: torch.Tensor, state: SSMState, keep_after: frozenset[int] = frozenset()
+        self,
+        x: torch.Tensor,
+        state: SSMState,
+        keep_after: frozenset[int] = frozenset(),
+        chunked: bool | None = None,
     ) -> tuple[torch.Tensor, SSMState, dict[int, SSMState]]:
         """Outputs `[T, hidden]` of tokens `x [T, hidden]` from `state`; the state after the
-        last token, and after each token index in `keep_after` (the snapshots to store)."""
+        last token, and after each token index in `keep_after` (the snapshots to store).
+
+        `chunked` (default: when T > 1) runs the chunked scan (`ssd_scan.py`), else the
+        token-by-token recurrence (a decode step, and the reference the chunked scan equals).
+        """
         s = self.shape
         z, xbc, dt = self.in_proj(x).float().split([s.inner, s.conv_dim, s.num_heads], dim=-1)
         dt = F.softplus(dt + self.dt_bias)
+        chunked = x.shape[0] > 1 if chunked is None else chunked
+        scan = self._scan_chunked if chunked else self._scan_tokens
+        y, final, kept = scan(xbc, dt, state, keep_after)
+        y = self.norm(y * F.silu(z))
+        return self.out_proj(y.to(x.dtype)), final, kept
+
+    def _scan_tokens(
+        self, xbc: torch.Tensor, dt: torch.Tensor, state: SSMState, keep_after: frozenset[int]
+    ) -> tuple[torch.Tensor, SSMState, dict[int, SSMState]]:
+        """The recurrence, one token at a time: outputs `[T, inner]` before the gate."""
+        s = self.shape
         decay_rate = -torch.exp(self.A_log.float())
         conv, ssm = state.conv.clone(), state.ssm.clone()
         outputs, kept = [], {}
-        for t in range(x.shape[0]):
+        for t in range(xbc.shape[0]):
             window = torch.cat([conv, xbc[t : t + 1]])  # [K, conv_dim], oldest first
             conv = window[1:]
             mixed = F.silu((window.T * self.conv_weight).sum(-1) + self.conv_bias)
@@ -136,9 +156,30 @@ class SelectiveSSM(nn.Module):
             xt = xt.view(s.num_heads, s.head_dim)
             decay = torch.exp(dt[t] * decay_rate)[:, None, None]
             ssm = decay * ssm + dt[t][:, None, None] * xt[:, :, None] * b[None, None, :]
-            y = (ssm @ c) + self.D[:, None] * xt
-            outputs.append(y.flatten() * F.silu(z[t]))
+            outputs.append(((ssm @ c) + self.D[:, None] * xt).flatten())
             if t in keep_after:
                 kept[t] = SSMState(conv.clone(), ssm.clone())
-        y = self.norm(torch.stack(outputs))
-        return self.out_proj(y.to(x.dtype)), SSMState(conv, ssm), kept
+        return torch.stack(outputs), SSMState(conv, ssm), kept
+
+    def _scan_chunked(
+        self, xbc: torch.Tensor, dt: torch.Tensor, state: SSMState, keep_after: frozenset[int]
+    ) -> tuple[torch.Tensor, SSMState, dict[int, SSMState]]:
+        """The same outputs and states by the chunked (SSD) scan."""
+        s, count = self.shape, xbc.shape[0]
+        mixed, window = causal_conv(state.conv, xbc, self.conv_weight, self.conv_bias)
+        xs, b, c = mixed.split([s.inner, s.state_size, s.state_size], dim=-1)
+        xs = xs.reshape(count, s.num_heads, s.head_dim)
+        ends = run_ends(count, keep_after)
+        decay_rate = -torch.exp(self.A_log.float())
+        y, states = chunk_scan(xs, b, c, dt, decay_rate, self.D.float(), state.ssm, ends)
+        tail = s.conv_kernel - 1
+
+        def conv_after(stop: int) -> torch.Tensor:  # the last K-1 inputs up to token stop-1
+            return window[stop : stop + tail].clone()
+
+        kept = {
+            stop - 1: SSMState(conv_after(stop), h)
+            for stop, h in zip(ends, states, strict=True)
+            if stop - 1 in keep_after
+        }
+        return y.reshape(count, s.inner), SSMState(conv_after(count), states[-1]), kept
