@@ -312,17 +312,32 @@ def _hybrid_8b() -> ModelConfig:
     )
 
 
+def _hybrid_small() -> ModelConfig:
+    # The hybrid-8b structure (eight layers: three SSM to each attention layer, a state page
+    # larger than an attention page) at tiny widths: CPU tests and the GPU bench's --small run.
+    return _hybrid_tiny().with_changes(
+        num_layers=8,
+        ssm_layers=tuple(i for i in range(8) if i % 4 != 3),
+        ssm_num_heads=8,
+        ssm_head_dim=16,
+        ssm_state_size=16,
+        name="hybrid-small",
+    )
+
+
 PRESETS: dict[str, Callable[[], ModelConfig]] = {
     "tiny": _tiny,
     "1b": _llama_1b,
     "8b": _llama_8b,
     "hybrid-tiny": _hybrid_tiny,
     "hybrid-8b": _hybrid_8b,
+    "hybrid-small": _hybrid_small,
 }
 
 
 def preset(name: str) -> ModelConfig:
-    """The named preset config (`tiny`, `1b`, `8b`, `hybrid-tiny`, `hybrid-8b`)."""
+    """The named preset config (`tiny`, `1b`, `8b`, `hybrid-tiny`, `hybrid-8b`,
+    `hybrid-small`)."""
     try:
         return PRESETS[name]()
     except KeyError:

@@ -18,8 +18,8 @@ def test_unknown_preset_is_refused():
     """A typo in a model name must list the known ones."""
     with pytest.raises(
         ValueError,
-        match=r"unknown model preset 'huge'; known: \['1b', '8b', 'hybrid-8b', 'hybrid-tiny', "
-        r"'tiny'\]",
+        match=r"unknown model preset 'huge'; known: \['1b', '8b', 'hybrid-8b', 'hybrid-small', "
+        r"'hybrid-tiny', 'tiny'\]",
     ):
         preset("huge")
 
