@@ -56,8 +56,8 @@ def test_chunked_scan_equals_the_token_by_token_scan(count):
     assert sorted(kept) == sorted(ref_kept)
 
 
-def test_runs_end_at_every_kept_token_and_stay_within_the_chunk():
-    """A snapshot is a run's end state: a run that crossed a kept token would lose it."""
-    assert run_ends(150, {15, 31, 149}) == [16, 32, 96, 150]
-    assert run_ends(10, set()) == [10]
-    assert run_ends(130, set(), chunk_tokens=64) == [64, 128, 130]
+def test_runs_cover_the_tokens_in_chunks():
+    """A run longer than the chunk would build an [L, L] matrix of any length."""
+    assert run_ends(150) == [64, 128, 150]
+    assert run_ends(10) == [10]
+    assert run_ends(128, chunk_tokens=64) == [64, 128]

@@ -7,9 +7,9 @@ sum S_t = a_1 + ... + a_t (per head):
     h_L   = exp(S_L) h0 + sum_s exp(S_L - S_s) dt_s x_s B_s^T
 
 which is the token-by-token recurrence (`SelectiveSSM`'s reference loop) unrolled: one
-[L, L] masked matrix per head instead of L dependent steps. Runs end at every token whose
-state is kept (a block end), so each snapshot is a run's end state; a run is at most
-`chunk_tokens` long.
+[L, L] masked matrix per head instead of L dependent steps. Runs are `chunk_tokens` long; the
+state after a kept token t inside a run (a block end: a snapshot to store) is h_t by the same
+sum over s <= t, read off the run's decay matrix.
 """
 
 from __future__ import annotations
@@ -33,18 +33,9 @@ def causal_conv(
     return F.silu(mixed), window
 
 
-def run_ends(count: int, keep_after: Iterable[int], chunk_tokens: int = CHUNK_TOKENS) -> list[int]:
-    """Exclusive ends of the runs over `count` tokens: each kept index ends one."""
-    kept = sorted(i + 1 for i in keep_after if 0 <= i < count)
-    ends, start = [], 0
-    for stop in [*kept, count]:
-        while stop - start > chunk_tokens:
-            start += chunk_tokens
-            ends.append(start)
-        if stop > start:
-            ends.append(stop)
-            start = stop
-    return ends
+def run_ends(count: int, chunk_tokens: int = CHUNK_TOKENS) -> list[int]:
+    """Exclusive ends of the runs over `count` tokens."""
+    return [*range(chunk_tokens, count, chunk_tokens), count]
 
 
 def chunk_scan(
@@ -55,21 +46,27 @@ def chunk_scan(
     decay_rate: torch.Tensor,
     skip: torch.Tensor,
     h0: torch.Tensor,
-    ends: list[int],
-) -> tuple[torch.Tensor, list[torch.Tensor]]:
+    keep_after: Iterable[int] = (),
+    chunk_tokens: int = CHUNK_TOKENS,
+) -> tuple[torch.Tensor, torch.Tensor, dict[int, torch.Tensor]]:
     """Outputs `[T, H, P]` of `x [T, H, P]` (with `b, c [T, N]`, `dt [T, H]`, A = `decay_rate
-    [H]`, D = `skip [H]`) from state `h0 [H, P, N]`, and the state at each of `ends`."""
-    outputs, states, h, start = [], [], h0, 0
-    for stop in ends:
-        y, h = _run(x[start:stop], b[start:stop], c[start:stop], dt[start:stop], decay_rate, h)
+    [H]`, D = `skip [H]`) from state `h0 [H, P, N]`, the state after the last token, and the
+    state after each token index in `keep_after`."""
+    keep = sorted(set(keep_after))
+    outputs, kept, h, start = [], {}, h0, 0
+    for stop in run_ends(x.shape[0], chunk_tokens):
+        inside = [t - start for t in keep if start <= t < stop]
+        run = (x[start:stop], b[start:stop], c[start:stop], dt[start:stop])
+        y, h_next, states = _run(*run, decay_rate, h, inside)
+        kept.update({start + t: state for t, state in zip(inside, states, strict=True)})
         outputs.append(y + skip[None, :, None] * x[start:stop])
-        states.append(h)
-        start = stop
-    return torch.cat(outputs), states
+        h, start = h_next, stop
+    return torch.cat(outputs), h, kept
 
 
-def _run(x, b, c, dt, decay_rate, h0) -> tuple[torch.Tensor, torch.Tensor]:
-    """One run of L tokens: outputs without the skip term, and the end state."""
+def _run(x, b, c, dt, decay_rate, h0, inside: list[int]):
+    """One run of L tokens: outputs without the skip term, the end state, and the states after
+    the run's tokens `inside`."""
     length = x.shape[0]
     log_decay = torch.cumsum(dt * decay_rate, dim=0)  # S_t [L, H]
     causal = torch.ones(length, length, dtype=torch.bool, device=x.device).tril()
@@ -78,7 +75,8 @@ def _run(x, b, c, dt, decay_rate, h0) -> tuple[torch.Tensor, torch.Tensor]:
     weights = decay * (c @ b.T)[..., None] * dt[None, :, :]  # [t, s, H]
     y = torch.einsum("tsh,shp->thp", weights, x)
     y = y + torch.exp(log_decay)[..., None] * torch.einsum("hpn,tn->thp", h0, c)
-    to_end = torch.exp(log_decay[-1][None, :] - log_decay) * dt  # [s, H]
-    h = torch.exp(log_decay[-1])[:, None, None] * h0
-    h = h + torch.einsum("sh,shp,sn->hpn", to_end, x, b)
-    return y, h
+    ends = [*inside, length - 1]  # h_t = exp(S_t) h0 + sum_{s<=t} exp(S_t - S_s) dt_s x_s B_s^T
+    to_t = decay[ends] * dt[None, :, :]  # [k, s, H]
+    states = torch.exp(log_decay[ends])[:, :, None, None] * h0[None]
+    states = states + torch.einsum("ksh,shp,sn->khpn", to_t, x, b)
+    return y, states[-1], list(states[:-1])

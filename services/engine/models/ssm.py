@@ -22,7 +22,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from ..layers import RMSNorm
-from .ssd_scan import causal_conv, chunk_scan, run_ends
+from .ssd_scan import causal_conv, chunk_scan
 
 if TYPE_CHECKING:
     from ..config import ModelConfig
@@ -169,17 +169,12 @@ class SelectiveSSM(nn.Module):
         mixed, window = causal_conv(state.conv, xbc, self.conv_weight, self.conv_bias)
         xs, b, c = mixed.split([s.inner, s.state_size, s.state_size], dim=-1)
         xs = xs.reshape(count, s.num_heads, s.head_dim)
-        ends = run_ends(count, keep_after)
         decay_rate = -torch.exp(self.A_log.float())
-        y, states = chunk_scan(xs, b, c, dt, decay_rate, self.D.float(), state.ssm, ends)
+        y, end, states = chunk_scan(xs, b, c, dt, decay_rate, self.D.float(), state.ssm, keep_after)
         tail = s.conv_kernel - 1
 
         def conv_after(stop: int) -> torch.Tensor:  # the last K-1 inputs up to token stop-1
             return window[stop : stop + tail].clone()
 
-        kept = {
-            stop - 1: SSMState(conv_after(stop), h)
-            for stop, h in zip(ends, states, strict=True)
-            if stop - 1 in keep_after
-        }
-        return y.reshape(count, s.inner), SSMState(conv_after(count), states[-1]), kept
+        kept = {t: SSMState(conv_after(t + 1), h) for t, h in states.items()}
+        return y.reshape(count, s.inner), SSMState(conv_after(count), end), kept
