@@ -121,6 +121,13 @@ class EngineConfig:
             )
         pools = tuple(sorted(dict(self.kv_pool_pages).items()))
         object.__setattr__(self, "kv_pool_pages", pools)
+        offsets = tuple(sorted(set(self.state_offsets_from_end)))  # engine.yaml gives a list
+        object.__setattr__(self, "state_offsets_from_end", offsets)
+        if self.state_every_tokens < 0 or any(offset < 0 for offset in offsets):
+            raise ValueError(
+                f"state_every_tokens and state_offsets_from_end must be >= 0, got "
+                f"{self.state_every_tokens} and {offsets}"
+            )
         small = {name: pages for name, pages in pools if pages < 2}
         if small:
             raise ValueError(f"kv_pool_pages must be >= 2 per pool (null page), got {small}")

@@ -101,3 +101,17 @@ def test_a_prompt_whose_states_outgrow_the_state_pool_is_refused_by_name():
     call = GenerateCall("big", tuple(range(200)), greedy(4), "big")
     with pytest.raises(InvalidRequestError, match="pool 'ssm' of 3"):
         core.validate(call)
+
+
+def test_engine_yaml_sets_the_snapshot_boundaries():
+    """engine.yaml's `engine:` section takes a list; the state life cycle gets a tuple."""
+    from kvfleet.services.engine.engine_config import engine_config_from_dict
+
+    config = engine_config_from_dict(
+        {"model": "hybrid-tiny", "engine": {"state_every_tokens": 4096,
+                                            "state_offsets_from_end": [256, 0]}}
+    )  # fmt: skip
+    state = life_cycles_for(preset("hybrid-tiny"), config)[0]
+    assert (state.kind, state.every_tokens, state.offsets_from_end) == ("state", 4096, (0, 256))
+    with pytest.raises(ValueError, match="must be >= 0"):
+        EngineConfig(state_offsets_from_end=(-1,))
