@@ -204,3 +204,25 @@ def test_engine_tokens_equal_the_whole_sequence_forward():
     for _ in range(6):
         tokens.append(int(model.forward_dense(torch.tensor(tokens))[-1].argmax()))
     assert engine_tokens == tokens[len(prompt) :]
+
+
+def test_bf16_kv_state_pages_survive_a_host_round_trip():
+    """Under a bf16 K/V cache a state page is fp32 bytes in bf16 storage: a copy to the host
+    tier and back that garbled them would change the returning turn's tokens."""
+    config = WITH_HOST.with_changes(dtype="bfloat16")
+    rng = random.Random(11)
+    first = GenerateCall("bf-t1", tuple(rng.randrange(256) for _ in range(150)), greedy(8), "bf")
+    core = _core(config, "hybrid-bf16")
+    try:
+        out1 = tokens_of(run_call(core, first))
+        for i in range(5):  # push both pools' pages of the turn to the host tier
+            flood = tuple(rng.randrange(256) for _ in range(300))
+            run_call(core, GenerateCall(f"bf-flood-{i}", flood, greedy(2), f"bf-flood-{i}"))
+        prompt = (*first.prompt_token_ids, *out1, *(rng.randrange(256) for _ in range(30)))
+        second = GenerateCall("bf-t2", prompt, greedy(8), "bf")
+        outputs = run_call(core, second)
+        assert final(outputs).usage.cached_tokens == 144
+        assert tokens_of(outputs) == tokens_of(_fresh(second, config))
+        core.call_on_core(core.compute.cache.check_integrity)
+    finally:
+        core.stop()
