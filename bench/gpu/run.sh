@@ -8,14 +8,17 @@
 #           in $OUT: it holds flash-attn's compiled kernels and saves minutes of JIT):
 #                                               bash bench/gpu/run.sh bench [extra bench args]
 #
-# Call 2 writes $OUT/bench.log and $OUT/fa_cache.tar.
+# Call 2 writes $OUT/bench.log and $OUT/fa_cache.tar. `hybrid` in place of `bench` runs
+# bench/gpu/hybrid_bench.py (the hybrid-8b model through EngineCore) the same way.
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 case "${1:-}" in
   unpack)
     mkdir -p /tmp/fa && tar -C /tmp/fa -xJf .gpu/part1.tar.xz && echo "part1 unpacked"
     ;;
-  bench)
+  bench|hybrid)
+    script=bench/gpu_engine_bench.py
+    if [ "$1" = hybrid ]; then script=bench/gpu/hybrid_bench.py; fi
     shift
     if [ ! -d /tmp/fa/flash_attn ]; then echo "fresh machine: run call 1 (unpack) first"; exit 2; fi
     tar -C /tmp/fa -xJf .gpu/part2.tar.xz || exit 2
@@ -23,13 +26,14 @@ case "${1:-}" in
     export FLASH_ATTENTION_CUTE_DSL_CACHE_ENABLED=1 FLASH_ATTENTION_CUTE_DSL_CACHE_DIR=/tmp/fa_cache
     if [ -f .gpu/fa_cache.tar ]; then tar -C /tmp -xf .gpu/fa_cache.tar; fi
     nvidia-smi --query-gpu=name,memory.total,clocks.sm,clocks.mem --format=csv,noheader
-    timeout "${BENCH_TIMEOUT_S:-520}" python3 bench/gpu_engine_bench.py --budget-s "${BENCH_BUDGET_S:-420}" "$@" 2>&1 \
+    if [ "$script" = bench/gpu_engine_bench.py ]; then set -- --budget-s "${BENCH_BUDGET_S:-420}" "$@"; fi
+    timeout "${BENCH_TIMEOUT_S:-520}" python3 "$script" "$@" 2>&1 \
       | tee "${OUT:-/tmp}/bench.log"
     rc=${PIPESTATUS[0]}
     if [ -d /tmp/fa_cache ]; then tar -C /tmp -cf "${OUT:-/tmp}/fa_cache.tar" fa_cache; fi
     exit "$rc"
     ;;
   *)
-    echo "usage: $0 unpack|bench [bench args]"; exit 2
+    echo "usage: $0 unpack|bench|hybrid [bench args]"; exit 2
     ;;
 esac

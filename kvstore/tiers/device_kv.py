@@ -19,7 +19,8 @@ def default_device() -> torch.device:
 
 
 class DeviceKV:
-    """Per life cycle one tensor `[layers, 2, num_pages, page_size, kv_heads, head_dim]`."""
+    """Per life cycle one tensor `[layers, 2, num_pages, page_size, kv_heads, head_dim]` (a
+    state life cycle's: `[layers, 1, num_pages, 1, 1, elements]`, see `KVLayout`)."""
 
     def __init__(
         self, layout: KVLayout, num_pages: Mapping[str, int], device: torch.device | str
@@ -34,18 +35,11 @@ class DeviceKV:
         # and garbage NaNs there would still poison the output.
         self._storage = {
             name: torch.zeros(
-                (
-                    len(layers),
-                    2,
-                    num_pages[name],
-                    layout.page_size,
-                    layout.kv_heads,
-                    layout.head_dim,
-                ),
+                _with_pages(layout.page_shape(name), num_pages[name]),
                 dtype=self.dtype,
                 device=self.device,
             )
-            for name, layers in layout.layers.items()
+            for name in layout.layers
         }
 
     def storage(self, life_cycle: str) -> torch.Tensor:
@@ -62,3 +56,8 @@ class DeviceKV:
         """Write `data` (as `gather` returns it, on this device) into `pages`."""
         index = torch.tensor(pages, dtype=torch.long).to(self.device, non_blocking=True)
         self._storage[life_cycle].index_copy_(2, index, data.permute(1, 2, 0, 3, 4, 5))
+
+
+def _with_pages(page_shape: tuple[int, ...], num_pages: int) -> tuple[int, ...]:
+    """A pool's tensor shape: the page count after the layer and K/V dimensions."""
+    return (*page_shape[:2], num_pages, *page_shape[2:])

@@ -16,10 +16,13 @@ _NAME = re.compile(r"^[A-Za-z0-9_.-]+$")
 
 @dataclass(frozen=True)
 class KVLayout:
-    """Per life cycle, the model layers it holds; every layer keeps K and V of one page shape.
+    """Per life cycle, the model layers it holds, and the shape of one page of them.
 
-    A page of life cycle `lc` is `[num_layers(lc), 2, page_size, kv_heads, head_dim]` (K then V),
-    so one block's bytes are contiguous on host and on disk.
+    A page of an attention life cycle `lc` is `[num_layers(lc), 2, page_size, kv_heads,
+    head_dim]` (K then V), so one block's bytes are contiguous on host and on disk. A life cycle
+    named in `state_bytes` keeps a recurrent state of that many bytes per layer instead: its
+    page is `[num_layers(lc), 1, 1, 1, state_bytes / itemsize]` (the same rank, so every tier
+    copies it like any page), sized by its own bytes and not by the attention page.
     """
 
     page_size: int
@@ -27,6 +30,7 @@ class KVLayout:
     head_dim: int
     layers: Mapping[str, tuple[int, ...]]
     dtype: str = "bfloat16"
+    state_bytes: Mapping[str, int] = field(default_factory=dict)
     _layer_slot: dict[int, tuple[str, int]] = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
@@ -43,12 +47,24 @@ class KVLayout:
                 if layer in slots:
                     raise ValueError(f"layer {layer} is in {slots[layer][0]!r} and {name!r}")
                 slots[layer] = (name, index)
+        itemsize = DTYPE_BYTES[self.dtype]
+        for name, size in self.state_bytes.items():
+            if name not in self.layers or size <= 0 or size % itemsize:
+                raise ValueError(
+                    f"state_bytes[{name!r}] = {size}: must name a life cycle of "
+                    f"{sorted(self.layers)} and be a positive multiple of {itemsize} ({self.dtype})"
+                )
         object.__setattr__(self, "layers", {k: tuple(v) for k, v in self.layers.items()})
+        object.__setattr__(self, "state_bytes", dict(self.state_bytes))
         object.__setattr__(self, "_layer_slot", slots)
 
     def page_shape(self, life_cycle: str) -> tuple[int, int, int, int, int]:
-        """`(layers, 2, page_size, kv_heads, head_dim)` of one page of `life_cycle`."""
+        """`(layers, 2, page_size, kv_heads, head_dim)` of one page of `life_cycle`, or
+        `(layers, 1, 1, 1, elements)` of a state life cycle's page."""
         num_layers = len(self.layers[life_cycle])
+        state = self.state_bytes.get(life_cycle)
+        if state is not None:
+            return (num_layers, 1, 1, 1, state // DTYPE_BYTES[self.dtype])
         return (num_layers, 2, self.page_size, self.kv_heads, self.head_dim)
 
     def page_bytes(self, life_cycle: str) -> int:

@@ -20,7 +20,7 @@ from dataclasses import dataclass
 
 import torch
 
-from .config import WINDOW_GROUP
+from .config import STATE_GROUP, WINDOW_GROUP
 from .kv_cache import PagedKVCache
 
 
@@ -65,6 +65,8 @@ class ForwardBatch:
     attention: Mapping[str, AttentionMetadata]
     slots: Mapping[str, torch.Tensor]
     last_token_index: torch.Tensor
+    # The chunks it was built from: recurrent layers read their own pages per sequence.
+    chunks: tuple[SequenceChunk, ...] = ()
 
     @property
     def num_sequences(self) -> int:
@@ -119,6 +121,7 @@ class ForwardBatch:
             attention=attention,
             slots=slots,
             last_token_index=(cu_seqlens_q[1:] - 1).to(torch.int64),
+            chunks=tuple(chunks),
         )
 
 
@@ -163,4 +166,6 @@ def _first_read_position(num_cached: int, group: str, cache: PagedKVCache) -> in
     """First key position the chunk's first new token attends to in `group`."""
     if group == WINDOW_GROUP:
         return max(0, num_cached - cache.config.window_size + 1)
+    if group == STATE_GROUP:  # the page holding the state after the last cached token
+        return max(0, num_cached - 1)
     return 0

@@ -45,6 +45,11 @@ class TorchCompute:
         self.model_config = resolve_model_config(config)
         chosen = None if config.dtype == "auto" else getattr(torch, config.dtype)
         # Worker 0 of a tensor-parallel rank: its shard here, the others follow (tp/).
+        if self.model_config.ssm_layers and config.tensor_parallel > 1:
+            raise ValueError(
+                f"model {self.model_config.name!r}: tensor_parallel {config.tensor_parallel} "
+                "does not split SSM layers yet (serve it at tensor_parallel 1)"
+            )
         self.tp = join_rank_group(config, self.device)
         if self.tp.size > 1:
             self.device = worker_device(self.device, self.tp)
@@ -85,6 +90,8 @@ class TorchCompute:
         """Graphs are bound to one cache's tensors: a new cache gets a new runner."""
         mode = self.config.decode_graphs
         if mode == "off" or (mode == "auto" and self.device.type != "cuda") or self.tp.size > 1:
+            return None
+        if self.model_config.ssm_layers:  # NOTE: the static decode buffers have no SSM path
             return None
         return DecodeRunner(
             self.model, cache, self.attention, self.config.max_batch_size, mode == "auto"

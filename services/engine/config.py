@@ -9,6 +9,7 @@ from typing import Any
 
 FULL_GROUP = "full"
 WINDOW_GROUP = "window"
+STATE_GROUP = "ssm"
 ROPE_KINDS = ("linear", "dynamic", "yarn", "llama3")
 
 
@@ -82,6 +83,14 @@ class ModelConfig:
     moe_intermediate_size: int = 0
     norm_topk_prob: bool = True
     moe_layers: tuple[int, ...] = ()
+    # Hybrid models: these layers are a Mamba-2-style selective SSM (models/ssm.py) of
+    # `ssm_num_heads` heads of `ssm_head_dim`, state size `ssm_state_size` and a causal conv
+    # of `ssm_conv_kernel` taps; their recurrent state is the `ssm` layer group.
+    ssm_layers: tuple[int, ...] = ()
+    ssm_num_heads: int = 0
+    ssm_head_dim: int = 0
+    ssm_state_size: int = 0
+    ssm_conv_kernel: int = 4
     extra: dict[str, Any] = field(default_factory=dict, compare=False, hash=False)
 
     def __post_init__(self) -> None:
@@ -95,7 +104,7 @@ class ModelConfig:
             )
         if self.head_dim % 2:
             raise ValueError(f"head_dim={self.head_dim} must be even for RoPE")
-        for name in ("window_layers", "moe_layers"):
+        for name in ("window_layers", "moe_layers", "ssm_layers"):
             bad = [i for i in getattr(self, name) if not 0 <= i < self.num_layers]
             if bad:
                 raise ValueError(f"{name} {bad} outside 0..{self.num_layers - 1}")
@@ -109,10 +118,46 @@ class ModelConfig:
                 f"num_experts ({self.num_experts}) and moe_intermediate_size > 0 "
                 f"(got {self.moe_intermediate_size})"
             )
+        if self.ssm_layers:
+            self._check_ssm()
+
+    def _check_ssm(self) -> None:
+        sizes = (self.ssm_num_heads, self.ssm_head_dim, self.ssm_state_size, self.ssm_conv_kernel)
+        if min(sizes) <= 0:
+            raise ValueError(
+                f"ssm_layers need positive ssm_num_heads, ssm_head_dim, ssm_state_size and "
+                f"ssm_conv_kernel, got {sizes}"
+            )
+        both = sorted(set(self.ssm_layers) & set(self.window_layers))
+        if both:
+            raise ValueError(f"layers {both} are in both ssm_layers and window_layers")
+        if len(self.ssm_layers) == self.num_layers:
+            raise ValueError("a hybrid model needs at least one attention layer")
 
     def layer_group(self, layer: int) -> str:
         """Name of the KV layer group that `layer` belongs to."""
+        if layer in self.ssm_layers:
+            return STATE_GROUP
         return WINDOW_GROUP if layer in self.window_layers else FULL_GROUP
+
+    def is_ssm_layer(self, layer: int) -> bool:
+        """Whether `layer`'s mixer is the selective SSM (else attention)."""
+        return layer in self.ssm_layers
+
+    @property
+    def ssm_inner(self) -> int:
+        return self.ssm_num_heads * self.ssm_head_dim
+
+    @property
+    def ssm_conv_dim(self) -> int:
+        """Channels of the causal conv: x, B and C (one group)."""
+        return self.ssm_inner + 2 * self.ssm_state_size
+
+    @property
+    def ssm_state_floats(self) -> int:
+        """fp32 values of one SSM layer's recurrent state: conv window plus SSM state."""
+        conv = (self.ssm_conv_kernel - 1) * self.ssm_conv_dim
+        return conv + self.ssm_inner * self.ssm_state_size
 
     def layer_window(self, layer: int) -> int | None:
         """Sliding window of `layer` in positions, or None for full attention."""
@@ -144,8 +189,12 @@ class ModelConfig:
         dense = 3 * h * self.intermediate_size + (2 * self.intermediate_size + h) * self.mlp_bias
         experts = self.num_experts * (3 * h * self.moe_intermediate_size + h)
         moe = len(self.moe_layers)
-        layers = self.num_layers * (attention + 2 * h) + moe * experts
-        layers += (self.num_layers - moe) * dense
+        ssm = len(self.ssm_layers)
+        inner, heads, conv = self.ssm_inner, self.ssm_num_heads, self.ssm_conv_dim
+        mixer = h * (inner + conv + heads) + conv * (self.ssm_conv_kernel + 1) + 3 * heads
+        mixer += inner + inner * h  # gated norm, out_proj
+        layers = (self.num_layers - ssm) * attention + ssm * mixer
+        layers += self.num_layers * 2 * h + moe * experts + (self.num_layers - moe) * dense
         head = 0 if self.tie_embeddings else self.vocab_size * h
         return self.vocab_size * h + layers + h + head
 
@@ -158,6 +207,7 @@ class ModelConfig:
         data = dataclasses.asdict(self)
         data["window_layers"] = list(self.window_layers)
         data["moe_layers"] = list(self.moe_layers)
+        data["ssm_layers"] = list(self.ssm_layers)
         return data
 
     @classmethod
@@ -167,6 +217,7 @@ class ModelConfig:
         known = {k: v for k, v in data.items() if k in names}
         known["window_layers"] = tuple(known.get("window_layers", ()))
         known["moe_layers"] = tuple(known.get("moe_layers", ()))
+        known["ssm_layers"] = tuple(known.get("ssm_layers", ()))
         if isinstance(known.get("rope_scaling"), dict):
             known["rope_scaling"] = RopeScaling(**known["rope_scaling"])
         extra = {**known.pop("extra", {}), **{k: v for k, v in data.items() if k not in names}}
@@ -224,11 +275,69 @@ def _llama_8b() -> ModelConfig:
     )
 
 
-PRESETS: dict[str, Callable[[], ModelConfig]] = {"tiny": _tiny, "1b": _llama_1b, "8b": _llama_8b}
+def _hybrid_tiny() -> ModelConfig:
+    # Four layers, SSM at 0 and 2, full attention at 1 and 3; the tiny preset's byte vocab.
+    # Weights ten times the default spread: the SSM layers then move the logits as much as
+    # attention does, so a wrong state shows in greedy tokens instead of vanishing in the noise.
+    return ModelConfig(
+        vocab_size=320,
+        hidden_size=64,
+        intermediate_size=128,
+        num_layers=4,
+        num_heads=4,
+        num_kv_heads=2,
+        head_dim=16,
+        max_position=4096,
+        ssm_layers=(0, 2),
+        ssm_num_heads=4,
+        ssm_head_dim=8,
+        ssm_state_size=8,
+        init_std=0.2,
+        name="hybrid-tiny",
+        architecture="HybridSSMForCausalLM",
+    )
+
+
+def _hybrid_8b() -> ModelConfig:
+    # Llama-3-8B widths, three SSM layers (Mamba-2 sizes: 64 heads of 64, state 128) to each
+    # attention layer.
+    return _llama_8b().with_changes(
+        max_position=32768,
+        ssm_layers=tuple(i for i in range(32) if i % 4 != 3),
+        ssm_num_heads=64,
+        ssm_head_dim=64,
+        ssm_state_size=128,
+        name="hybrid-8b",
+        architecture="HybridSSMForCausalLM",
+    )
+
+
+def _hybrid_small() -> ModelConfig:
+    # The hybrid-8b structure (eight layers: three SSM to each attention layer, a state page
+    # larger than an attention page) at tiny widths: CPU tests and the GPU bench's --small run.
+    return _hybrid_tiny().with_changes(
+        num_layers=8,
+        ssm_layers=tuple(i for i in range(8) if i % 4 != 3),
+        ssm_num_heads=8,
+        ssm_head_dim=16,
+        ssm_state_size=16,
+        name="hybrid-small",
+    )
+
+
+PRESETS: dict[str, Callable[[], ModelConfig]] = {
+    "tiny": _tiny,
+    "1b": _llama_1b,
+    "8b": _llama_8b,
+    "hybrid-tiny": _hybrid_tiny,
+    "hybrid-8b": _hybrid_8b,
+    "hybrid-small": _hybrid_small,
+}
 
 
 def preset(name: str) -> ModelConfig:
-    """The named preset config (`tiny`, `1b`, `8b`)."""
+    """The named preset config (`tiny`, `1b`, `8b`, `hybrid-tiny`, `hybrid-8b`,
+    `hybrid-small`)."""
     try:
         return PRESETS[name]()
     except KeyError:

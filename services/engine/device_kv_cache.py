@@ -8,7 +8,9 @@ names.
 
 from __future__ import annotations
 
-from ...kvstore.block_pool import NULL_PAGE
+import torch
+
+from ...kvstore.block_pool import NULL_PAGE, IntegrityError
 from ...kvstore.tiers.device_kv import DeviceKV
 from .config import ModelConfig
 from .kv_cache import PagedKVCache
@@ -34,3 +36,24 @@ class DeviceKVCache(PagedKVCache):
             storage=storage,
         )
         self.device_kv = device_kv
+        self._state_floats = {
+            group: size // 4 for group, size in layout.state_bytes.items()
+        }  # fp32 values per layer of a state page
+
+    def states(self, layer: int) -> torch.Tensor:
+        """`[num_pages, floats]` fp32 view of a recurrent layer's state pages (any KV dtype:
+        a state page holds fp32 bytes)."""
+        group, slot = self._slot[layer]
+        floats = self._state_floats[group]
+        return self._storage[group][slot, 0, :, 0, 0].view(torch.float32)[:, :floats]
+
+    def check_integrity(self) -> None:
+        """As `PagedKVCache`'s, reading state pages as the fp32 values they hold."""
+        for group, floats in self._state_floats.items():
+            states = self._storage[group][:, 0, :, 0, 0].view(torch.float32)[..., :floats]
+            if bool(states[:, self.null_page_id].any()):
+                raise IntegrityError(f"group {group!r}: null page {self.null_page_id} written")
+            bad = int((~torch.isfinite(states)).sum())
+            if bad:
+                raise IntegrityError(f"group {group!r}: {bad} non-finite state values")
+        self._check_groups(set(self._storage) - set(self._state_floats))

@@ -55,6 +55,11 @@ class EngineConfig:
     checkpoint: bool = True
     checkpoint_margin_tokens: int = 512
     window_replay_tokens: int = 0
+    # Hybrid models' recurrent state (the `state` life cycle): a snapshot every this many tokens
+    # from the start (0: none) and at these offsets from each prompt's end. The end (0) lets the
+    # next turn resume; a turn that rewrites up to 512 tail tokens resumes at the second.
+    state_every_tokens: int = 0
+    state_offsets_from_end: tuple[int, ...] = (0, 512)
     disk_tier_dir: str = ""
     # KV tiers under the device pools (kvfleet.kvstore.tiers); pages per life cycle come from
     # the GiB split like the device pools, unless *_pages fixes them.
@@ -116,6 +121,13 @@ class EngineConfig:
             )
         pools = tuple(sorted(dict(self.kv_pool_pages).items()))
         object.__setattr__(self, "kv_pool_pages", pools)
+        offsets = tuple(sorted(set(self.state_offsets_from_end)))  # engine.yaml gives a list
+        object.__setattr__(self, "state_offsets_from_end", offsets)
+        if self.state_every_tokens < 0 or any(offset < 0 for offset in offsets):
+            raise ValueError(
+                f"state_every_tokens and state_offsets_from_end must be >= 0, got "
+                f"{self.state_every_tokens} and {offsets}"
+            )
         small = {name: pages for name, pages in pools if pages < 2}
         if small:
             raise ValueError(f"kv_pool_pages must be >= 2 per pool (null page), got {small}")

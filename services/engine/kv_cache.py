@@ -96,7 +96,11 @@ class PagedKVCache:
 
         Reads every page: for tests and idle-time checks, not for the serving hot path.
         """
-        for group, storage in self._storage.items():
+        self._check_groups(set(self._storage))
+
+    def _check_groups(self, groups: set[str]) -> None:
+        for group in sorted(groups):
+            storage = self._storage[group]
             null = storage[:, :, self.null_page_id]
             if bool(null.any()):
                 raise IntegrityError(

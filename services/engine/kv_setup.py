@@ -20,14 +20,14 @@ from dataclasses import dataclass
 import torch
 
 from ...kvstore.config import KVStoreConfig
-from ...kvstore.life_cycles import FullLifeCycle, LifeCycle, WindowLifeCycle
+from ...kvstore.life_cycles import FullLifeCycle, LifeCycle, StateLifeCycle, WindowLifeCycle
 from ...kvstore.policies import REUSE_POLICIES, make_reuse_policy
 from ...kvstore.sizing import TypicalStep, plan_pools, rank_typical_step
 from ...kvstore.tiers.build import TierConfig, build_tiers
 from ...kvstore.tiers.layout import KVLayout
 from ...kvstore.tiers.stack import KVTiers
 from ..core.model_disk import model_disk_root
-from .config import FULL_GROUP, WINDOW_GROUP, ModelConfig
+from .config import FULL_GROUP, STATE_GROUP, WINDOW_GROUP, ModelConfig
 from .engine_config import EngineConfig
 from .kv_budget import KVBudget
 
@@ -42,6 +42,9 @@ def life_cycles_for(model: ModelConfig, config: EngineConfig) -> tuple[LifeCycle
         FULL_GROUP: lambda: FullLifeCycle(FULL_GROUP),
         WINDOW_GROUP: lambda: WindowLifeCycle(
             WINDOW_GROUP, model.window_size, replay_tokens=config.window_replay_tokens
+        ),
+        STATE_GROUP: lambda: StateLifeCycle(
+            STATE_GROUP, config.state_every_tokens, config.state_offsets_from_end
         ),
     }
     return tuple(makers[group]() for group in model.groups)
@@ -150,13 +153,16 @@ def build_kv(
 
 
 def kv_layout(model: ModelConfig, config: EngineConfig, dtype: torch.dtype) -> KVLayout:
-    """One page per life cycle: its layer group's layers, K and V, `page_size` tokens."""
+    """One page per life cycle: its layer group's layers, K and V, `page_size` tokens; a
+    recurrent group's page holds one fp32 state per layer (bytes of its own, in any KV dtype)."""
+    state_bytes = {STATE_GROUP: model.ssm_state_floats * 4} if model.ssm_layers else {}
     return KVLayout(
         page_size=config.page_size,
         kv_heads=model.num_kv_heads,
         head_dim=model.head_dim,
         layers=dict(model.groups),
         dtype=str(dtype).removeprefix("torch."),
+        state_bytes=state_bytes,
     )
 
 

@@ -83,13 +83,20 @@ def build_model(
     device: torch.device | str = "cpu",
     dtype: torch.dtype = torch.float32,
 ) -> CausalLM:
-    """A model with seeded random weights, allocated directly on `device` in `dtype`."""
+    """A model with seeded random weights, allocated directly on `device` in `dtype` (a
+    hybrid SSM/attention model when the config names `ssm_layers`)."""
+    from .models.hybrid import HybridLM
+
+    kind = HybridLM if config.ssm_layers else CausalLM
     with torch.device("meta"):
-        model = CausalLM(config)
+        model = kind(config)
     model = model.to_empty(device=device)
     if config.tie_embeddings:
         model.lm_head.weight = model.model.embed_tokens.weight
     init_weights(model, seed)
+    if config.ssm_layers:
+        with torch.no_grad():
+            model.reset_ssm_parameters()
     return model.to(dtype).eval().requires_grad_(False)
 
 

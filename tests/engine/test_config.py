@@ -17,7 +17,9 @@ def test_presets_have_the_advertised_shapes():
 def test_unknown_preset_is_refused():
     """A typo in a model name must list the known ones."""
     with pytest.raises(
-        ValueError, match=r"unknown model preset 'huge'; known: \['1b', '8b', 'tiny'\]"
+        ValueError,
+        match=r"unknown model preset 'huge'; known: \['1b', '8b', 'hybrid-8b', 'hybrid-small', "
+        r"'hybrid-tiny', 'tiny'\]",
     ):
         preset("huge")
 

@@ -1,158 +1,167 @@
 """A hybrid decoder: some layers a selective SSM (`ssm.py`), the rest full attention.
 
 Each layer is pre-norm mixer (attention or SSM) then pre-norm SwiGLU, each residual. Attention
-layers keep K/V per token (the `full` life cycle); SSM layers keep one recurrent state, stored
-as snapshots at block boundaries (the `state` life cycle). `forward_chunk` runs a chunk of one
-sequence from its cached K/V and states, so a prefix-cache hit and a recompute run the same
-code from different starting points.
+layers keep K/V in the `full` layer group's pages, like `CausalLM`. SSM layers keep their
+recurrent state in the `ssm` group (the kvstore's `state` life cycle): the page of block j
+holds each SSM layer's state after token (j+1)*B - 1 once block j is computed, and the running
+state until then. A chunk starting at token n reads the state in the page of block (n-1)//B
+(a snapshot when n is a block boundary) and writes every block end it passes, so a prefix-cache
+hit and a recompute run the same code from different starting points. Which of those pages
+are kept as snapshots is the kvstore's business (snapshot boundaries), not the model's.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from collections.abc import Callable
 
 import torch
 from torch import nn
 
+from ..attention import AttentionBackend
 from ..attn_reference import dense_attention
-from ..config import ModelConfig
+from ..batch import ForwardBatch
+from ..config import STATE_GROUP, ModelConfig
+from ..device_kv_cache import DeviceKVCache
 from ..layers import AttentionProjections, RMSNorm, SwiGLU
 from .rope import rope_angles
 from .ssm import SelectiveSSM, SSMShape, SSMState
 
-KV = tuple[torch.Tensor, torch.Tensor]
-
-
-@dataclass(frozen=True)
-class HybridConfig:
-    """`base` gives vocab, widths, attention heads and RoPE; `ssm_layers` are recurrent."""
-
-    base: ModelConfig
-    ssm_layers: tuple[int, ...]
-    ssm: SSMShape
-
-    def __post_init__(self) -> None:
-        bad = [i for i in self.ssm_layers if not 0 <= i < self.base.num_layers]
-        if bad:
-            raise ValueError(f"ssm_layers {bad} outside 0..{self.base.num_layers - 1}")
-        if self.ssm.hidden_size != self.base.hidden_size:
-            raise ValueError(
-                f"ssm.hidden_size {self.ssm.hidden_size} != hidden_size {self.base.hidden_size}"
-            )
-        if self.base.window_layers:
-            raise ValueError("hybrid attention layers are full attention (no window_layers)")
-
-    @property
-    def attention_layers(self) -> tuple[int, ...]:
-        return tuple(i for i in range(self.base.num_layers) if i not in self.ssm_layers)
-
-
-@dataclass
-class ChunkOutput:
-    """Logits of each new token, their K/V per attention layer, the SSM states after the
-    chunk, and the states after each token asked for (per SSM layer, by chunk index)."""
-
-    logits: torch.Tensor
-    kv: dict[int, KV]
-    states: dict[int, SSMState]
-    kept: dict[int, dict[int, SSMState]] = field(default_factory=dict)
+# One SSM layer over the whole batch: (layer index, mixer, normed hidden [T, h]) -> [T, h].
+MixFn = Callable[[int, SelectiveSSM, torch.Tensor], torch.Tensor]
+# One attention layer: (layer index, q, k, v) -> attention output [T, H, D].
+AttendFn = Callable[[int, torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]
 
 
 class HybridLayer(nn.Module):
-    def __init__(self, config: HybridConfig, layer: int) -> None:
+    """Pre-norm mixer (`self_attn` or `mixer`), then pre-norm SwiGLU."""
+
+    def __init__(self, config: ModelConfig, layer: int) -> None:
         super().__init__()
-        base = config.base
-        self.input_layernorm = RMSNorm(base.hidden_size, base.rms_norm_eps)
-        is_ssm = layer in config.ssm_layers
-        self.mixer = SelectiveSSM(config.ssm) if is_ssm else AttentionProjections(base)
-        self.post_attention_layernorm = RMSNorm(base.hidden_size, base.rms_norm_eps)
-        self.mlp = SwiGLU(base)
+        self.input_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
+        if config.is_ssm_layer(layer):
+            self.mixer = SelectiveSSM(SSMShape.of(config))
+        else:
+            self.self_attn = AttentionProjections(config)
+        self.post_attention_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
+        self.mlp = SwiGLU(config)
+
+
+class HybridStack(nn.Module):
+    """Embedding, layers, final norm (`model.*`, as `CausalLM` names them)."""
+
+    def __init__(self, config: ModelConfig) -> None:
+        super().__init__()
+        self.embed_tokens = nn.Embedding(config.vocab_size, config.hidden_size)
+        self.layers = nn.ModuleList(HybridLayer(config, i) for i in range(config.num_layers))
+        self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps)
 
 
 class HybridLM(nn.Module):
-    """Embedding, hybrid layers, final norm, LM head."""
+    """Hybrid decoder plus LM head over a `DeviceKVCache` with an `ssm` state group."""
 
-    def __init__(self, config: HybridConfig) -> None:
+    def __init__(self, config: ModelConfig) -> None:
         super().__init__()
-        base = config.base
+        if not config.ssm_layers:
+            raise ValueError(f"model {config.name!r} has no ssm_layers: use CausalLM")
         self.config = config
-        self.embed_tokens = nn.Embedding(base.vocab_size, base.hidden_size)
-        self.layers = nn.ModuleList(HybridLayer(config, i) for i in range(base.num_layers))
-        self.norm = RMSNorm(base.hidden_size, base.rms_norm_eps)
-        self.lm_head = nn.Linear(base.hidden_size, base.vocab_size, bias=False)
+        self.model = HybridStack(config)
+        self.lm_head = nn.Linear(config.hidden_size, config.vocab_size, bias=False)
+        if config.tie_embeddings:
+            self.lm_head.weight = self.model.embed_tokens.weight
 
-    def initial_states(self) -> dict[int, SSMState]:
-        device = self.embed_tokens.weight.device
-        return {layer: SSMState.zeros(self.config.ssm, device) for layer in self.config.ssm_layers}
+    def reset_ssm_parameters(self) -> None:
+        """The SSM's own starting values (decay rates, skip, dt bias) after a generic init."""
+        for layer in self.model.layers:
+            if hasattr(layer, "mixer"):
+                layer.mixer.reset_dynamics()
 
     @torch.inference_mode()
-    def forward_chunk(
+    def forward(
         self,
-        token_ids: torch.Tensor,
-        start: int,
-        past_kv: dict[int, KV],
-        states: dict[int, SSMState],
-        keep_after: frozenset[int] = frozenset(),
-    ) -> ChunkOutput:
-        """Tokens at positions `start..` after `past_kv` (`[start, kv_heads, head_dim]` per
-        attention layer) and `states` (per SSM layer, after token start-1)."""
-        base = self.config.base
-        positions = torch.arange(start, start + token_ids.numel(), device=token_ids.device)
-        rope = rope_angles(positions, base)
-        hidden = self.embed_tokens(token_ids)
-        out = ChunkOutput(logits=torch.empty(0), kv={}, states={})
-        for index, layer in enumerate(self.layers):
+        batch: ForwardBatch,
+        cache: DeviceKVCache,
+        backend: AttentionBackend,
+        all_logits: bool = False,
+    ) -> torch.Tensor:
+        """Write the batch's K/V and states into `cache`; logits (fp32) of each sequence's last
+        new token, or of every new token when `all_logits`."""
+
+        def attend(layer: int, q, k, v) -> torch.Tensor:
+            group = cache.group_of(layer)
+            cache.write(layer, k, v, batch.slots[group])
+            k_pages, v_pages = cache.kv(layer)
+            meta = batch.attention[group]
+            return backend.forward(q, k_pages, v_pages, meta, None, self._scale)
+
+        def mix(layer: int, mixer: SelectiveSSM, x: torch.Tensor) -> torch.Tensor:
+            return paged_scan(mixer, x, batch, cache.states(layer), cache.page_size)
+
+        hidden = self._run_layers(batch.token_ids, batch.positions, attend, mix)
+        if not all_logits:
+            hidden = hidden[batch.last_token_index]
+        return self.lm_head(hidden).float()
+
+    @torch.inference_mode()
+    def forward_dense(self, token_ids: torch.Tensor) -> torch.Tensor:
+        """Logits `[n, vocab]` of one whole sequence with no cache at all (the ground truth)."""
+        positions = torch.arange(token_ids.numel(), device=token_ids.device)
+
+        def attend(layer: int, q, k, v) -> torch.Tensor:
+            return dense_attention(q, k, v, positions, None, self._scale)
+
+        def mix(layer: int, mixer: SelectiveSSM, x: torch.Tensor) -> torch.Tensor:
+            return mixer(x, SSMState.zeros(mixer.shape, x.device))[0]
+
+        return self.lm_head(self._run_layers(token_ids, positions, attend, mix)).float()
+
+    @property
+    def _scale(self) -> float:
+        return self.config.head_dim**-0.5
+
+    def _run_layers(
+        self, token_ids: torch.Tensor, positions: torch.Tensor, attend: AttendFn, mix: MixFn
+    ) -> torch.Tensor:
+        hidden = self.model.embed_tokens(token_ids)
+        rope = rope_angles(positions, self.config)
+        for index, layer in enumerate(self.model.layers):
             x = layer.input_layernorm(hidden)
-            if isinstance(layer.mixer, SelectiveSSM):
-                mixed, out.states[index], out.kept[index] = layer.mixer(
-                    x, states[index], keep_after
-                )
+            if hasattr(layer, "mixer"):
+                mixed = mix(index, layer.mixer, x)
             else:
-                q, k, v = layer.mixer.qkv(x, rope)
-                out.kv[index] = (k, v)
-                past_k, past_v = past_kv[index]
-                keys, values = torch.cat([past_k, k]), torch.cat([past_v, v])
-                attn = dense_attention(q, keys, values, positions, None, base.head_dim**-0.5)
-                mixed = layer.mixer.o_proj(attn.flatten(1))
+                q, k, v = layer.self_attn.qkv(x, rope)
+                mixed = layer.self_attn.o_proj(attend(index, q, k, v).flatten(1))
             hidden = hidden + mixed
             hidden = hidden + layer.mlp(layer.post_attention_layernorm(hidden))
-        out.logits = self.lm_head(self.norm(hidden)).float()
-        return out
+        return self.model.norm(hidden)
 
 
-def hybrid_tiny() -> HybridConfig:
-    """Four layers, SSM at 0 and 2, attention at 1 and 3; the byte vocab of the `tiny` preset."""
-    base = ModelConfig(
-        vocab_size=320,
-        hidden_size=64,
-        intermediate_size=128,
-        num_layers=4,
-        num_heads=4,
-        num_kv_heads=2,
-        head_dim=16,
-        max_position=4096,
-        name="hybrid-tiny",
-        architecture="HybridSSMForCausalLM",
-    )
-    return HybridConfig(base, ssm_layers=(0, 2), ssm=SSMShape(hidden_size=64))
+def paged_scan(
+    mixer: SelectiveSSM,
+    x: torch.Tensor,
+    batch: ForwardBatch,
+    states: torch.Tensor,
+    page_size: int,
+) -> torch.Tensor:
+    """One SSM layer over every sequence of `batch`, each from the state in its pages.
 
-
-def hybrid_8b() -> HybridConfig:
-    """An 8b-class shape (Llama-3-8B widths), three SSM layers to each attention layer, for the
-    GPU bench. Its state (537k floats a layer) does not fit an attention-shaped page, so
-    `HybridRunner` refuses it: serving it needs state pages of their own shape."""
-    base = ModelConfig(
-        vocab_size=128256,
-        hidden_size=4096,
-        intermediate_size=14336,
-        num_layers=32,
-        num_heads=32,
-        num_kv_heads=8,
-        head_dim=128,
-        max_position=32768,
-        rope_theta=500000.0,
-        name="hybrid-8b",
-        architecture="HybridSSMForCausalLM",
-    )
-    ssm = SSMShape(hidden_size=4096, num_heads=64, head_dim=64, state_size=128)
-    return HybridConfig(base, tuple(i for i in range(32) if i % 4 != 3), ssm)
+    `states` is the layer's `[num_pages, floats]` fp32 view of the `ssm` pool. Sequence b's
+    chunk starts at token n = num_cached: it resumes from page `(n-1)//B` (zeros at n = 0),
+    writes the state after each block end it passes into that block's page, and the state
+    after its last token into the page of the block holding it.
+    """
+    shape, outputs, offset = mixer.shape, [], 0
+    for chunk in batch.chunks:
+        start, count = chunk.num_cached, len(chunk.new_tokens)
+        pages = chunk.page_ids[STATE_GROUP]
+        if start == 0:
+            state = SSMState.zeros(shape, x.device)
+        else:
+            state = SSMState.from_flat(shape, states[pages[(start - 1) // page_size]])
+        ends = frozenset(i for i in range(count) if (start + i + 1) % page_size == 0)
+        y, final, kept = mixer(x[offset : offset + count], state, ends)
+        for index, snapshot in kept.items():
+            states[pages[(start + index) // page_size]].copy_(snapshot.flat())
+        states[pages[(start + count - 1) // page_size]].copy_(final.flat())
+        outputs.append(y)
+        offset += count
+    return torch.cat(outputs)

@@ -13,11 +13,19 @@ equals recomputing the prefix, which is what the `state` life cycle's snapshots 
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import torch
 import torch.nn.functional as F
 from torch import nn
+
+from ..layers import RMSNorm
+from .ssd_scan import causal_conv, chunk_scan
+
+if TYPE_CHECKING:
+    from ..config import ModelConfig
 
 
 @dataclass(frozen=True)
@@ -30,6 +38,18 @@ class SSMShape:
     state_size: int = 8
     conv_kernel: int = 4
     rms_norm_eps: float = 1e-5
+
+    @classmethod
+    def of(cls, config: ModelConfig) -> SSMShape:
+        """The SSM layers' shape of a hybrid model config."""
+        return cls(
+            hidden_size=config.hidden_size,
+            num_heads=config.ssm_num_heads,
+            head_dim=config.ssm_head_dim,
+            state_size=config.ssm_state_size,
+            conv_kernel=config.ssm_conv_kernel,
+            rms_norm_eps=config.rms_norm_eps,
+        )
 
     @property
     def inner(self) -> int:
@@ -81,24 +101,54 @@ class SelectiveSSM(nn.Module):
         self.in_proj = nn.Linear(h, inner + shape.conv_dim + heads, bias=False)
         self.conv_weight = nn.Parameter(torch.randn(shape.conv_dim, shape.conv_kernel) * 0.3)
         self.conv_bias = nn.Parameter(torch.zeros(shape.conv_dim))
-        self.dt_bias = nn.Parameter(torch.full((heads,), -2.0))
-        self.A_log = nn.Parameter(torch.log(torch.arange(1, heads + 1, dtype=torch.float32)))
-        self.D = nn.Parameter(torch.ones(heads))
-        self.norm_weight = nn.Parameter(torch.ones(inner))
+        self.dt_bias = nn.Parameter(torch.empty(heads))
+        self.A_log = nn.Parameter(torch.empty(heads))
+        self.D = nn.Parameter(torch.empty(heads))
+        self.norm = RMSNorm(inner, shape.rms_norm_eps)  # gated: applied to y * silu(z)
         self.out_proj = nn.Linear(inner, h, bias=False)
+        self.reset_dynamics()
+
+    @torch.no_grad()
+    def reset_dynamics(self) -> None:
+        """Mamba-2's starting values: dt log-spaced over [0.001, 0.1] across heads (some heads
+        remember hundreds of tokens), decay rates A in [1, 16], skip D = 1."""
+        heads = self.shape.num_heads
+        dt = torch.exp(torch.linspace(math.log(1e-3), math.log(1e-1), heads))
+        self.dt_bias.copy_(dt + torch.log(-torch.expm1(-dt)))  # softplus(dt_bias) = dt
+        self.A_log.copy_(torch.log(torch.linspace(1.0, 16.0, heads)))
+        self.D.fill_(1.0)
 
     def forward(
-        self, x: torch.Tensor, state: SSMState, keep_after: frozenset[int] = frozenset()
+        self,
+        x: torch.Tensor,
+        state: SSMState,
+        keep_after: frozenset[int] = frozenset(),
+        chunked: bool | None = None,
     ) -> tuple[torch.Tensor, SSMState, dict[int, SSMState]]:
         """Outputs `[T, hidden]` of tokens `x [T, hidden]` from `state`; the state after the
-        last token, and after each token index in `keep_after` (the snapshots to store)."""
+        last token, and after each token index in `keep_after` (the snapshots to store).
+
+        `chunked` (default: when T > 1) runs the chunked scan (`ssd_scan.py`), else the
+        token-by-token recurrence (a decode step, and the reference the chunked scan equals).
+        """
         s = self.shape
         z, xbc, dt = self.in_proj(x).float().split([s.inner, s.conv_dim, s.num_heads], dim=-1)
         dt = F.softplus(dt + self.dt_bias)
+        chunked = x.shape[0] > 1 if chunked is None else chunked
+        scan = self._scan_chunked if chunked else self._scan_tokens
+        y, final, kept = scan(xbc, dt, state, keep_after)
+        y = self.norm(y * F.silu(z))
+        return self.out_proj(y.to(x.dtype)), final, kept
+
+    def _scan_tokens(
+        self, xbc: torch.Tensor, dt: torch.Tensor, state: SSMState, keep_after: frozenset[int]
+    ) -> tuple[torch.Tensor, SSMState, dict[int, SSMState]]:
+        """The recurrence, one token at a time: outputs `[T, inner]` before the gate."""
+        s = self.shape
         decay_rate = -torch.exp(self.A_log.float())
         conv, ssm = state.conv.clone(), state.ssm.clone()
         outputs, kept = [], {}
-        for t in range(x.shape[0]):
+        for t in range(xbc.shape[0]):
             window = torch.cat([conv, xbc[t : t + 1]])  # [K, conv_dim], oldest first
             conv = window[1:]
             mixed = F.silu((window.T * self.conv_weight).sum(-1) + self.conv_bias)
@@ -106,10 +156,25 @@ class SelectiveSSM(nn.Module):
             xt = xt.view(s.num_heads, s.head_dim)
             decay = torch.exp(dt[t] * decay_rate)[:, None, None]
             ssm = decay * ssm + dt[t][:, None, None] * xt[:, :, None] * b[None, None, :]
-            y = (ssm @ c) + self.D[:, None] * xt
-            outputs.append(y.flatten() * F.silu(z[t]))
+            outputs.append(((ssm @ c) + self.D[:, None] * xt).flatten())
             if t in keep_after:
                 kept[t] = SSMState(conv.clone(), ssm.clone())
-        y = torch.stack(outputs)
-        y = y * torch.rsqrt(y.pow(2).mean(-1, keepdim=True) + s.rms_norm_eps) * self.norm_weight
-        return self.out_proj(y.to(x.dtype)), SSMState(conv, ssm), kept
+        return torch.stack(outputs), SSMState(conv, ssm), kept
+
+    def _scan_chunked(
+        self, xbc: torch.Tensor, dt: torch.Tensor, state: SSMState, keep_after: frozenset[int]
+    ) -> tuple[torch.Tensor, SSMState, dict[int, SSMState]]:
+        """The same outputs and states by the chunked (SSD) scan."""
+        s, count = self.shape, xbc.shape[0]
+        mixed, window = causal_conv(state.conv, xbc, self.conv_weight, self.conv_bias)
+        xs, b, c = mixed.split([s.inner, s.state_size, s.state_size], dim=-1)
+        xs = xs.reshape(count, s.num_heads, s.head_dim)
+        decay_rate = -torch.exp(self.A_log.float())
+        y, end, states = chunk_scan(xs, b, c, dt, decay_rate, self.D.float(), state.ssm, keep_after)
+        tail = s.conv_kernel - 1
+
+        def conv_after(stop: int) -> torch.Tensor:  # the last K-1 inputs up to token stop-1
+            return window[stop : stop + tail].clone()
+
+        kept = {t: SSMState(conv_after(t + 1), h) for t, h in states.items()}
+        return y.reshape(count, s.inner), SSMState(conv_after(count), end), kept

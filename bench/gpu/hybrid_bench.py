@@ -1,0 +1,157 @@
+"""Benchmark: the hybrid SSM/attention model at the 8b shape, served through EngineCore.
+
+One table per measure, each with its baseline from the same run:
+  prefill  a cold prompt's TTFT and tok/s with the chunked (SSD) scan, against the
+           token-by-token recurrence on a shorter prompt (the scan prefill had before);
+  TTFT     a returning turn (the last prompt, its answer and `--suffix` new tokens) with its
+           K/V pages and state snapshot cached, against the same turn on an empty cache;
+  decode   tok/s of `--batch` sequences decoding together (the recurrence, one token a step),
+           per sequence and in all, against one sequence alone.
+
+    python3 bench/gpu/hybrid_bench.py                  # hybrid-8b on the GPU (bf16)
+    .venv/bin/python bench/gpu/hybrid_bench.py --small # hybrid-small on CPU (fp32): same code
+
+On the device machine: `bash bench/gpu/run.sh unpack`, then `bash bench/gpu/run.sh hybrid
+[args]` (flash-attn from the unpacked archives, else SDPA; the log lands in $OUT/bench.log).
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import random
+import statistics
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+from gpu_common import import_engine, print_table
+
+BIG = dict(model="hybrid-8b", prompt=4096, baseline_prompt=512, suffix=128, decode=32, batch=8,
+           step_tokens=2048)  # fmt: skip
+SMALL = dict(model="hybrid-small", prompt=256, baseline_prompt=128, suffix=16, decode=8, batch=2,
+             step_tokens=64)  # fmt: skip
+
+
+def parse_args() -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--small", action="store_true", help="hybrid-small on CPU: a smoke run")
+    for name, value in BIG.items():
+        parser.add_argument(f"--{name.replace('_', '-')}", type=type(value), default=None)
+    args = parser.parse_args()
+    for name, value in (SMALL if args.small else BIG).items():
+        if getattr(args, name) is None:
+            setattr(args, name, value)
+    return args
+
+
+def make_core(args, engine_config, engine_core):
+    config = engine_config.EngineConfig(
+        model=args.model,
+        device="cpu" if args.small else "auto",
+        max_batch_size=args.batch,
+        max_num_batched_tokens=args.step_tokens,
+        max_model_len=args.prompt * 2 + args.suffix + 4 * args.decode + 64,
+        cpu_kv_gib=1.0,
+        torch_threads=2 if args.small else 1,
+    )
+    return engine_core.EngineCore(config).start()
+
+
+def greedy_call(call_id: str, prompt, max_tokens: int, salt: str = ""):
+    """A greedy request of its own conversation (`salt`: a cache salt, so it matches nothing)."""
+    from kvfleet.services.engine.engine_request import GenerateCall
+    from kvfleet.services.engine.sampling_params import SamplingParams
+
+    sampling = SamplingParams(temperature=0.0, max_tokens=max_tokens)
+    conversation = call_id.split("-")[0]
+    return GenerateCall(call_id, tuple(prompt), sampling, conversation, cache_salt=salt)
+
+
+def run(core, call_id: str, prompt, max_tokens: int, salt: str = ""):
+    """Greedy tokens and usage of one request."""
+    outputs = list(core.submit(greedy_call(call_id, prompt, max_tokens, salt)).outputs(3600.0))
+    tokens = [t for o in outputs for t in o.token_ids]
+    return tokens, next(o for o in outputs if o.finished).usage
+
+
+@contextlib.contextmanager
+def token_by_token_prefill(ssm_module):
+    """The baseline: prefill chunks scanned by the recurrence, as decode is."""
+    cls = ssm_module.SelectiveSSM
+    chunked = cls._scan_chunked
+    cls._scan_chunked = cls._scan_tokens
+    try:
+        yield
+    finally:
+        cls._scan_chunked = chunked
+
+
+def main() -> None:
+    args = parse_args()
+    import_engine()
+    from kvfleet.services.engine import engine_config, engine_core
+    from kvfleet.services.engine.models import ssm
+
+    rng = random.Random(0)
+    vocab = 256
+
+    def prompt_of(n: int) -> list[int]:
+        return [rng.randrange(vocab) for _ in range(n)]
+
+    core = make_core(args, engine_config, engine_core)
+    try:
+        run(core, "warm", prompt_of(args.baseline_prompt), 2)  # kernels, compile
+        # prefill: cold prompts, chunked scan against the recurrence
+        _, cold = run(core, "cold", prompt_of(args.prompt), 1)
+        with token_by_token_prefill(ssm):
+            _, slow = run(core, "tbt", prompt_of(args.baseline_prompt), 1)
+        print_table(
+            f"prefill, {args.model}, steps of {args.step_tokens} tokens",
+            ["scan", "prompt", "TTFT s", "prefill tok/s"],
+            [
+                ["token-by-token (baseline)", args.baseline_prompt, slow.ttft_seconds,
+                 args.baseline_prompt / slow.ttft_seconds],
+                ["chunked (SSD)", args.prompt, cold.ttft_seconds, args.prompt / cold.ttft_seconds],
+            ],
+        )  # fmt: skip
+        # TTFT of a returning turn: cached against an empty cache
+        first = prompt_of(args.prompt)
+        answer, _ = run(core, "conv-t1", first, args.decode)
+        second = [*first, *answer, *prompt_of(args.suffix)]
+        _, cached = run(core, "conv-t2", second, 1)
+        _, uncached = run(core, "fresh-t2", second, 1, salt="baseline")
+        print_table(
+            f"TTFT of a returning turn ({len(second)} tokens, {args.suffix} new)",
+            ["cache", "cached tokens", "TTFT s"],
+            [
+                ["empty (baseline)", uncached.cached_tokens, uncached.ttft_seconds],
+                ["K/V + state snapshot", cached.cached_tokens, cached.ttft_seconds],
+            ],
+        )
+        # decode: one sequence, then a batch together
+        rows = []
+        for batch in (1, args.batch):
+            calls = [
+                greedy_call(f"d{batch}{i}-t1", prompt_of(args.baseline_prompt), args.decode)
+                for i in range(batch)
+            ]
+            handles = [core.submit(call) for call in calls]
+            started = time.perf_counter()
+            usages = [next(o for o in h.outputs(3600.0) if o.finished).usage for h in handles]
+            wall = time.perf_counter() - started
+            itl = statistics.mean(u.mean_itl_seconds for u in usages)
+            rows.append([batch, itl, 1 / itl, batch / itl, wall])
+        rows[0][0] = "1 (baseline)"
+        print_table(
+            f"decode, {args.decode} tokens after {args.baseline_prompt}-token prompts",
+            ["batch", "ITL s", "tok/s per seq", "tok/s", "wall s"],
+            rows,
+        )
+    finally:
+        core.stop()
+
+
+if __name__ == "__main__":
+    main()
