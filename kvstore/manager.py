@@ -85,6 +85,8 @@ class KVCacheManager:
     ) -> None:
         self.config = config
         self.life_cycles = {lc.name: lc for lc in config.life_cycles}
+        # Only these release pages while a request runs (a commit skips the others).
+        self._sliding = {name: lc for name, lc in self.life_cycles.items() if lc.slides}
         self.tiers = tiers or KVTiers.device_only(list(self.life_cycles))
         pool_listener = self.tiers.attach(listener, self._on_device)
         evict = self.tiers.on_device_evict
@@ -356,4 +358,5 @@ class KVCacheManager:
 
     def _release_slid_out(self, state: RequestState) -> None:
         """Release the pages that slid out of the request's windows since the last commit."""
-        release_slid_out(state, self.pools, self.life_cycles, self.config.block_size)
+        if self._sliding:
+            release_slid_out(state, self.pools, self._sliding, self.config.block_size)
