@@ -66,15 +66,17 @@ class StepRecorder:
         self.steps = []
         self._original = compute.launch
 
-        def launch(chunks):
+        def launch(chunks, *feed):
             started = time.perf_counter()
-            finish = self._original(chunks)
+            finish = self._original(chunks, *feed)
 
             def timed_finish():
                 tokens = finish()
                 self.steps.append(self._step(chunks, started, time.perf_counter()))
                 return tokens
 
+            # The core plans the next step ahead only from a step whose tokens are on the device.
+            timed_finish.device_tokens = getattr(finish, "device_tokens", None)
             return timed_finish
 
         compute.launch = launch

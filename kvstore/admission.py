@@ -98,6 +98,23 @@ def tables_fit(
     )
 
 
+def pages_demanded(
+    states: Sequence[RequestState],
+    num_new_tokens: int,
+    block_size: int,
+    pools: Mapping[str, BlockPool],
+) -> dict[str, int]:
+    """Per pool, the new pages extending every request's table over `num_new_tokens` more
+    tokens after its computed ones takes."""
+    demand = dict.fromkeys(pools, 0)
+    for state in states:
+        num_blocks = blocks_for(state.num_computed_tokens + num_new_tokens, block_size)
+        for name, table in state.page_tables.items():
+            if num_blocks > len(table):
+                demand[name] += num_blocks - len(table)
+    return demand
+
+
 def computed_blocks(
     life_cycles: Mapping[str, LifeCycle],
     config: KVStoreConfig,

@@ -17,6 +17,7 @@ TOKEN_DTYPE = np.dtype("<u4")
 TOKEN_BYTES = TOKEN_DTYPE.itemsize
 MAX_TOKEN_ID = 2**32 - 1
 SMALL_PACK = 16  # up to this many ids, pack without numpy
+ONE_TOKEN = struct.Struct("<I")
 
 
 def root_hash(extra_key: bytes = b"") -> int:
@@ -29,6 +30,8 @@ def pack_tokens(token_ids: Sequence[int] | np.ndarray) -> bytes:
     if isinstance(token_ids, (list, tuple)) and len(token_ids) <= SMALL_PACK:
         # A decode step appends one token per sequence: struct skips numpy's per-call cost.
         try:
+            if len(token_ids) == 1:
+                return ONE_TOKEN.pack(token_ids[0])
             return struct.pack(f"<{len(token_ids)}I", *token_ids)
         except struct.error:
             pass  # out of range or not integers: numpy below says which

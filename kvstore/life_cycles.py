@@ -28,6 +28,7 @@ class FullLifeCycle:
     name: str
     required: bool = True
     kind = "full"
+    slides = False  # its first live block moves as tokens are computed
     reusable = True
     needs_whole_prefix = True
     replay_tokens = 0
@@ -58,6 +59,7 @@ class WindowLifeCycle:
     replay_tokens: int = 0
     required: bool = True
     kind = "window"
+    slides = True  # its first live block moves as tokens are computed
     needs_whole_prefix = False
     reusable = True
 
@@ -94,6 +96,7 @@ class PrivateLifeCycle:
     name: str
     required: bool = True
     kind = "private"
+    slides = False  # its first live block moves as tokens are computed
     needs_whole_prefix = False
     reusable = False
     replay_tokens = 0
@@ -128,6 +131,7 @@ class StateLifeCycle:
     offsets_from_end: tuple[int, ...] = (0,)
     required: bool = True
     kind = "state"
+    slides = True  # its first live block moves as tokens are computed
     needs_whole_prefix = False
     reusable = True
     replay_tokens = 0

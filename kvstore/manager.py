@@ -36,9 +36,11 @@ import numpy as np
 
 from .admission import (
     admit_match,
+    blocks_for,
     computed_fits,
     disk_blocks,
     match_fits,
+    pages_demanded,
     tables_fit,
     take_computed,
     take_next,
@@ -83,6 +85,8 @@ class KVCacheManager:
     ) -> None:
         self.config = config
         self.life_cycles = {lc.name: lc for lc in config.life_cycles}
+        # Only these release pages while a request runs (a commit skips the others).
+        self._sliding = {name: lc for name, lc in self.life_cycles.items() if lc.slides}
         self.tiers = tiers or KVTiers.device_only(list(self.life_cycles))
         pool_listener = self.tiers.attach(listener, self._on_device)
         evict = self.tiers.on_device_evict
@@ -113,6 +117,10 @@ class KVCacheManager:
     def progress(self, request_id: str) -> RequestProgress:
         """Where the request stands: admitted, reused, computed, checkpoint, context done."""
         return self._state(request_id).progress()
+
+    def computed_tokens(self, request_ids: Sequence[str]) -> list[int]:
+        """Each request's computed tokens (`progress(r).num_computed_tokens`), in one call."""
+        return [self._state(request_id).num_computed_tokens for request_id in request_ids]
 
     def retained_turns(self, conversation_id: str) -> tuple[TurnRecord, ...]:
         """Records the conversation holds: a kept root, branch records, then turns oldest first."""
@@ -193,6 +201,32 @@ class KVCacheManager:
         new_pages = take_next(state, self.pools, num_new_tokens, self.config.block_size)
         self.tiers.flush()
         return self._allocation(state, new_pages)
+
+    def can_allocate_all(self, request_ids: Sequence[str], num_new_tokens: int) -> bool:
+        """True if `allocate_all(request_ids, num_new_tokens)` would succeed now: every request
+        is admitted and the required pools hold all of their new pages together."""
+        states = [self._state(request_id) for request_id in request_ids]
+        if not all(state.admitted for state in states):
+            return False
+        demand = pages_demanded(states, num_new_tokens, self.config.block_size, self.pools)
+        return all(demand[name] <= pool.num_available() for name, pool in self._required_pools())
+
+    def allocate_all(self, request_ids: Sequence[str], num_new_tokens: int) -> int:
+        """`allocate(r, num_new_tokens)` for each request in order, in one call (a decode step
+        of the whole batch); all or nothing. Returns the pages taken."""
+        self._check_tokens(num_new_tokens)
+        if not self.can_allocate_all(request_ids, num_new_tokens):
+            raise ValueError(f"{len(request_ids)} requests cannot allocate {num_new_tokens} each")
+        block_size, taken = self.config.block_size, 0
+        for request_id in request_ids:
+            state = self._requests[request_id]
+            num_blocks = blocks_for(state.num_computed_tokens + num_new_tokens, block_size)
+            if all(len(table) >= num_blocks for table in state.page_tables.values()):
+                continue  # most decode tokens land in a page the request holds
+            for pages in take_next(state, self.pools, num_new_tokens, block_size).values():
+                taken += len(pages)
+        self.tiers.flush()
+        return taken
 
     def append_tokens(self, request_id: str, token_ids: Sequence[int] | np.ndarray) -> None:
         """Extend the request's sequence with generated tokens, so their blocks can commit."""
@@ -324,4 +358,5 @@ class KVCacheManager:
 
     def _release_slid_out(self, state: RequestState) -> None:
         """Release the pages that slid out of the request's windows since the last commit."""
-        release_slid_out(state, self.pools, self.life_cycles, self.config.block_size)
+        if self._sliding:
+            release_slid_out(state, self.pools, self._sliding, self.config.block_size)

@@ -13,6 +13,7 @@ does not fit after releasing stops the admissions: later items wait behind it.
 |------------------------|----------------------------------|-----------------------------------|
 | `_next_count`          | unfinished tokens, within budget | 1 decode token, or a prefill chunk |
 | `_fits` / `_grow`      | `can_allocate` / `allocate`      | the same, only when a page is due |
+| `_grow_all`            | a decode step at once (`allocate_all`) | none: one by one      |
 | `_admit`               | reuse the match, admit the rest  | the same, counting host/disk pages |
 | `_recompute_tokens`    | prompt + output so far           | prompt (output KV not modelled)   |
 """
@@ -70,6 +71,26 @@ class StepPlanner(Generic[ItemT, ChunkT]):
     def plan_step(self) -> list[ChunkT]:
         """Pick this step's chunks and take their pages; empty when nothing can run."""
         budget = self.token_budget
+        chunks = self._grow_all(budget)
+        if chunks is None:
+            chunks = self._grow_each(budget)
+        budget -= sum(chunk.count for chunk in chunks)
+        for item in list(self.waiting):
+            if budget == 0 or len(self.running) >= self.max_batch_size:
+                break
+            if not self._ready(item):
+                continue
+            chunk = self._admit(item, budget)
+            if chunk is None:
+                break  # first come, first served: later ones wait behind it
+            self.waiting.remove(item)
+            self.running.append(item)
+            chunks.append(chunk)
+            budget -= chunk.count
+        return chunks
+
+    def _grow_each(self, budget: int) -> list[ChunkT]:
+        """Running items one by one, oldest first, making room for each as needed."""
         chunks: list[ChunkT] = []
         planned: set[ItemT] = set()
         for item in list(self.running):
@@ -83,18 +104,6 @@ class StepPlanner(Generic[ItemT, ChunkT]):
             chunks.append(self._grow(item, count))
             planned.add(item)
             budget -= count
-        for item in list(self.waiting):
-            if budget == 0 or len(self.running) >= self.max_batch_size:
-                break
-            if not self._ready(item):
-                continue
-            chunk = self._admit(item, budget)
-            if chunk is None:
-                break  # first come, first served: later ones wait behind it
-            self.waiting.remove(item)
-            self.running.append(item)
-            chunks.append(chunk)
-            budget -= chunk.count
         return chunks
 
     def context_ended(self, item: ItemT) -> None:
@@ -149,6 +158,11 @@ class StepPlanner(Generic[ItemT, ChunkT]):
     def _grow(self, item: ItemT, count: int) -> ChunkT:
         """Take pages for `count` more tokens of a running item (it fits); its chunk."""
         raise NotImplementedError
+
+    def _grow_all(self, budget: int) -> list[ChunkT] | None:
+        """The running items' chunks in one go when that is what `_grow_each` would plan (a
+        decode step where every item fits: no room to make); None to plan them one by one."""
+        return None
 
     def _ready(self, item: ItemT) -> bool:
         """True when a waiting item may be admitted now."""

@@ -22,6 +22,7 @@ what the GPU replays.
 
 from __future__ import annotations
 
+import itertools
 import logging
 from collections.abc import Sequence
 
@@ -184,8 +185,8 @@ class DecodeRunner:
         if feed_rows is not None:
             meta[self._feed_row, :batch] = feed_rows
         starts = np.fromiter((c.start for c in chunks), np.int64, batch)
-        width = max((-(-(c.start + 1) // page) for c in chunks), default=1)  # pages read
-        meta[TOKENS, :batch] = [c.new_tokens[0] for c in chunks]
+        width = int(starts.max()) // page + 1 if batch else 1  # pages read
+        meta[TOKENS, :batch] = np.fromiter((c.new_tokens[0] for c in chunks), np.int64, batch)
         meta[POSITIONS, :batch] = starts
         meta[VALID, :batch] = 1
         meta[[TOKENS, POSITIONS, VALID], batch:padded] = 0
@@ -193,12 +194,16 @@ class DecodeRunner:
         seqused[:batch] = starts + 1
         seqused[batch:padded] = 1
         widths = {}
+        columns = np.arange(width)
         for index, group in enumerate(self.groups):
             table = host.tables[group].numpy()[: padded * width].reshape(padded, width)
             table[:] = null
-            for row, chunk in enumerate(chunks):
-                pages = chunk.page_ids[group][:width]
-                table[row, : len(pages)] = pages
+            # Every row's pages in one flat array, laid into the table by a mask (row-major,
+            # so the mask's True cells take the rows' pages in order).
+            tables = [chunk.page_ids[group][:width] for chunk in chunks]
+            lengths = np.fromiter(map(len, tables), np.int64, batch)
+            flat = np.fromiter(itertools.chain.from_iterable(tables), np.int32, int(lengths.sum()))
+            table[:batch][columns < lengths[:, None]] = flat
             meta[SLOT0 + index, :batch] = table[np.arange(batch), starts // page] * page + (
                 starts % page
             )

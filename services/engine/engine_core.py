@@ -399,38 +399,45 @@ class EngineCore:
             sequence.first_token_at = now
             self.metrics.ttft.observe(now - sequence.arrived_at)
         else:
-            self.metrics.itl.observe(now - (sequence.last_token_at or now))
-            sequence.itl_total += now - (sequence.last_token_at or now)
+            gap = now - (sequence.last_token_at or now)
+            self.metrics.itl.observe(gap)
+            sequence.itl_total += gap
         sequence.last_token_at = now
+        call, sampling = sequence.call, sequence.sampling
         reason = ""
-        stop_check = sequence.call.stop_check
-        if sequence.sampling.is_stop(token) or (stop_check and stop_check(sequence.output)):
+        if sampling.is_stop(token) or (call.stop_check and call.stop_check(sequence.output)):
             reason = "stop"
-        elif len(sequence.output) >= sequence.sampling.max_tokens:
+        elif len(sequence.output) >= sampling.max_tokens:
             reason = "length"
-        usage = self._usage(sequence) if reason else None
+        if not reason:
+            output = SampleOutput(
+                call.request_id,
+                sequence.sample_index,
+                (token,),
+                logprobs=(logprob,) if logprob is not None else (),
+            )
+            if not self.role.after_first_token(sequence, output):
+                self._handles[call.request_id].put(output)
+            return
+        usage = self._usage(sequence)
         output = SampleOutput(
-            sequence.call.request_id,
+            call.request_id,
             sequence.sample_index,
             (token,),
-            bool(reason),
+            True,
             reason,
             usage,
             (logprob,) if logprob is not None else (),
         )
-        if not reason and self.role.after_first_token(sequence, output):
+        sequence.finished = True
+        self.scheduler.remove(sequence)
+        self._block_tokens.retire(sequence.key)
+        self.metrics.sample_finished(usage, reason)
+        if all(s.finished for s in self._sequences[call.request_id]):
+            self._sequences.pop(call.request_id)
+            self._handles.pop(call.request_id).put(output)
             return
-        if reason:
-            sequence.finished = True
-            self.scheduler.remove(sequence)
-            self._block_tokens.retire(sequence.key)
-            self.metrics.sample_finished(usage, reason)
-            if all(s.finished for s in self._sequences[sequence.call.request_id]):
-                self._sequences.pop(sequence.call.request_id)
-                handle = self._handles.pop(sequence.call.request_id)
-                handle.put(output)
-                return
-        self._handles[sequence.call.request_id].put(output)
+        self._handles[call.request_id].put(output)
 
     def _usage(self, sequence: Sequence) -> Usage:
         steps = max(1, len(sequence.output) - 1)

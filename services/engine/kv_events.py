@@ -40,10 +40,13 @@ class BlockTokens:
         if key not in self._sequences:
             self._sequences[key] = (SequenceHashes(self.block_size, extra_key), [])
         hashes, tokens = self._sequences[key]
-        before = len(hashes.hashes)
         tokens.extend(token_ids)
-        hashes.extend(token_ids)
         bs = self.block_size
+        full = len(tokens) // bs * bs
+        if full <= hashes.num_tokens:
+            return  # a decode token that completes no block: hashed with its block later
+        before = len(hashes.hashes)
+        hashes.extend(tokens[hashes.num_tokens : full])
         for index in range(before, len(hashes.hashes)):
             parent = hashes.hashes[index - 1] if index else None
             self._blocks[hashes.hashes[index]] = (

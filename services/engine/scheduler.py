@@ -111,6 +111,24 @@ class Scheduler(StepPlanner[Sequence, ScheduledChunk]):
         self.manager.allocate(sequence.key, count)
         return self._chunk(sequence, start, count)
 
+    def _grow_all(self, budget: int) -> list[ScheduledChunk] | None:
+        # A decode step of the whole batch: one kvstore call for every sequence's next page,
+        # the per-sequence path's plan when all of them fit (nothing to release or preempt).
+        running = self.running
+        if not running or len(running) > budget:
+            return None
+        keys = [sequence.key for sequence in running]
+        starts = self.manager.computed_tokens(keys)
+        for sequence, start in zip(running, starts, strict=True):
+            if sequence.num_tokens - start != 1:
+                return None
+        if not self.manager.can_allocate_all(keys, 1):
+            return None
+        self.manager.allocate_all(keys, 1)
+        return [
+            self._chunk(sequence, start, 1) for sequence, start in zip(running, starts, strict=True)
+        ]
+
     def _ready(self, sequence: Sequence) -> bool:
         return sequence.ready()
 

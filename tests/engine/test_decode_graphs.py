@@ -22,7 +22,7 @@ from kvfleet.services.engine.cuda_graphs import DecodeRunner, batch_buckets, is_
 from kvfleet.services.engine.engine_config import EngineConfig
 from kvfleet.services.engine.engine_request import GenerateCall, SequenceFailedError
 
-# The planned-ahead step (overlap_decode) is off by default; these tests cover it too.
+# The planned-ahead step (overlap_decode, on by default) runs on the static path; EAGER has none.
 STATIC = TEST_CONFIG.with_changes(decode_graphs="static", overlap_decode=True)
 EAGER = TEST_CONFIG.with_changes(decode_graphs="off")
 

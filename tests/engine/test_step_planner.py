@@ -136,3 +136,31 @@ def test_a_returning_conversation_moves_to_the_back_of_the_release_order():
     assert retained.release_until(lambda: retained.released == 1)
     assert list(retained) == ["a"]
     manager.check_integrity()
+
+
+class OneByOne(Scheduler):
+    """The scheduler without its whole-batch decode plan."""
+
+    def _grow_all(self, budget):
+        return None
+
+
+def test_whole_batch_decode_plans_what_one_by_one_plans():
+    """Same steps, chunks, pages and preemptions with and without the one-call decode plan,
+    through page pressure (8 pages for three growing sequences) and a finished sequence."""
+    plans = []
+    for kind in (Scheduler, OneByOne):
+        scheduler = kind(make_manager(), max_batch_size=4, token_budget=16)
+        sequences = add_sequences(scheduler, ("a", 5), ("b", 3), ("c", 6))
+        steps = []
+        for step in range(14):
+            chunks = scheduler.schedule()
+            steps.append(
+                [(c.sequence.key, c.start, c.new_tokens, dict(c.page_ids)) for c in chunks]
+            )
+            run_chunks(scheduler, chunks)
+            if step == 6:
+                scheduler.remove(sequences[1])
+        plans.append((steps, scheduler.preemptions))
+    assert plans[0] == plans[1]
+    assert plans[0][1] > 0  # the pressure path ran too

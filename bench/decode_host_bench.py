@@ -1,0 +1,202 @@
+"""Host work of a decode step through EngineCore, by phase, on the CPU: the serving path with
+a forward that costs nothing (logits of zeros), so what is left is the scheduler, the kvstore
+calls, the static buffers' filling, the tokens' trip back and the per-token output handling.
+
+    .venv/bin/python bench/decode_host_bench.py                 # batch 64 and 256, ctx 2,000
+    .venv/bin/python bench/decode_host_bench.py --batches 64 --steps 20 --profile
+
+The model shape is one attention group, as the 1b/8b presets have (a tiny model's weights,
+context 131,072 so that page tables are as wide); page 128. Phases are inclusive wall times of
+the calls named, summed per step (`emit` contains `append_tokens`), in CPU time of the thread:
+the machine may be shared, and the step has no other thread to wait for.
+"""
+
+from __future__ import annotations
+
+import argparse
+import random
+import sys
+import time
+from collections import defaultdict
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from gpu_common import import_engine, print_table
+
+import_engine()
+
+from kvfleet.services.engine.compute import TorchCompute  # noqa: E402
+from kvfleet.services.engine.config import PRESETS, ModelConfig  # noqa: E402
+from kvfleet.services.engine.engine_config import EngineConfig  # noqa: E402
+from kvfleet.services.engine.engine_core import EngineCore  # noqa: E402
+from kvfleet.services.engine.engine_request import GenerateCall  # noqa: E402
+from kvfleet.services.engine.sampling import SamplingParams  # noqa: E402
+
+
+def host_shape() -> ModelConfig:
+    return ModelConfig(
+        vocab_size=320,
+        hidden_size=64,
+        intermediate_size=128,
+        num_layers=2,
+        num_heads=4,
+        num_kv_heads=2,
+        head_dim=16,
+        max_position=131072,
+        name="host-shape",
+    )
+
+
+PRESETS.setdefault("host-shape", host_shape)
+
+
+class FreeModel(torch.nn.Module):
+    """Logits of zeros for every sequence of the batch: a forward that costs nothing."""
+
+    def __init__(self, vocab: int) -> None:
+        super().__init__()
+        self.vocab = vocab
+
+    def forward(self, batch, cache, backend) -> torch.Tensor:
+        return torch.zeros(batch.num_sequences, self.vocab)
+
+
+class PhaseTimer:
+    """Wraps named methods of objects and sums their wall time while `on`."""
+
+    def __init__(self) -> None:
+        self.totals: dict[str, float] = defaultdict(float)
+        self.on = False
+
+    def wrap(self, owner, attribute: str, name: str) -> None:
+        original = getattr(owner, attribute)
+
+        def timed(*args, **kwargs):
+            if not self.on:
+                return original(*args, **kwargs)
+            start = time.thread_time()
+            try:
+                return original(*args, **kwargs)
+            finally:
+                self.totals[name] += time.thread_time() - start
+
+        setattr(owner, attribute, timed)
+
+    def wrap_launch(self, compute) -> None:
+        """`launch` and the call it returns (the wait for the step's tokens) apart."""
+        original = compute.launch
+
+        def launch(chunks, *rest):
+            start = time.thread_time()
+            finish = original(chunks, *rest)
+            if self.on:
+                self.totals["launch: batch + buffers"] += time.thread_time() - start
+
+            def timed_finish():
+                begin = time.thread_time()
+                tokens = finish()
+                if self.on:
+                    self.totals["finish: tokens to host"] += time.thread_time() - begin
+                return tokens
+
+            timed_finish.device_tokens = getattr(finish, "device_tokens", None)
+            return timed_finish
+
+        compute.launch = launch
+
+
+def run_case(batch: int, prompt: int, steps: int, rounds: int, page: int, profile: bool):
+    config = EngineConfig(
+        model="host-shape",
+        device="cpu",
+        decode_graphs="static",
+        max_batch_size=batch,
+        max_num_batched_tokens=16384,
+        page_size=page,
+        kv_pages=batch * (-(-(prompt + steps * rounds + batch) // page)) + 64,
+    )
+    compute = TorchCompute(config)
+    core = EngineCore(config, compute=compute)
+    free = FreeModel(compute.model_config.vocab_size)
+    compute.model = free
+    compute.decode.model = free
+    timer = PhaseTimer()
+    timer.wrap(core.scheduler, "schedule", "schedule")
+    timer.wrap(core.manager, "commit", "commit")
+    timer.wrap(core, "_emit", "emit (all per-token work)")
+    timer.wrap(core.manager, "append_tokens", "  append_tokens (in emit)")
+    timer.wrap_launch(compute)
+    rng = random.Random(0)
+    for i in range(batch):
+        tokens = tuple(rng.randrange(256) for _ in range(prompt))
+        call = GenerateCall(
+            f"r{i}", tokens, SamplingParams(max_tokens=steps * rounds + batch), f"c{i}"
+        )
+        core.submit(call)
+    core.run_once()
+    while not all(s.context_done for s in core.scheduler.running) or core.scheduler.waiting:
+        core.run_once()
+    for _ in range(3):  # warm
+        core.run_once()
+    timer.on = True
+    profiler = None
+    if profile:
+        import cProfile
+
+        profiler = cProfile.Profile()
+        profiler.enable()
+    # The machine is shared: of `rounds` rounds of `steps` steps, the quickest one counts.
+    best = None
+    for _ in range(rounds):
+        timer.totals.clear()
+        start = time.thread_time()
+        for _ in range(steps):
+            core.run_once()
+        total = time.thread_time() - start
+        if best is None or total < best[0]:
+            best = (total, dict(timer.totals))
+    total, phases = best
+    if profiler is not None:
+        import pstats
+
+        profiler.disable()
+        print(f"\n## cProfile, batch {batch}, {steps} steps")
+        pstats.Stats(profiler).sort_stats("tottime").print_stats(18)
+    timer.on = False
+    assert len(core.scheduler.running) == batch, "every sequence decodes in every timed step"
+    core.stop()
+    named = sum(v for k, v in phases.items() if not k.startswith(" "))
+    phases["other (loop, events, load)"] = total - named
+    return total / steps, phases
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--batches", default="64,256")
+    parser.add_argument("--prompt", type=int, default=2000)
+    parser.add_argument("--steps", type=int, default=10, help="steps per round")
+    parser.add_argument("--rounds", type=int, default=5, help="the quickest round counts")
+    parser.add_argument("--page-size", type=int, default=128)
+    parser.add_argument("--profile", action="store_true", help="cProfile the timed steps")
+    args = parser.parse_args()
+    torch.set_num_threads(1)
+    rows = []
+    for batch in (int(b) for b in args.batches.split(",")):
+        per_step, phases = run_case(
+            batch, args.prompt, args.steps, args.rounds, args.page_size, args.profile
+        )
+        rows.append([batch, "step", per_step * 1e6, per_step * 1e6 / batch])
+        for name, seconds in phases.items():
+            us = seconds / args.steps * 1e6
+            rows.append([batch, name, us, us / batch])
+    print_table(
+        f"host work per decode step (ctx {args.prompt}, page {args.page_size}, free forward)",
+        ["batch", "phase", "us / step", "us / sequence"],
+        rows,
+    )
+
+
+if __name__ == "__main__":
+    main()
