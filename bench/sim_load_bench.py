@@ -1,17 +1,22 @@
 """Benchmark: the design's load shape on a simulated fleet, one policy change at a time.
 
 Each session starts at a sampled turn (seeded), warmed by the turn before it (sent first, not
-measured); `--concurrency` sessions run at once with their real think times, a finished one
-replaced by the next, so ranks run at `max_batch_size`; turns arriving in the measured window
-(`--window-min` simulated minutes, opening `--warmup-min` after the start in every arm, once
-the first sessions' warm-up turns are done) are measured. Arms:
-the baseline (lenient affinity, per_request, no checkpoint, no host tier), each change alone,
-and all of them (the shipped defaults plus a host tier). Columns: the design's (req/s, output
-tok/s over the window; prefix reuse, later turns with no reuse, TTFT p50/p90 of the measured
-turns) and the per-5-minute reuse plot (`--plot`).
+measured); `--concurrency` sessions run at once with their think times (x `--time-scale`), a
+finished one replaced by the next; when the half's conversations run out, further copies of
+them (own ids and prompt blocks, another sampled start) keep the concurrency through the
+window. Turns arriving in the measured window (`--window-min` simulated minutes, opening
+`--warmup-min` after the start in every arm) are measured. `--context-servers`: the ranks
+compute prefills only (one output token per turn, the design's prefill-bound context servers;
+out tok/s counts the finished turns' trace output tokens, generated elsewhere). Arms: the
+baseline (lenient affinity, per_request, no checkpoint, no host tier), each change alone, and
+all of them (the shipped defaults plus a host tier). Columns: the design's (req/s, output tok/s
+over the window; prefix reuse, later turns with no reuse, TTFT p50/p90 of the measured turns),
+a load table (slots busy, router queue, prefill share of step time, reuse per 5 minutes) and
+the per-5-minute reuse plot from the start (`--plot`). `--seeds 1,2`: mean (min-max).
 
 Run: nice -n 10 .venv/bin/python bench/sim_load_bench.py [--half report] [--concurrency 48]
-     [--ranks 4] [--slots 8] [--gpu-pages 12800] [--host-pages 12800] [--seed 1] [--plot DIR]
+     [--ranks 4] [--slots 8] [--gpu-pages 12800] [--host-pages 12800] [--context-servers]
+     [--time-scale 1] [--seeds 1,2] [--plot DIR]
 """
 
 from __future__ import annotations
@@ -46,6 +51,7 @@ CHANGES = {
     "host tier": {},  # host pages added below
 }
 ALL = "all (shipped defaults + host tier)"
+STRICT_HOST = "+ strict affinity + host tier"
 
 
 def warmed(conversation: Conversation, rng: random.Random) -> tuple[Conversation, int] | None:
@@ -144,8 +150,11 @@ def arms(args: argparse.Namespace) -> dict[str, dict[str, str]]:
         fleets[f"+ {name}"] = {**common, **BASELINE, **change}
     fleets["+ host tier"]["host_pages"] = str(args.host_pages)
     fleets[ALL] = {**common, "host_pages": str(args.host_pages)}
+    # Only when named in --arms: the two changes that help under memory pressure, without
+    # retention and checkpoint (which hold more pages per conversation).
+    extra = {STRICT_HOST: {**fleets["+ host tier"], "affinity": "strict"}}
     if args.arms:
-        fleets = {name: fleets[name] for name in args.arms.split(",")}
+        fleets = {name: {**fleets, **extra}[name] for name in args.arms.split(",")}
     return fleets
 
 
