@@ -51,7 +51,6 @@ CHANGES = {
     "host tier": {},  # host pages added below
 }
 ALL = "all (shipped defaults + host tier)"
-STRICT_HOST = "+ strict affinity + host tier"
 
 
 def warmed(conversation: Conversation, rng: random.Random) -> tuple[Conversation, int] | None:
@@ -150,11 +149,8 @@ def arms(args: argparse.Namespace) -> dict[str, dict[str, str]]:
         fleets[f"+ {name}"] = {**common, **BASELINE, **change}
     fleets["+ host tier"]["host_pages"] = str(args.host_pages)
     fleets[ALL] = {**common, "host_pages": str(args.host_pages)}
-    # Only when named in --arms: the two changes that help under memory pressure, without
-    # retention and checkpoint (which hold more pages per conversation).
-    extra = {STRICT_HOST: {**fleets["+ host tier"], "affinity": "strict"}}
     if args.arms:
-        fleets = {name: {**fleets, **extra}[name] for name in args.arms.split(",")}
+        fleets = {name: fleets[name] for name in args.arms.split(",")}
     return fleets
 
 
