@@ -16,6 +16,7 @@ import argparse
 import asyncio
 import hashlib
 import json
+import os
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -30,7 +31,12 @@ from kvfleet.services.replay.tokens import TokenSynthesizer
 from rich.console import Console
 from rich.table import Table
 
-TRACES = Path(__file__).resolve().parents[1] / ".." / "shared" / "traces" / "claude_code_weka"
+# The repo's ../shared; KVFLEET_SHARED names the shared folder when the checkout lives
+# elsewhere (a git worktree).
+SHARED = Path(
+    os.environ.get("KVFLEET_SHARED") or Path(__file__).resolve().parents[1] / ".." / "shared"
+)
+TRACES = SHARED / "traces" / "claude_code_weka"
 HYBRID_MODEL = Path(__file__).resolve().parent / "sim_hybrid.yaml"
 
 # Strict affinity's wait bound in time only: the router runs a pass every 50 ms tick while

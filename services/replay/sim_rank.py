@@ -58,6 +58,7 @@ class SimRank(HandoffSide, StepPlanner[SimRequest, Chunk]):
         self.max_decode_run = max_decode_run
         self.steps = 0
         self.busy_s = 0.0
+        self.prefill_busy_s = 0.0  # of busy_s: steps that compute a prefill chunk
         self.current: SimRequest | None = None  # whose kvstore call is running (KV events)
         self._busy = False
         self._run: DecodeRun | None = None
@@ -110,9 +111,12 @@ class SimRank(HandoffSide, StepPlanner[SimRequest, Chunk]):
         if not chunks:
             self._busy = False
             return
-        duration = self.costs.step_seconds(step_work(chunks))
+        work = step_work(chunks)
+        duration = self.costs.step_seconds(work)
         self.steps += 1
         self.busy_s += duration
+        if work.prefill_spans:
+            self.prefill_busy_s += duration
         self.clock.call_at(self.clock.now() + duration, lambda: self._end_step(chunks))
 
     def _end_step(self, chunks: list[Chunk]) -> None:

@@ -57,6 +57,8 @@ class SimTarget:
             "preemptions": sum(rank.preemptions for rank in ranks),
             "released_conversations": sum(rank.released_conversations for rank in ranks),
             "steps": sum(rank.steps for rank in ranks),
+            "busy_s": sum(rank.busy_s for rank in ranks),
+            "prefill_busy_s": sum(rank.prefill_busy_s for rank in ranks),
             "events": self.clock.events_fired,
         }
 

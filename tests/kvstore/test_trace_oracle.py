@@ -1,6 +1,7 @@
 """Real trace: Claude Code sessions replayed with an unbounded pool reuse exactly the oracle."""
 
 import json
+import os
 from pathlib import Path
 
 import numpy as np
@@ -10,7 +11,11 @@ from kvfleet.kvstore.life_cycles import FullLifeCycle
 from kvfleet.kvstore.manager import KVCacheManager
 from kvfleet.kvstore.policies import PerRequest
 
-TRACES = Path(__file__).resolve().parents[2] / ".." / "shared" / "traces" / "claude_code_weka"
+# The repo's ../shared; KVFLEET_SHARED names it when the checkout lives elsewhere.
+SHARED = Path(
+    os.environ.get("KVFLEET_SHARED") or Path(__file__).resolve().parents[2] / ".." / "shared"
+)
+TRACES = SHARED / "traces" / "claude_code_weka"
 BLOCK = 64  # the trace's block size
 SESSIONS = ["trace_0460.json", "trace_0022.json", "trace_0130.json", "trace_0291.json"]
 

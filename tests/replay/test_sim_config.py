@@ -126,3 +126,19 @@ def test_default_figures_for_an_8b_model_on_h200() -> None:
     assert model.weights_read_s == pytest.approx(16e9 / 4e12)
     assert model.decode_kv_s_per_token == pytest.approx(131072 / 2e12)
     assert model.host_copy_s_per_page == pytest.approx(131072 * 64 / 50e9)
+
+
+def test_prefill_matches_measured_h200_ttft() -> None:
+    """If this fails, the prefill cost no longer matches the engine's measured 8b TTFTs on one
+    H200 (docs/engine-gpu.md: a 32k prompt in 8k chunks 1,214 ms uncached, 97.2 ms with 95 %
+    cached); the attention term is what makes the uncached one grow faster than linear."""
+    model = costs()
+    prompt, chunk = 32768, 8192
+    uncached = sum(
+        model.step_seconds(StepWork(prefill_spans=((start, start + chunk),)))
+        for start in range(0, prompt, chunk)
+    )
+    cached = int(prompt * 0.95) // 64 * 64
+    warm = model.step_seconds(StepWork(prefill_spans=((cached, prompt),)))
+    assert uncached == pytest.approx(1.214, rel=0.15)
+    assert warm == pytest.approx(0.0972, rel=0.15)
