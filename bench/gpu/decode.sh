@@ -13,19 +13,12 @@
 # kernels: put it in .gpuwt/.gpu/ for the next run to skip the JIT).
 set -uo pipefail
 cd "$(dirname "$0")/../.."
-if [ ! -d /tmp/fa/flash_attn ]; then echo "fresh machine: run call 1 (unpack part1) first"; exit 2; fi
-tar -C /tmp/fa -xJf .gpu/part2.tar.xz || exit 2
-python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
-  --target /tmp/site .whl/*.whl || exit 2
-export PYTHONPATH=/tmp/site:/tmp/fa:/tmp/fa/nvidia_cutlass_dsl/dsl_packages PYTHONUNBUFFERED=1
-export FLASH_ATTENTION_CUTE_DSL_CACHE_ENABLED=1 FLASH_ATTENTION_CUTE_DSL_CACHE_DIR=/tmp/fa_cache
-if [ -f .gpu/fa_cache.tar ]; then tar -C /tmp -xf .gpu/fa_cache.tar; fi
+source bench/gpu/device_env.sh
 out="${OUT:-/tmp}"
-nvidia-smi --query-gpu=name,memory.total,clocks.sm,clocks.mem --format=csv,noheader
 start=$(date +%s)
 timeout "${THROUGHPUT_TIMEOUT_S:-420}" python3 bench/throughput_bench.py "$@" 2>&1 | tee "$out/throughput.log"
 left=$(( ${TOTAL_S:-540} - ($(date +%s) - start) ))
 if [ "$left" -gt 60 ]; then
   timeout "$left" python3 bench/gpu_engine_bench.py --only "model 8b" --models 8b 2>&1 | tee "$out/model.log"
 fi
-if [ -d /tmp/fa_cache ]; then tar -C /tmp -cf "$out/fa_cache.tar" fa_cache; fi
+save_fa_cache

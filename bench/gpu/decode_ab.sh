@@ -10,19 +10,12 @@
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 base="$1"; shift
-if [ ! -d /tmp/fa/flash_attn ]; then echo "fresh machine: run call 1 (unpack part1) first"; exit 2; fi
-tar -C /tmp/fa -xJf .gpu/part2.tar.xz || exit 2
-python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
-  --target /tmp/site .whl/*.whl || exit 2
-export PYTHONPATH=/tmp/site:/tmp/fa:/tmp/fa/nvidia_cutlass_dsl/dsl_packages PYTHONUNBUFFERED=1
-export FLASH_ATTENTION_CUTE_DSL_CACHE_ENABLED=1 FLASH_ATTENTION_CUTE_DSL_CACHE_DIR=/tmp/fa_cache
-if [ -f .gpu/fa_cache.tar ]; then tar -C /tmp -xf .gpu/fa_cache.tar; fi
+source bench/gpu/device_env.sh
 out="${OUT:-/tmp}"
-nvidia-smi --query-gpu=name,memory.total,clocks.sm,clocks.mem --format=csv,noheader
 # The baseline runs this checkout's bench scripts over its own package code.
 mkdir -p "$base/bench" && cp bench/throughput_bench.py bench/serving_steps.py bench/gpu_common.py \
   "$base/bench/"
 timeout "${AFTER_TIMEOUT_S:-300}" python3 bench/throughput_bench.py "$@" 2>&1 | tee "$out/after.log"
 (cd "$base" && timeout "${BEFORE_TIMEOUT_S:-240}" python3 bench/throughput_bench.py "$@") 2>&1 \
   | tee "$out/before.log"
-if [ -d /tmp/fa_cache ]; then tar -C /tmp -cf "$out/fa_cache.tar" fa_cache; fi
+save_fa_cache

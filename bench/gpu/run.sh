@@ -20,17 +20,12 @@ case "${1:-}" in
     script=bench/gpu_engine_bench.py
     if [ "$1" = hybrid ]; then script=bench/gpu/hybrid_bench.py; fi
     shift
-    if [ ! -d /tmp/fa/flash_attn ]; then echo "fresh machine: run call 1 (unpack) first"; exit 2; fi
-    tar -C /tmp/fa -xJf .gpu/part2.tar.xz || exit 2
-    export PYTHONPATH=/tmp/fa:/tmp/fa/nvidia_cutlass_dsl/dsl_packages PYTHONUNBUFFERED=1
-    export FLASH_ATTENTION_CUTE_DSL_CACHE_ENABLED=1 FLASH_ATTENTION_CUTE_DSL_CACHE_DIR=/tmp/fa_cache
-    if [ -f .gpu/fa_cache.tar ]; then tar -C /tmp -xf .gpu/fa_cache.tar; fi
-    nvidia-smi --query-gpu=name,memory.total,clocks.sm,clocks.mem --format=csv,noheader
+    source bench/gpu/device_env.sh
     if [ "$script" = bench/gpu_engine_bench.py ]; then set -- --budget-s "${BENCH_BUDGET_S:-420}" "$@"; fi
     timeout "${BENCH_TIMEOUT_S:-520}" python3 "$script" "$@" 2>&1 \
       | tee "${OUT:-/tmp}/bench.log"
     rc=${PIPESTATUS[0]}
-    if [ -d /tmp/fa_cache ]; then tar -C /tmp -cf "${OUT:-/tmp}/fa_cache.tar" fa_cache; fi
+    save_fa_cache
     exit "$rc"
     ;;
   *)
