@@ -1,4 +1,8 @@
-"""Pool sizing: split a tier's pages between pools in proportion to a typical step's live pages.
+"""Pool sizing: split a tier between pools in proportion to a typical step's live pages.
+
+A tier is pages (`plan_pools`: every page alike) or bytes (`plan_pool_bytes`: each pool's pages
+have their own size, and a pool's bytes follow its peak pages x its page bytes; an SSM state
+snapshot can take as many bytes as tens of attention pages).
 
 A typical step holds the resident requests' pages plus what retained turns keep (endpoints,
 checkpoints, state snapshots). Each count below is a peak (an upper bound on pages with a ref
@@ -187,33 +191,84 @@ def plan_pools(
     block_size: int,
     total_pages: int | None = None,
 ) -> PoolPlan:
-    """Split `total_pages` in proportion to the peak (default: exactly the peak, null pages too)."""
+    """Split `total_pages` in proportion to the peak (default: exactly the peak, null pages too).
+
+    Every page counts alike here; `plan_pool_bytes` splits bytes when pages differ in size."""
     demand = peak_demand(step, life_cycles, block_size)
     if total_pages is None:
         return PoolPlan(demand, {name: need + 1 for name, need in demand.items()})
-    if total_pages < 2 * len(demand):
-        raise ValueError(f"{total_pages} pages cannot make {len(demand)} pools of >= 2 pages")
-    pages = _split(total_pages, demand)
-    floors = lone_floors(step, life_cycles, block_size, total_pages)
-    return PoolPlan(demand, _raise_to_floors(pages, floors))
+    return _plan_within(step, life_cycles, block_size, total_pages, dict.fromkeys(demand, 1))
 
 
-def _split(total: int, weights: Mapping[str, int]) -> dict[str, int]:
-    """`total` pages in proportion to `weights` (>= 2 each), the rounding to the largest."""
+def plan_pool_bytes(
+    step: TypicalStep,
+    life_cycles: Sequence[LifeCycle],
+    block_size: int,
+    budget_bytes: int,
+    page_bytes: Mapping[str, int],
+) -> PoolPlan:
+    """Split a rank's `budget_bytes` between pools whose pages take `page_bytes[name]` each:
+    each pool's bytes in proportion to its peak's bytes (peak pages x page bytes), lifted to
+    the floor of one conversation alone, then as many whole pages as they buy.
+
+    NOTE: an SSM state snapshot can take tens of attention pages' bytes, so a split by page
+    count gives the state pool far too few bytes under pressure, or far too many pages when
+    pages stand for bytes; only bytes say which pool runs out first.
+    """
+    demand = peak_demand(step, life_cycles, block_size)
+    missing = set(demand) - set(page_bytes)
+    if missing or any(page_bytes[name] < 1 for name in demand):
+        raise ValueError(f"page_bytes {dict(page_bytes)} must give every pool of {sorted(demand)}")
+    return _plan_within(step, life_cycles, block_size, budget_bytes, page_bytes)
+
+
+def _plan_within(
+    step: TypicalStep,
+    life_cycles: Sequence[LifeCycle],
+    block_size: int,
+    budget: int,
+    cost: Mapping[str, int],
+) -> PoolPlan:
+    """`budget` units split in proportion to each pool's peak units (pages x `cost`, a page's
+    units), lifted to the lone floors; whole pages per pool."""
+    demand = peak_demand(step, life_cycles, block_size)
+    if budget < sum(2 * cost[name] for name in demand):
+        raise ValueError(
+            f"a budget of {budget} cannot make {len(demand)} pools of >= 2 pages "
+            f"(page sizes {dict(cost)})"
+        )
+    weights = {name: need * cost[name] for name, need in demand.items()}
+    units = _split(budget, weights, {name: 2 * cost[name] for name in demand})
+    pages = {name: units[name] // cost[name] for name in demand}
+    floors = lone_floors(step, life_cycles, block_size, budget, cost)
+    return PoolPlan(demand, _raise_to_floors(pages, floors, cost))
+
+
+def _split(
+    total: int, weights: Mapping[str, int], minimum: Mapping[str, int] | None = None
+) -> dict[str, int]:
+    """`total` in proportion to `weights` (each at least its `minimum`, default 2), the
+    rounding to the largest."""
     weight = sum(weights.values()) or 1
-    pages = {name: max(2, total * need // weight) for name, need in weights.items()}
+    least = minimum or dict.fromkeys(weights, 2)
+    units = {name: max(least[name], total * need // weight) for name, need in weights.items()}
     largest = max(weights, key=weights.__getitem__)
-    pages[largest] += total - sum(pages.values())
-    return pages
+    units[largest] += total - sum(units.values())
+    return units
 
 
 def lone_floors(
-    step: TypicalStep, life_cycles: Sequence[LifeCycle], block_size: int, total_pages: int
+    step: TypicalStep,
+    life_cycles: Sequence[LifeCycle],
+    block_size: int,
+    total: int,
+    cost: Mapping[str, int] | None = None,
 ) -> dict[str, int]:
     """The pages (null page included) each pool needs for one conversation alone on the rank:
     one request at the longest context next to its previous turn's whole prefix (a turn that
-    rewrites its prompt recomputes a prefix the previous one still holds), as far as
-    `total_pages` goes; none (2 each) when it cannot hold even that request alone.
+    rewrites its prompt recomputes a prefix the previous one still holds), as far as `total`
+    goes (units of `cost` per page: bytes, or 1 each by default); none (2 each) when it cannot
+    hold even that request alone.
 
     Pools whose peak does not grow with the context (window, state) get theirs first: they
     are small, and a proportional split under pressure would otherwise starve the pools that
@@ -228,35 +283,50 @@ def lone_floors(
         branch_points=step.branch_points,
     )
     need = {name: pages + 1 for name, pages in peak_demand(lone, life_cycles, block_size).items()}
+    unit = cost or dict.fromkeys(need, 1)
     growing = [lc.name for lc in life_cycles if lc.kind in CONTEXT_SIZED_KINDS]
     bounded = [name for name in need if name not in growing]
     floors = {name: 2 for name in need}
     alone = peak_demand(replace(lone, retained_turns=0), life_cycles, block_size)
-    if total_pages < sum(need[name] for name in bounded) + sum(alone[n] + 1 for n in growing):
+    lone_units = sum(need[n] * unit[n] for n in bounded) + sum(
+        (alone[n] + 1) * unit[n] for n in growing
+    )
+    if total < lone_units:
         return floors  # not even one request at the longest context fits: no floor helps
-    room = total_pages - 2 * len(need)
+    room = total - sum(2 * unit[name] for name in need)
     for name in bounded:
-        floors[name] += min(room, max(0, need[name] - 2))
-        room -= floors[name] - 2
-    wanted = {name: max(0, need[name] - 2) for name in growing}
+        floors[name] += min(room // unit[name], max(0, need[name] - 2))
+        room -= (floors[name] - 2) * unit[name]
+    wanted = {name: max(0, need[name] - 2) * unit[name] for name in growing}
     if room >= sum(wanted.values()):
         for name in growing:
-            floors[name] += wanted[name]
+            floors[name] += wanted[name] // unit[name]
     elif growing and room > 0:
-        for name, extra in _split(room + 2 * len(growing), wanted).items():
-            floors[name] = extra
+        least = {name: 2 * unit[name] for name in growing}
+        for name, extra in _split(room + sum(least.values()), wanted, least).items():
+            floors[name] = extra // unit[name]
     return floors
 
 
-def _raise_to_floors(pages: dict[str, int], floors: Mapping[str, int]) -> dict[str, int]:
-    """Lift pools below their floor; pools above theirs give the pages up in proportion to
-    what they hold above it. The total is unchanged (the floors add up to at most it)."""
-    short = sum(max(0, floors[name] - have) for name, have in pages.items())
+def _raise_to_floors(
+    pages: dict[str, int], floors: Mapping[str, int], cost: Mapping[str, int]
+) -> dict[str, int]:
+    """Lift pools below their floor; pools above theirs give the units up in proportion to
+    what they hold above it (whole pages, rounded up). The total stays within the budget (the
+    floors add up to at most it)."""
+    short = sum(max(0, floors[name] - have) * cost[name] for name, have in pages.items())
     if not short:
         return pages
-    slack = {name: have - floors[name] for name, have in pages.items() if have > floors[name]}
+    slack = {
+        name: (have - floors[name]) * cost[name]
+        for name, have in pages.items()
+        if have > floors[name]
+    }
     given = _split_exact(short, slack)
-    return {name: max(floors[name], have - given.get(name, 0)) for name, have in pages.items()}
+    return {
+        name: max(floors[name], have - -(-given.get(name, 0) // cost[name]))
+        for name, have in pages.items()
+    }
 
 
 def _split_exact(total: int, weights: Mapping[str, int]) -> dict[str, int]:

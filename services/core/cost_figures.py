@@ -53,7 +53,8 @@ class ModelShape:
         built = []
         for entry in self.life_cycles:
             params = dict(entry)
-            params.pop("layers", None)  # the hand-off's page bytes only (`page_bytes`)
+            params.pop("layers", None)  # page bytes only (`page_bytes`)
+            params.pop("state_bytes", None)
             kind = params.pop("kind", None)
             if kind not in LIFE_CYCLE_KINDS:
                 raise SimConfigError(
@@ -65,8 +66,10 @@ class ModelShape:
         return tuple(built)
 
     def page_bytes(self, block_size: int) -> dict[str, int]:
-        """KV bytes of one page per life cycle: its layers (an entry's `layers`, else the
-        model's layers split evenly between the entries) x K and V x kv heads x head dim."""
+        """Bytes of one page per life cycle: its layers (an entry's `layers`, else the
+        model's layers split evenly between the entries) x, for attention, K and V x kv heads
+        x head dim x block size, and for a state entry its `state_bytes` (one layer's
+        recurrent state; default: as attention, which understates an SSM snapshot)."""
         named = [entry.get("layers") for entry in self.life_cycles]
         given = sum(layers for layers in named if layers is not None)
         unnamed = sum(1 for layers in named if layers is None)
@@ -76,9 +79,13 @@ class ModelShape:
             )
         share = (self.layers - given) // unnamed if unnamed else 0
         per_layer = 2 * self.kv_heads * self.head_dim * self.dtype_bytes * block_size
-        return {
-            entry["name"]: (entry.get("layers") or share) * per_layer for entry in self.life_cycles
-        }
+        out = {}
+        for entry in self.life_cycles:
+            layer_bytes = entry.get("state_bytes", per_layer)
+            if layer_bytes < 1:
+                raise SimConfigError(f"model.life_cycles: {entry['name']}: state_bytes < 1")
+            out[entry["name"]] = (entry.get("layers") or share) * layer_bytes
+        return out
 
 
 @dataclass(frozen=True)

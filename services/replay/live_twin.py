@@ -20,7 +20,12 @@ from .grpc_target import RouterGenerateTarget
 from .sim_config import SimConfig
 
 # Simulator options the live fleet does not mirror, and the value they must have.
-UNMIRRORED_DEFAULTS: Mapping[str, Any] = {"host_pages": 0, "disk_pages": 0, "placement": "load"}
+UNMIRRORED_DEFAULTS: Mapping[str, Any] = {
+    "host_pages": 0,
+    "host_gib": 0.0,
+    "disk_pages": 0,
+    "placement": "load",
+}
 
 
 class TwinMismatch(ValueError):

@@ -36,6 +36,8 @@ class FleetOptions:
     gpu_pages: int = 12800
     host_pages: int = 0
     disk_pages: int = 0
+    gpu_gib: float = 0.0  # > 0: device KV bytes per rank, split by bytes (gpu_pages unused)
+    host_gib: float = 0.0  # > 0: host tier bytes per rank, split like the device bytes
     chunk_tokens: int = 8192
     max_context_tokens: int = 131072
     affinity: str = "strict"
@@ -70,6 +72,10 @@ class FleetOptions:
         if self.retained_conversations < 0:
             raise SimConfigError(
                 f"fleet.retained_conversations: {self.retained_conversations} must be >= 0"
+            )
+        if self.gpu_gib < 0 or self.host_gib < 0:
+            raise SimConfigError(
+                f"fleet.gpu_gib={self.gpu_gib}, host_gib={self.host_gib} must be >= 0"
             )
         if self.host_pages < 0 or self.disk_pages < 0:
             raise SimConfigError(

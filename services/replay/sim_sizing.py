@@ -1,18 +1,22 @@
 """How a simulated rank's kvstore is sized: its reuse policy, device pools and lower tiers.
 
-The device pools are split by the kvstore's own sizing rule (`plan_pools`) for the typical step
-kvstore builds from the fleet's options (`rank_typical_step`, as the engine does); the host and
-disk tiers are split like the device pools.
+The device pools are split by the kvstore's own sizing rule for the typical step kvstore builds
+from the fleet's options (`rank_typical_step`, as the engine does): `gpu_pages` pages by count
+(`plan_pools`), or with `gpu_gib` the rank's bytes by each pool's page bytes
+(`plan_pool_bytes`: an SSM state page is tens of attention pages). The host and disk tiers are
+split like the device pools: by bytes with `host_gib`, else by pages.
 """
 
 from __future__ import annotations
 
 from ...kvstore.config import KVStoreConfig
 from ...kvstore.policies import ReusePolicy, make_reuse_policy
-from ...kvstore.sizing import TypicalStep, plan_pools, rank_typical_step
+from ...kvstore.sizing import TypicalStep, plan_pool_bytes, plan_pools, rank_typical_step
 from ...kvstore.tiers.stack import KVTiers
 from ..core.cost_figures import ModelShape
 from .sim_config import FleetOptions
+
+GIB = 1 << 30
 
 
 def rank_kvstore(fleet: FleetOptions, model: ModelShape) -> tuple[KVStoreConfig, KVTiers | None]:
@@ -27,14 +31,24 @@ def rank_kvstore(fleet: FleetOptions, model: ModelShape) -> tuple[KVStoreConfig,
         policy_params = {}
     policy = make_reuse_policy(fleet.reuse_policy, **policy_params)
     step = typical_step(fleet, policy)
-    pool_pages = plan_pools(step, life_cycles, fleet.block_size, fleet.gpu_pages).pool_pages
+    page_bytes = model.page_bytes(fleet.block_size)
+    if fleet.gpu_gib > 0:
+        budget = int(fleet.gpu_gib * GIB)
+        plan = plan_pool_bytes(step, life_cycles, fleet.block_size, budget, page_bytes)
+    else:
+        plan = plan_pools(step, life_cycles, fleet.block_size, fleet.gpu_pages)
+    pool_pages = dict(plan.pool_pages)
     kv_config = KVStoreConfig(
         fleet.block_size, life_cycles, pool_pages, policy, checkpoint=fleet.checkpoint
     )
-    if not (fleet.host_pages or fleet.disk_pages):
+    if not (fleet.host_pages or fleet.host_gib or fleet.disk_pages):
         return kv_config, None
+    if fleet.host_gib > 0:
+        host = split_bytes_like_pools(int(fleet.host_gib * GIB), pool_pages, page_bytes)
+    else:
+        host = split_like_pools(fleet.host_pages, pool_pages)
     tiers = KVTiers(
-        split_like_pools(fleet.host_pages, pool_pages),
+        host,
         split_like_pools(fleet.disk_pages, pool_pages),
         dict.fromkeys((lc.name for lc in life_cycles), 0),
     )
@@ -58,3 +72,12 @@ def split_like_pools(total: int, pool_pages: dict[str, int]) -> dict[str, int]:
     """A lower tier's pages split like the device pools."""
     weight = sum(pool_pages.values())
     return {name: total * pages // weight for name, pages in pool_pages.items()}
+
+
+def split_bytes_like_pools(
+    budget_bytes: int, pool_pages: dict[str, int], page_bytes: dict[str, int]
+) -> dict[str, int]:
+    """A lower tier's bytes split in the device pools' byte proportions, in whole pages."""
+    weights = {name: pages * page_bytes[name] for name, pages in pool_pages.items()}
+    total = sum(weights.values())
+    return {name: budget_bytes * weights[name] // total // page_bytes[name] for name in weights}
