@@ -129,7 +129,9 @@ async def test_sessions_start_at_staggered_offsets(tmp_path: Path) -> None:
     with running_server(token_delay_s=0.1) as (url, _cache, _log):
         records = await _drive(url, conversations, DriverOptions(2, 0.0, 0.1))
     first, second = sorted(records, key=lambda r: r.arrival_s)
-    assert second.arrival_s - first.arrival_s >= 0.1 * 0.9
+    # Slot 1 may not start before its offset from the run's start; slot 0 may start late on a
+    # loaded machine, so the gap between the two is not the rule.
+    assert second.arrival_s >= 0.1 - 0.005  # asyncio may wake a timer within its clock resolution
     assert second.arrival_s < first.finish_s  # both sessions run at once
 
 
