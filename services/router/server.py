@@ -106,7 +106,7 @@ class RouterServer:
         self._watch = watch
         self.rank_server = rank_server
         self.rank_port: int | None = None  # where RankRegistry listens (None: the client port)
-        self.front_port: int | None = None  # plain gRPC for the HTTP front beside the router
+        self.front_port = 0  # plain gRPC for the HTTP front beside the router (create_server)
         self.grpc_server = grpc_server
         self.lease = lease
         self.runtime = runtime
