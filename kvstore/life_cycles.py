@@ -14,6 +14,10 @@ branches on the kind.
 
 A state life cycle's from-end snapshots are kept until the context ends and retained with the
 turn (`from_end_blocks`); its periodic ones are committed and left to the LRU.
+
+`pages_only_where_stored`: a state life cycle needs a page only where a state is stored (the
+running state, and the blocks its request commits); every other block of its page table is a
+hole (NULL_PAGE). The others need a page at every block the request computes.
 """
 
 from __future__ import annotations
@@ -28,6 +32,7 @@ class FullLifeCycle:
     name: str
     required: bool = True
     kind = "full"
+    pages_only_where_stored = False
     reusable = True
     needs_whole_prefix = True
     replay_tokens = 0
@@ -58,6 +63,7 @@ class WindowLifeCycle:
     replay_tokens: int = 0
     required: bool = True
     kind = "window"
+    pages_only_where_stored = False
     needs_whole_prefix = False
     reusable = True
 
@@ -94,6 +100,7 @@ class PrivateLifeCycle:
     name: str
     required: bool = True
     kind = "private"
+    pages_only_where_stored = False
     needs_whole_prefix = False
     reusable = False
     replay_tokens = 0
@@ -128,6 +135,7 @@ class StateLifeCycle:
     offsets_from_end: tuple[int, ...] = (0,)
     required: bool = True
     kind = "state"
+    pages_only_where_stored = True
     needs_whole_prefix = False
     reusable = True
     replay_tokens = 0
