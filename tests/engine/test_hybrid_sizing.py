@@ -126,3 +126,26 @@ def test_engine_yaml_sets_the_snapshot_boundaries():
     assert (state.kind, state.every_tokens, state.offsets_from_end) == ("state", 4096, (0, 256))
     with pytest.raises(ValueError, match="must be >= 0"):
         EngineConfig(state_offsets_from_end=(-1,))
+
+
+def test_a_long_chunked_prefill_runs_in_a_state_pool_of_the_new_peak():
+    """A 400-token prompt in 128-token steps (8 blocks each) through EngineCore with the state
+    pool cut to one request's planned peak (5 pages: resume, running, endpoint, checkpoint,
+    32 before the end): it finishes with the tokens of a roomy pool. A page at every block a
+    chunk passes needs 8 for its first chunk, which never fits."""
+    rng = random.Random(5)
+    call = GenerateCall("long", tuple(rng.randrange(256) for _ in range(400)), greedy(4), "l")
+    config = SMALL.with_changes(max_num_batched_tokens=128)
+    tight = config.with_changes(kv_pool_pages=(("ssm", 6),))
+    core = EngineCore(tight, compute=shared_compute(tight, "small-peak")).start()
+    try:
+        outputs = run_call(core, call)
+        core.check_integrity()
+        core.call_on_core(core.compute.cache.check_integrity)
+    finally:
+        core.stop()
+    roomy = EngineCore(config, compute=shared_compute(config, "small-roomy")).start()
+    try:
+        assert tokens_of(outputs) == tokens_of(run_call(roomy, call))
+    finally:
+        roomy.stop()
