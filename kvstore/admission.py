@@ -16,6 +16,10 @@ checkpoint:
 | window, state                       | live at P (`first_live_block(P)` .. n-1), endpoint |
 |                                     | window `resume_blocks(P // B)`, checkpoint window  |
 |                                     | `resume_blocks(C // B)`, snapshot blocks           |
+
+A prefilled chunk (`take_next`) gets a page at each new block, except on a state life cycle
+(`pages_only_where_stored`): only at its commit blocks and the chunk's last block (the running
+state), holes elsewhere (`paged_blocks`); the room checks count those same pages.
 """
 
 from __future__ import annotations
@@ -27,7 +31,7 @@ from .config import KVStoreConfig
 from .life_cycles import LifeCycle
 from .request_state import RequestState
 from .results import PrefixMatch
-from .slide_out import planned_checkpoint
+from .slide_out import commit_plan, planned_checkpoint
 from .tiers.metrics import DISK
 from .tiers.onboarding import onboard_staged
 from .tiers.stack import KVTiers, StagedBlock, StaleMatchError
@@ -38,20 +42,59 @@ def blocks_for(num_tokens: int, block_size: int) -> int:
     return -(-num_tokens // block_size)
 
 
+def paged_blocks(
+    life_cycle: LifeCycle,
+    commit_blocks: frozenset[int],
+    every_block: bool,
+    first: int,
+    num_blocks: int,
+) -> list[int]:
+    """The blocks of `first .. num_blocks-1` (a chunk's new blocks) that get a page.
+
+    All of them, except on a life cycle with `pages_only_where_stored` (state): only the blocks
+    its request commits (snapshots, and every block under a policy that commits every block)
+    and the last one (the running state); the others stay holes.
+    """
+    if not life_cycle.pages_only_where_stored or every_block:
+        return list(range(first, num_blocks))
+    last = num_blocks - 1
+    return [index for index in range(first, num_blocks) if index in commit_blocks or index == last]
+
+
+def new_page_counts(
+    life_cycles: Mapping[str, LifeCycle],
+    commit_blocks: Mapping[str, frozenset[int]],
+    every_block: bool,
+    first: Mapping[str, int],
+    num_blocks: int,
+) -> dict[str, int]:
+    """Per life cycle, the pages a chunk takes to extend its page table from `first[name]`
+    blocks to `num_blocks` (`paged_blocks`)."""
+    return {
+        name: len(paged_blocks(lc, commit_blocks[name], every_block, first[name], num_blocks))
+        for name, lc in life_cycles.items()
+    }
+
+
 def match_fits(
+    state: RequestState,
     match: PrefixMatch,
     num_new_tokens: int,
+    life_cycles: Mapping[str, LifeCycle],
+    config: KVStoreConfig,
     required_pools: Sequence[tuple[str, BlockPool]],
-    block_size: int,
 ) -> bool:
-    """True if every required pool has room for the new blocks and the onboarded ones.
-
-    Matched pages that are evictable now stop being available once referenced, so they count
-    against the room too.
-    """
-    blocks_after = blocks_for(match.num_reusable_tokens + num_new_tokens, block_size)
-    new_blocks = blocks_after - match.num_reusable_blocks
-    return pages_fit(match, {name: new_blocks for name, _ in required_pools}, required_pools)
+    """True if every required pool has room for the match's onboarded blocks and the pages its
+    first `num_new_tokens` tokens take (`paged_blocks`, under the commit plan that admitting
+    at this match sets)."""
+    bs, reused = config.block_size, match.num_reusable_tokens
+    whole_prefix_tokens = match.num_whole_prefix_blocks * bs
+    plan = commit_plan(life_cycles, config, state.prompt_len, reused, whole_prefix_tokens)
+    every_block = config.reuse_policy.commits_every_block
+    first = dict.fromkeys(life_cycles, match.num_reusable_blocks)
+    num_blocks = blocks_for(reused + num_new_tokens, bs)
+    counts = new_page_counts(life_cycles, plan.commit_blocks, every_block, first, num_blocks)
+    return pages_fit(match, counts, required_pools)
 
 
 def pages_fit(
@@ -86,32 +129,41 @@ def computed_fits(
 def tables_fit(
     state: RequestState,
     num_new_tokens: int,
-    block_size: int,
+    life_cycles: Mapping[str, LifeCycle],
+    config: KVStoreConfig,
     required_pools: Sequence[tuple[str, BlockPool]],
 ) -> bool:
     """True if every required pool has room to extend the request's page table over
-    `num_new_tokens` tokens after its computed ones."""
-    num_blocks = blocks_for(state.num_computed_tokens + num_new_tokens, block_size)
-    return all(
-        max(0, num_blocks - len(state.page_tables[name])) <= pool.num_available()
-        for name, pool in required_pools
-    )
+    `num_new_tokens` tokens after its computed ones (`take_next`'s pages)."""
+    counts = _next_counts(state, num_new_tokens, life_cycles, config)
+    return all(counts[name] <= pool.num_available() for name, pool in required_pools)
+
+
+def _next_counts(
+    state: RequestState,
+    num_new_tokens: int,
+    life_cycles: Mapping[str, LifeCycle],
+    config: KVStoreConfig,
+) -> dict[str, int]:
+    num_blocks = blocks_for(state.num_computed_tokens + num_new_tokens, config.block_size)
+    first = {name: min(len(table), num_blocks) for name, table in state.page_tables.items()}
+    every_block = config.reuse_policy.commits_every_block
+    return new_page_counts(life_cycles, state.commit_blocks, every_block, first, num_blocks)
 
 
 def pages_demanded(
     states: Sequence[RequestState],
     num_new_tokens: int,
-    block_size: int,
+    life_cycles: Mapping[str, LifeCycle],
+    config: KVStoreConfig,
     pools: Mapping[str, BlockPool],
 ) -> dict[str, int]:
     """Per pool, the new pages extending every request's table over `num_new_tokens` more
-    tokens after its computed ones takes."""
+    tokens after its computed ones takes (`tables_fit`'s count, summed)."""
     demand = dict.fromkeys(pools, 0)
     for state in states:
-        num_blocks = blocks_for(state.num_computed_tokens + num_new_tokens, block_size)
-        for name, table in state.page_tables.items():
-            if num_blocks > len(table):
-                demand[name] += num_blocks - len(table)
+        for name, count in _next_counts(state, num_new_tokens, life_cycles, config).items():
+            demand[name] += count
     return demand
 
 
@@ -233,18 +285,27 @@ def take_computed(
 
 
 def take_next(
-    state: RequestState, pools: Mapping[str, BlockPool], num_new_tokens: int, block_size: int
+    state: RequestState,
+    pools: Mapping[str, BlockPool],
+    num_new_tokens: int,
+    life_cycles: Mapping[str, LifeCycle],
+    config: KVStoreConfig,
 ) -> dict[str, tuple[int, ...]]:
-    """Extend every page table over `num_new_tokens` tokens after the computed ones with new
-    pages; an optional life cycle short of pages gets NULL_PAGE for the rest. The pages taken
-    per life cycle."""
-    num_blocks = blocks_for(state.num_computed_tokens + num_new_tokens, block_size)
+    """Extend every page table over `num_new_tokens` tokens after the computed ones, with new
+    pages at the blocks `paged_blocks` picks and NULL_PAGE at the others (and where an optional
+    life cycle falls short of pages). The pages taken per life cycle."""
+    num_blocks = blocks_for(state.num_computed_tokens + num_new_tokens, config.block_size)
+    every_block = config.reuse_policy.commits_every_block
     taken = {}
     for name, pool in pools.items():
         table = state.page_tables[name]
-        needed = max(0, num_blocks - len(table))
-        pages = pool.take(min(needed, pool.num_available()))
-        table.extend(pages)
-        table.extend([NULL_PAGE] * (needed - len(pages)))  # only optional ones fall short
+        first = len(table)
+        wanted = paged_blocks(
+            life_cycles[name], state.commit_blocks[name], every_block, first, num_blocks
+        )
+        pages = pool.take(min(len(wanted), pool.num_available()))  # only optional ones fall short
+        table.extend([NULL_PAGE] * max(0, num_blocks - first))
+        for index, page in zip(wanted, pages, strict=False):
+            table[index] = page
         taken[name] = tuple(pages)
     return taken

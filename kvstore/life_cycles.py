@@ -14,6 +14,10 @@ branches on the kind.
 
 A state life cycle's from-end snapshots are kept until the context ends and retained with the
 turn (`from_end_blocks`); its periodic ones are committed and left to the LRU.
+
+`pages_only_where_stored`: a state life cycle needs a page only where a state is stored (the
+running state, and the blocks its request commits); every other block of its page table is a
+hole (NULL_PAGE). The others need a page at every block the request computes.
 """
 
 from __future__ import annotations
@@ -29,6 +33,7 @@ class FullLifeCycle:
     required: bool = True
     kind = "full"
     slides = False  # its first live block moves as tokens are computed
+    pages_only_where_stored = False
     reusable = True
     needs_whole_prefix = True
     replay_tokens = 0
@@ -60,6 +65,7 @@ class WindowLifeCycle:
     required: bool = True
     kind = "window"
     slides = True  # its first live block moves as tokens are computed
+    pages_only_where_stored = False
     needs_whole_prefix = False
     reusable = True
 
@@ -97,6 +103,7 @@ class PrivateLifeCycle:
     required: bool = True
     kind = "private"
     slides = False  # its first live block moves as tokens are computed
+    pages_only_where_stored = False
     needs_whole_prefix = False
     reusable = False
     replay_tokens = 0
@@ -132,6 +139,7 @@ class StateLifeCycle:
     required: bool = True
     kind = "state"
     slides = True  # its first live block moves as tokens are computed
+    pages_only_where_stored = True
     needs_whole_prefix = False
     reusable = True
     replay_tokens = 0

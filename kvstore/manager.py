@@ -150,7 +150,7 @@ class KVCacheManager:
         """True if `admit(request_id, num_new_tokens)` would succeed now."""
         if self._state(request_id).admitted:
             return False
-        return self._fits(self.match(request_id), num_new_tokens)
+        return self._fits(self._state(request_id), self.match(request_id), num_new_tokens)
 
     def admit(self, request_id: str, num_new_tokens: int) -> Allocation:
         """Take the matched prefix and pages for the first `num_new_tokens` tokens after it."""
@@ -158,7 +158,7 @@ class KVCacheManager:
         if not self.can_admit(request_id, num_new_tokens):
             raise ValueError(f"request {request_id!r} cannot be admitted for {num_new_tokens}")
         state = self._state(request_id)
-        match = self._admit_match(state, lambda current: self._fits(current, num_new_tokens))
+        match = self._admit_match(state, lambda current: self._fits(state, current, num_new_tokens))
         whole_prefix_tokens = match.num_whole_prefix_blocks * self.config.block_size
         plan_commits(state, self.life_cycles, self.config, whole_prefix_tokens)
         return self.allocate(request_id, num_new_tokens)
@@ -190,7 +190,8 @@ class KVCacheManager:
         state = self._state(request_id)
         if not state.admitted:
             return False
-        return tables_fit(state, num_new_tokens, self.config.block_size, self._required_pools())
+        required = self._required_pools()
+        return tables_fit(state, num_new_tokens, self.life_cycles, self.config, required)
 
     def allocate(self, request_id: str, num_new_tokens: int) -> Allocation:
         """Pages for tokens [computed, computed + new); optional life cycles are best-effort."""
@@ -198,7 +199,7 @@ class KVCacheManager:
         if not self.can_allocate(request_id, num_new_tokens):
             raise ValueError(f"request {request_id!r} cannot allocate {num_new_tokens} tokens")
         state = self._state(request_id)
-        new_pages = take_next(state, self.pools, num_new_tokens, self.config.block_size)
+        new_pages = take_next(state, self.pools, num_new_tokens, self.life_cycles, self.config)
         self.tiers.flush()
         return self._allocation(state, new_pages)
 
@@ -208,7 +209,7 @@ class KVCacheManager:
         states = [self._state(request_id) for request_id in request_ids]
         if not all(state.admitted for state in states):
             return False
-        demand = pages_demanded(states, num_new_tokens, self.config.block_size, self.pools)
+        demand = pages_demanded(states, num_new_tokens, self.life_cycles, self.config, self.pools)
         return all(demand[name] <= pool.num_available() for name, pool in self._required_pools())
 
     def allocate_all(self, request_ids: Sequence[str], num_new_tokens: int) -> int:
@@ -223,7 +224,8 @@ class KVCacheManager:
             num_blocks = blocks_for(state.num_computed_tokens + num_new_tokens, block_size)
             if all(len(table) >= num_blocks for table in state.page_tables.values()):
                 continue  # most decode tokens land in a page the request holds
-            for pages in take_next(state, self.pools, num_new_tokens, block_size).values():
+            new_pages = take_next(state, self.pools, num_new_tokens, self.life_cycles, self.config)
+            for pages in new_pages.values():
                 taken += len(pages)
         self.tiers.flush()
         return taken
@@ -332,8 +334,9 @@ class KVCacheManager:
     def _on_device(self, life_cycle: str, block_hash: int) -> bool:
         return self.pools[life_cycle].lookup(block_hash) is not None
 
-    def _fits(self, match: PrefixMatch, num_new_tokens: int) -> bool:
-        return match_fits(match, num_new_tokens, self._required_pools(), self.config.block_size)
+    def _fits(self, state: RequestState, match: PrefixMatch, num_new_tokens: int) -> bool:
+        required = self._required_pools()
+        return match_fits(state, match, num_new_tokens, self.life_cycles, self.config, required)
 
     def _computed_fits(self, state: RequestState, match: PrefixMatch) -> bool:
         required = self._required_pools()

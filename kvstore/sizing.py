@@ -17,12 +17,18 @@ until its context ends). Branch records count among the retained turns
 | full    | ceil(L/B)                                     | ceil(L/B) (*)     | as a turn         |
 | window  | min(ceil(L/B), ceil((w+c)/B)+1 + (ckpt+br)*W) | (1 + ckpt) * W    | W                 |
 | private | ceil(L/B)                                     | 0                 | 0                 |
-| state   | ceil(c/B) + 2 + 1 + ckpt + br + E             | 1 + ckpt + E      | 1                 |
+| state   | 3 + S + ckpt + br + E                         | 1 + ckpt + E      | 1                 |
 
-W = ceil(w/B). E = the state life cycle's from-end offsets besides 0: a resident request keeps
-each from-end snapshot until its context ends, and every retained turn keeps its own (a from-end
-boundary moves with the prompt, so turns never share them). Periodic snapshots are left to the
-LRU and counted nowhere: they are evictable, so conversions of pages to tokens count live ones.
+W = ceil(w/B). A state page table has pages only where a state is stored (`paged_blocks`), so a
+resident request holds the page its chunk resumes from, the page of its last token (the
+running state), its endpoint snapshot, and S = the periodic snapshots one chunk passes
+(min(ceil(c/e), ceil(c/B) + 1) for a period of e tokens, 0 without one): never the chunk's
+other blocks. Under a policy that commits every block (`every_block_snapshots`) every block is
+a snapshot: S = ceil(c/B) + 1. E = the state life cycle's from-end offsets besides 0: a resident
+request keeps each from-end snapshot until its context ends, and every retained turn keeps its
+own (a from-end boundary moves with the prompt, so turns never share them). Periodic snapshots
+behind the running state are left to the LRU and counted nowhere: they are evictable, so
+conversions of pages to tokens count live ones.
 (*) no sharing, unless `full_tokens_per_retained_turn` says what each holds.
 
 Under pressure (fewer pages than the peak) the proportional split is lifted to a floor: what
@@ -53,6 +59,7 @@ class TypicalStep:
     `keep_branch_points`). `branch_records`: how many of `retained_turns` are branch records.
     `retained_snapshots` False leaves the retained turns' from-end snapshots out of the plan
     (what sizing did before they were retained: a baseline for measuring their effect).
+    `every_block_snapshots`: the reuse policy commits every block (every state is a snapshot).
     """
 
     num_slots: int
@@ -64,6 +71,7 @@ class TypicalStep:
     branch_points: bool = False
     branch_records: int = 0
     retained_snapshots: bool = True
+    every_block_snapshots: bool = False
 
     def __post_init__(self) -> None:
         if self.num_slots < 1 or self.max_context_tokens < 1 or self.chunk_tokens < 1:
@@ -110,6 +118,7 @@ def rank_typical_step(
         branch_points=branches > 0,
         branch_records=retained_conversations * branches,
         retained_snapshots=retained_snapshots,
+        every_block_snapshots=policy.commits_every_block,
     )
 
 
@@ -144,8 +153,12 @@ def _private(lc: LifeCycle, step: TypicalStep, bs: int) -> Peak:
 
 
 def _state(lc: LifeCycle, step: TypicalStep, bs: int) -> Peak:
-    from_end = cast(StateLifeCycle, lc).num_extra_from_end  # PEAK_PAGES maps only "state" here
-    resident = _blocks(step.chunk_tokens, bs) + 3 + step.checkpoint + step.branch_points
+    state = cast(StateLifeCycle, lc)  # PEAK_PAGES maps only "state" here
+    from_end = state.num_extra_from_end
+    spanned = _blocks(step.chunk_tokens, bs) + 1  # blocks one chunk touches, at most
+    periodic = _blocks(step.chunk_tokens, state.every_tokens) if state.every_tokens else 0
+    passed = spanned if step.every_block_snapshots else min(periodic, spanned)
+    resident = 3 + passed + step.checkpoint + step.branch_points
     retained = 1 + step.checkpoint + from_end * step.retained_snapshots
     return Peak(resident + from_end, retained, 1)
 

@@ -18,6 +18,7 @@ Which window/state blocks a request commits and keeps until its context ends:
 from __future__ import annotations
 
 from collections.abc import Mapping
+from typing import NamedTuple
 
 from .block_pool import NULL_PAGE, BlockPool
 from .branch_points import branch_position
@@ -36,6 +37,45 @@ def planned_checkpoint(
     return checkpoint if enabled and checkpoint > num_reused_tokens else None
 
 
+class CommitPlan(NamedTuple):
+    """A request's checkpoint and branch point, and per life cycle its commit and keep sets."""
+
+    checkpoint_tokens: int | None
+    branch_tokens: int | None
+    commit_blocks: dict[str, frozenset[int]]
+    keep: dict[str, frozenset[int]]
+
+
+def commit_plan(
+    life_cycles: Mapping[str, LifeCycle],
+    config: KVStoreConfig,
+    prompt_len: int,
+    num_reused_tokens: int,
+    whole_prefix_tokens: int = 0,
+) -> CommitPlan:
+    """What a prompt of `prompt_len` tokens commits and keeps after reusing `num_reused_tokens`
+    (`whole_prefix_tokens`: how far its whole-prefix life cycles found it cached)."""
+    bs = config.block_size
+    checkpoint = planned_checkpoint(config, prompt_len, num_reused_tokens)
+    branch = branch_position(config, prompt_len, num_reused_tokens, whole_prefix_tokens)
+    end_blocks = prompt_len // bs
+    commit: dict[str, frozenset[int]] = {}
+    keep: dict[str, frozenset[int]] = {}
+    for name, life_cycle in life_cycles.items():
+        # NOTE: whole-prefix life cycles commit every full block anyway and never slide.
+        if life_cycle.needs_whole_prefix:
+            keep[name] = commit[name] = frozenset()
+            continue
+        wanted = set(life_cycle.resume_blocks(end_blocks, bs))
+        for position in (checkpoint, branch):
+            if position is not None:
+                wanted.update(life_cycle.resume_blocks(position // bs, bs))
+        wanted.update(life_cycle.from_end_blocks(prompt_len, bs))
+        keep[name] = frozenset(wanted)
+        commit[name] = frozenset(wanted | life_cycle.snapshot_blocks(prompt_len, bs))
+    return CommitPlan(checkpoint, branch, commit, keep)
+
+
 def plan_commits(
     state: RequestState,
     life_cycles: Mapping[str, LifeCycle],
@@ -43,28 +83,12 @@ def plan_commits(
     whole_prefix_tokens: int = 0,
 ) -> None:
     """At admission: set the request's checkpoint, branch point and window/state commit and keep
-    sets (`whole_prefix_tokens`: how far its whole-prefix life cycles found it cached)."""
-    bs = config.block_size
-    state.checkpoint_tokens = planned_checkpoint(config, state.prompt_len, state.num_reused_tokens)
-    state.branch_tokens = branch_position(
-        config, state.prompt_len, state.num_reused_tokens, whole_prefix_tokens
+    sets (`commit_plan`)."""
+    plan = commit_plan(
+        life_cycles, config, state.prompt_len, state.num_reused_tokens, whole_prefix_tokens
     )
-    positions = [state.checkpoint_tokens, state.branch_tokens]
-    end_blocks = state.prompt_len // bs
-    for name, life_cycle in life_cycles.items():
-        # NOTE: whole-prefix life cycles commit every full block anyway and never slide.
-        if life_cycle.needs_whole_prefix:
-            state.keep[name] = state.commit_blocks[name] = frozenset()
-            continue
-        wanted = set(life_cycle.resume_blocks(end_blocks, bs))
-        for position in positions:
-            if position is not None:
-                wanted.update(life_cycle.resume_blocks(position // bs, bs))
-        wanted.update(life_cycle.from_end_blocks(state.prompt_len, bs))
-        state.keep[name] = frozenset(wanted)
-        state.commit_blocks[name] = frozenset(
-            wanted | life_cycle.snapshot_blocks(state.prompt_len, bs)
-        )
+    state.checkpoint_tokens, state.branch_tokens = plan.checkpoint_tokens, plan.branch_tokens
+    state.commit_blocks, state.keep = plan.commit_blocks, plan.keep
 
 
 def commit_computed(

@@ -155,7 +155,10 @@ def _check_chunk(b: int, chunk: SequenceChunk, cache: PagedKVCache) -> None:
                 f"outside 0..{num_pages - 1}"
             )
         first_read = _first_read_position(chunk.num_cached, group, cache) // cache.page_size
-        if cache.null_page_id in pages[first_read:needed]:
+        used = pages[first_read:needed]
+        if group == STATE_GROUP:  # holes between: only stored states have pages
+            used = [pages[needed - 1]] + ([pages[first_read]] if chunk.num_cached else [])
+        if cache.null_page_id in used:
             raise ValueError(
                 f"sequence {b} group {group!r}: pages {first_read}..{needed - 1} are read or "
                 f"written but include the null page {cache.null_page_id}"

@@ -198,10 +198,14 @@ class EngineCore:
             )
         # NOTE: what one request holds per pool at its peak, by the same rule pool sizing uses: a
         # window pool holds the window plus a chunk (and checkpoints), not the whole sequence.
-        alone = TypicalStep(
-            1, total, self.config.max_num_batched_tokens, checkpoint=self.config.checkpoint
-        )
         store = self.manager.config
+        alone = TypicalStep(
+            1,
+            total,
+            self.config.max_num_batched_tokens,
+            checkpoint=self.config.checkpoint,
+            every_block_snapshots=store.reuse_policy.commits_every_block,
+        )
         need = peak_demand(alone, store.life_cycles, store.block_size)
         for name, pool in self.manager.pools.items():
             if need[name] > pool.num_usable:

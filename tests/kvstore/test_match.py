@@ -79,7 +79,7 @@ def test_state_needs_a_snapshot_at_the_resume_position():
     manager.add_request("b", tokens(1, 22) + tokens(2, 8))
     match = manager.match("b")
     assert match.num_reusable_tokens == 16
-    assert match.pages["ssm"] == (NULL_PAGE,) * 3 + (4,)
+    assert match.pages["ssm"][:3] == (NULL_PAGE,) * 3 and match.pages["ssm"][3] != NULL_PAGE
     manager.finish_request("b")
     manager.check_integrity()
 

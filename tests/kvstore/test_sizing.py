@@ -10,6 +10,7 @@ from dataclasses import replace
 
 import pytest
 from kv_factories import make_manager, tokens
+from kvfleet.kvstore.block_pool import NULL_PAGE
 from kvfleet.kvstore.life_cycles import (
     FullLifeCycle,
     PrivateLifeCycle,
@@ -160,8 +161,8 @@ def test_split_is_proportional_to_demand():
     step = TypicalStep(num_slots=2, max_context_tokens=256, chunk_tokens=32, retained_turns=4)
     plan = plan_pools(step, LIFE_CYCLES, BLOCK, total_pages=1000)
     assert sum(plan.pool_pages.values()) == 1000
-    # ssm: 2 x (4 + 3 + 1 + 1 from-end) + 4 x (1 + 1 + 1 from-end)
-    assert plan.demand["ssm"] == 2 * 9 + 4 * 3
+    # ssm: 2 x (3 + 1 periodic + 1 ckpt + 1 from-end) + 4 x (1 + 1 + 1 from-end)
+    assert plan.demand["ssm"] == 2 * 6 + 4 * 3
     assert plan.pool_pages["full"] > plan.pool_pages["scratch"] > plan.pool_pages["ssm"]
 
 
@@ -186,4 +187,35 @@ def test_a_from_end_snapshot_is_kept_under_pressure_until_its_turn_is_retained()
     manager.finish_context("a")
     (record,) = manager.retained_turns("c")
     assert len(record.pages["ssm"]) == 2  # the endpoint and the snapshot 24 tokens before it
+    manager.check_integrity()
+
+
+def test_a_long_chunked_prefill_holds_state_pages_only_where_states_are_stored():
+    """A 1000-token prompt in 256-token chunks (32 blocks each) holds at its peak only the page
+    it resumes from, its running state and its snapshots: as many as the plan counts, where a
+    page at every block a chunk passes would hold 33 or more."""
+    ssm = StateLifeCycle("ssm", offsets_from_end=(0, 24))
+    chunk, prompt_len = 256, 1000
+    manager = make_manager([FullLifeCycle("full"), ssm], 200, BLOCK, PerConversation(1))
+    manager.add_request("r", tokens(1, prompt_len), "c")
+    manager.admit("r", chunk)
+    before, done, peak = 0, chunk, manager.pools["ssm"].num_in_use
+    stored = manager._state("r").commit_blocks["ssm"]
+    while True:
+        table = manager.page_table("r", "ssm")
+        running = (done - 1) // BLOCK
+        holders = {i for i, page in enumerate(table) if page != NULL_PAGE}
+        assert holders <= stored | {running, (before - 1) // BLOCK}, holders
+        manager.commit("r", done)
+        if done == prompt_len:
+            break
+        size = min(chunk, prompt_len - done)
+        manager.allocate("r", size)
+        before, done = done, done + size
+        peak = max(peak, manager.pools["ssm"].num_in_use)
+    step = TypicalStep(num_slots=1, max_context_tokens=prompt_len, chunk_tokens=chunk)
+    planned = plan_pools(step, [FullLifeCycle("full"), ssm], BLOCK).demand["ssm"]
+    assert peak <= planned == 3 + 1 + 1  # resume, running, endpoint; checkpoint; from-end
+    manager.finish_context("r")
+    manager.finish_request("r")
     manager.check_integrity()

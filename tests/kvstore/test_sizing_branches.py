@@ -103,7 +103,7 @@ def test_live_pages_at_peak_fit_a_plan_that_counts_branch_points():
     # resident: min(19, ceil((32 + 32) / 8) + 1 + (ckpt + branch) x 4) = 17;
     # retained: 3 turns x (endpoint + checkpoint) x 4 + 3 branch records x 4
     assert plan.demand["swa"] == 3 * 17 + 3 * 8 + 3 * 4
-    assert plan.demand["ssm"] == 3 * (4 + 3 + 1 + 1) + 3 * 2 + 3 * 1
+    assert plan.demand["ssm"] == 3 * (3 + 1 + 1 + 1) + 3 * 2 + 3 * 1  # 1 periodic a chunk
     manager.check_integrity()
 
 

@@ -111,9 +111,16 @@ def test_released_pages_follow_the_rules_at_every_commit(
     manager.add_request("r", tokens(1, prompt_len))
     allocated = {name: [] for name in manager.life_cycles}
 
-    def grow(allocation):
-        for name, pages in allocation.new_pages.items():
-            allocated[name].extend(pages)
+    def grow(allocation):  # the new blocks' entries as allocated (a state hole is NULL_PAGE)
+        for name in allocation.new_pages:
+            table = manager.page_table("r", name)
+            new = table[len(allocated[name]) :]
+            if name == "ssm":  # pages only at its commit blocks and the running state
+                stored = manager._state("r").commit_blocks[name] | {len(table) - 1}
+                first = len(allocated[name])
+                paged = {first + i for i, page in enumerate(new) if page != NULL_PAGE}
+                assert paged == {i for i in stored if first <= i < len(table)}, (paged, stored)
+            allocated[name].extend(new)
 
     done = min(chunk, prompt_len)
     grow(manager.admit("r", done))

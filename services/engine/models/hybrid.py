@@ -5,9 +5,11 @@ layers keep K/V in the `full` layer group's pages, like `CausalLM`. SSM layers k
 recurrent state in the `ssm` group (the kvstore's `state` life cycle): the page of block j
 holds each SSM layer's state after token (j+1)*B - 1 once block j is computed, and the running
 state until then. A chunk starting at token n reads the state in the page of block (n-1)//B
-(a snapshot when n is a block boundary) and writes every block end it passes, so a prefix-cache
-hit and a recompute run the same code from different starting points. Which of those pages
-are kept as snapshots is the kvstore's business (snapshot boundaries), not the model's.
+(a snapshot when n is a block boundary), writes the state after each block end it passes whose
+page exists, and the running state into the page of its last token, so a prefix-cache hit and
+a recompute run the same code from different starting points. Which blocks have pages (the
+snapshot boundaries; the rest are holes, the null page) is the kvstore's business, not the
+model's.
 """
 
 from __future__ import annotations
@@ -94,7 +96,8 @@ class HybridLM(nn.Module):
             return backend.forward(q, k_pages, v_pages, meta, None, self._scale)
 
         def mix(layer: int, mixer: SelectiveSSM, x: torch.Tensor) -> torch.Tensor:
-            return paged_scan(mixer, x, batch, cache.states(layer), cache.page_size)
+            states = cache.states(layer)
+            return paged_scan(mixer, x, batch, states, cache.page_size, cache.null_page_id)
 
         hidden = self._run_layers(batch.token_ids, batch.positions, attend, mix)
         if not all_logits:
@@ -141,13 +144,15 @@ def paged_scan(
     batch: ForwardBatch,
     states: torch.Tensor,
     page_size: int,
+    null_page: int,
 ) -> torch.Tensor:
     """One SSM layer over every sequence of `batch`, each from the state in its pages.
 
     `states` is the layer's `[num_pages, floats]` fp32 view of the `ssm` pool. Sequence b's
     chunk starts at token n = num_cached: it resumes from page `(n-1)//B` (zeros at n = 0),
-    writes the state after each block end it passes into that block's page, and the state
-    after its last token into the page of the block holding it.
+    writes the state after each block end it passes into that block's page where the block
+    has one (a hole, `null_page`, stores nothing), and the state after its last token into
+    the page of the block holding it.
     """
     shape, outputs, offset = mixer.shape, [], 0
     for chunk in batch.chunks:
@@ -157,7 +162,11 @@ def paged_scan(
             state = SSMState.zeros(shape, x.device)
         else:
             state = SSMState.from_flat(shape, states[pages[(start - 1) // page_size]])
-        ends = frozenset(i for i in range(count) if (start + i + 1) % page_size == 0)
+        ends = frozenset(
+            i
+            for i in range(count - 1)
+            if (start + i + 1) % page_size == 0 and pages[(start + i) // page_size] != null_page
+        )
         y, final, kept = mixer(x[offset : offset + count], state, ends)
         for index, snapshot in kept.items():
             states[pages[(start + index) // page_size]].copy_(snapshot.flat())
