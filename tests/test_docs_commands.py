@@ -83,3 +83,14 @@ def test_docs_speak_of_the_product_not_of_issues():
         if re.search(r"\bissues? #?\d+", line, re.IGNORECASE)
     ]
     assert not cited, cited
+
+
+def test_no_file_holds_a_merge_conflict_marker():
+    """A conflict resolved in a hurry once left both sides and the markers in a doc."""
+    import subprocess
+
+    markers = subprocess.run(
+        ["git", "grep", "-n", "-E", "^(<<<<<<<|>>>>>>>) "],
+        cwd=Path(__file__).resolve().parents[1], capture_output=True, text=True,
+    )  # fmt: skip
+    assert markers.stdout == ""
