@@ -16,6 +16,7 @@ import argparse
 import asyncio
 import hashlib
 import json
+import os
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -30,7 +31,15 @@ from kvfleet.services.replay.tokens import TokenSynthesizer
 from rich.console import Console
 from rich.table import Table
 
-TRACES = Path(__file__).resolve().parents[1] / ".." / "shared" / "traces" / "claude_code_weka"
+# KVFLEET_TRACES: where the shared traces live when not beside the checkout (../shared/traces).
+TRACES = (
+    Path(
+        os.environ.get(
+            "KVFLEET_TRACES", Path(__file__).resolve().parents[1] / ".." / "shared" / "traces"
+        )
+    )
+    / "claude_code_weka"
+)
 HYBRID_MODEL = Path(__file__).resolve().parent / "sim_hybrid.yaml"
 
 # Strict affinity's wait bound in time only: the router runs a pass every 50 ms tick while
@@ -98,15 +107,19 @@ async def run_sim_arms(
     args: argparse.Namespace,
     fleets: dict[str, dict[str, str]],
     extra_measures: Callable[[SimTarget, list], dict] | None = None,
+    attach: Callable[[SimTarget], object] | None = None,
 ) -> list[tuple]:
     """Replay the same sessions on each arm's fleet; rows of (name, measures, wall s, stats,
-    result). `extra_measures(target, records)` adds an arm's own figures to its measures."""
+    result). `extra_measures(target, records)` adds an arm's own figures to its measures;
+    `attach(target)` runs on each arm's fleet before its replay (a tracer)."""
     files = session_files(getattr(args, "half", "all"), args.sessions)
     conversations = filter_max_model_len(read_traces(files, ReadOptions()), args.max_model_len)
     options = DriverOptions(len(conversations), args.time_scale, args.stagger)
     rows = []
     for name, fleet in fleets.items():
         target = SimTarget(load_sim_config(args.model, fleet))
+        if attach is not None:
+            attach(target)
         started = time.perf_counter()
         try:
             result = await run_arm(
