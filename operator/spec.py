@@ -92,7 +92,7 @@ class Reuse(_Model):
     # per_conversation only (docs/kvstore.md): also keep the first turn's endpoints, and up to
     # this many branch-point windows per conversation.
     keep_root: bool = False
-    keep_branch_points: int = Field(default=1, ge=0)
+    keep_branch_points: int = Field(default=0, ge=0)
 
 
 class SecretKeyRef(_Model):

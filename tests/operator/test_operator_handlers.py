@@ -134,11 +134,11 @@ async def test_reuse_change_updates_engine_yaml_and_rolls_the_pool(k8s, operator
         template = live(k8s, STS, "f6-generation")["spec"]["template"]
         return template["metadata"]["annotations"][CONFIG_HASH_ANNOTATION]
 
-    assert (reuse()["keep_root"], reuse()["keep_branch_points"]) == (False, 1)
+    assert (reuse()["keep_root"], reuse()["keep_branch_points"]) == (False, 0)
     hash_before = pod_hash()
-    spec = {**copy.deepcopy(BASE_SPEC), "reuse": {"keepRoot": True, "keepBranchPoints": 2}}
+    spec = {**copy.deepcopy(BASE_SPEC), "reuse": {"keepRoot": True, "keepBranchPoints": 1}}
     await send(k8s, "PATCH", f"{FLEET_PATH}/f6", {"metadata": {"generation": 2}, "spec": spec})
-    await eventually(lambda: reuse()["keep_branch_points"] == 2)
+    await eventually(lambda: reuse()["keep_branch_points"] == 1)
     assert reuse()["keep_root"] is True
     await eventually(lambda: pod_hash() != hash_before)
     check_children_owned(k8s, "f6", "uid-6")

@@ -20,15 +20,15 @@ def reuse_schema() -> dict:
     return crd_schema()["properties"]["spec"]["properties"]["reuse"]
 
 
-def test_defaults_render_the_shipped_retention_options():
-    """A fleet that says nothing must render keep_root false and one branch point kept."""
+def test_defaults_render_retention_options_off():
+    """A fleet that says nothing must render keep_root false and keep_branch_points 0."""
     reuse = engine_config(parse_spec({"model": MODEL}), "generation")["reuse"]
     assert reuse == {
         "policy": "per_conversation",
         "max_num_turns": 5,
         "checkpoint": True,
         "keep_root": False,
-        "keep_branch_points": 1,
+        "keep_branch_points": 0,
     }
 
 
@@ -50,7 +50,7 @@ def test_options_reach_every_pool_engine_yaml_and_the_engine_reads_them():
 def test_changing_branch_points_rolls_the_pools():
     """A new keepBranchPoints must change the config hash in the pod template."""
     before = parse_spec({"model": MODEL})
-    after = parse_spec({"model": MODEL, "reuse": {"keepBranchPoints": 2}})
+    after = parse_spec({"model": MODEL, "reuse": {"keepBranchPoints": 1}})
     assert config_hash(before, "generation") != config_hash(after, "generation")
 
 

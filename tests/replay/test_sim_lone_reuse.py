@@ -40,11 +40,9 @@ async def test_rewritten_turn_does_not_cost_the_rest_of_the_session() -> None:
     one (the conversation is released), or a released prefix was evicted from its head, the
     blocks every later turn needs first."""
     # 1250 + 1300 full pages fit next to the window pool's lone-request floor, not in the
-    # proportional split's 2424 (the split without a branch-point window: with one, the window
-    # pool takes more and the full pool no longer holds both prompts at this budget).
+    # proportional split's 2424.
     session = rewritten_session(first=1250, second=1300, kept=200, later=4, step=40)
-    fleet = {**PRESSED, "max_num_turns": "5", "keep_branch_points": "0"}
-    target = SimTarget(load_sim_config(HYBRID, fleet))
+    target = SimTarget(load_sim_config(HYBRID, {**PRESSED, "max_num_turns": "5"}))
     try:
         result = await run_arm(
             "lone",

@@ -47,8 +47,5 @@ def test_retained_turns_get_window_pages_at_the_same_budget() -> None:
 
 def test_no_retained_conversations_sizes_like_per_request() -> None:
     """If this fails, `retained_conversations: 0` no longer turns retained-turn sizing off."""
-    # A branch point is a resident request's window, not a retained turn's: left out here.
-    off = pool_pages(
-        reuse_policy="per_conversation", retained_conversations="0", keep_branch_points="0"
-    )
+    off = pool_pages(reuse_policy="per_conversation", retained_conversations="0")
     assert off == pool_pages(reuse_policy="per_request")
