@@ -104,15 +104,19 @@ async def run_sim_arms(
     args: argparse.Namespace,
     fleets: dict[str, dict[str, str]],
     extra_measures: Callable[[SimTarget, list], dict] | None = None,
+    attach: Callable[[SimTarget], object] | None = None,
 ) -> list[tuple]:
     """Replay the same sessions on each arm's fleet; rows of (name, measures, wall s, stats,
-    result). `extra_measures(target, records)` adds an arm's own figures to its measures."""
+    result). `extra_measures(target, records)` adds an arm's own figures to its measures;
+    `attach(target)` runs on each arm's fleet before its replay (a tracer)."""
     files = session_files(getattr(args, "half", "all"), args.sessions)
     conversations = filter_max_model_len(read_traces(files, ReadOptions()), args.max_model_len)
     options = DriverOptions(len(conversations), args.time_scale, args.stagger)
     rows = []
     for name, fleet in fleets.items():
         target = SimTarget(load_sim_config(args.model, fleet))
+        if attach is not None:
+            attach(target)
         started = time.perf_counter()
         try:
             result = await run_arm(
