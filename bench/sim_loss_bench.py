@@ -20,7 +20,7 @@ from loss_tracer import LossTracer, is_sub_agent, later_no_reuse
 from rich.console import Console
 from rich.table import Table
 from sim_bench import HYBRID_MODEL, run_sim_arms
-from sim_sweep import SETTINGS
+from sim_sweep import SETTINGS, fleet_settings
 
 
 def parse_args() -> argparse.Namespace:
@@ -51,13 +51,7 @@ def tracers_of(tracers: list[LossTracer]):
 
 async def run(args: argparse.Namespace) -> list[tuple]:
     extra = dict(kv.split("=", 1) for kv in args.set.split(",") if kv)
-    common = {
-        "ranks": str(args.ranks),
-        "slots": str(args.slots),
-        "gpu_pages": str(args.gpu_pages),
-        "host_pages": str(args.host_pages),
-        "retained_conversations": str(args.retained_conversations),
-    }
+    common = fleet_settings(args)
     rows = []
     for seed in (int(s) for s in args.seeds.split(",")):
         for name in args.arms.split(","):

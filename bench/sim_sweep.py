@@ -63,14 +63,14 @@ def parse_args() -> argparse.Namespace:
     return parser.parse_args()
 
 
+def fleet_settings(args: argparse.Namespace) -> dict[str, str]:
+    """The fleet shape every arm shares, as sim settings."""
+    names = ("ranks", "slots", "gpu_pages", "host_pages", "retained_conversations")
+    return {name: str(getattr(args, name)) for name in names}
+
+
 async def sweep(args: argparse.Namespace) -> dict[str, list[dict]]:
-    common = {
-        "ranks": str(args.ranks),
-        "slots": str(args.slots),
-        "gpu_pages": str(args.gpu_pages),
-        "host_pages": str(args.host_pages),
-        "retained_conversations": str(args.retained_conversations),
-    }
+    common = fleet_settings(args)
     fleets = {name: {**common, **SETTINGS[name]} for name in args.arms.split(",")}
     runs: dict[str, list[dict]] = {name: [] for name in fleets}
     for seed in (int(s) for s in args.seeds.split(",")):
