@@ -97,7 +97,10 @@ def live_requests(core) -> int:
 
 def test_client_that_disconnects_mid_stream_frees_its_pages(rank):
     """A dropped stream that keeps generating holds slots and pages until max_tokens."""
-    body = {"model": "tiny", "prompt": "a" * 100, "max_tokens": 2000, "stream": True}
+    # ignore_eos: a sampled stop token would end the request by itself, before the test sees it
+    # live (the random tiny model stops within a few hundred tokens at temperature 1).
+    body = {"model": "tiny", "prompt": "a" * 100, "max_tokens": 2000, "stream": True,
+            "ignore_eos": True}  # fmt: skip
     ran_to_length = rank.core.metrics.finished.labels("length")
     lengths_before = ran_to_length._value.get()
     with (
