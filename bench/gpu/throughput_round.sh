@@ -8,6 +8,7 @@ cd "$(dirname "$0")/../.."
 source bench/gpu/device_env.sh
 timeout "${THROUGHPUT_TIMEOUT_S:-260}" python3 bench/throughput_bench.py --models qwen3-0.6b,8b \
   --modes no-ahead,auto --throughput-models qwen3-0.6b,8b --throughput-modes no-ahead,auto \
-  --decode qwen3-0.6b:256,8b:64 --page-size 128 --agreement-models none --budget-s 200 \
+  --decode qwen3-0.6b:256,8b:64 --page-size 128 --kv-pages qwen3-0.6b:9000,8b:4600 \
+  --agreement-models none --budget-s 200 \
   2>&1 | tee "${OUT:-/tmp}/throughput.log"
 save_fa_cache
