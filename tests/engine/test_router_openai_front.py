@@ -14,7 +14,6 @@ import ssl
 import subprocess
 import sys
 import threading
-from pathlib import Path
 
 import httpx
 import openai
@@ -22,9 +21,6 @@ import pytest
 from engine_testkit import TEST_CONFIG, wait_until
 from kvfleet.services.engine.rank import EngineRank, RankAddresses
 from kvfleet.services.router.fleet_secret import SECRET_ENV
-
-sys.path.insert(0, str(Path(__file__).parents[1] / "router"))
-from self_signed import self_signed_certificate
 
 FLEET_SECRET = "front-test-secret"
 
@@ -128,11 +124,11 @@ def test_health_is_200_while_serving_and_503_once_the_router_stops(fleet):
         assert any(line.startswith("data: ") for line in lines)  # streamed on within the grace
 
 
-def test_with_a_certificate_both_client_doors_serve_tls_only(tmp_path):
+def test_with_a_certificate_both_client_doors_serve_tls_only(certificate):
     """The router's certificate covers its HTTP port too: an OpenAI client that trusts it
     holds a chat there, plain HTTP gets no answer, and the front reaches its own router
     although the client port now speaks TLS only."""
-    cert, key = self_signed_certificate(tmp_path)
+    cert, key = certificate
     tls = ("--tls-cert-file", str(cert), "--tls-key-file", str(key))
     with router_with_a_rank(*tls, scheme="https") as (_process, base, _rank):
         with (

@@ -15,7 +15,6 @@ from kvfleet.services.engine.rank import EngineRank, RankAddresses
 from kvfleet.services.router.fleet_secret import SECRET_ENV, secret_metadata
 from kvfleet.services.router.server import RouterConfig, create_server
 from router_fake_engine import FakeEngine, wait_until
-from self_signed import self_signed_certificate
 
 SECRET = "fleet-secret-for-tests"
 
@@ -122,9 +121,9 @@ def test_the_router_command_will_not_open_a_rank_port_without_a_secret():
     assert SECRET_ENV in finished.stderr
 
 
-def test_the_client_port_serves_tls_with_the_given_certificate(tmp_path):
+def test_the_client_port_serves_tls_with_the_given_certificate(certificate):
     """Optional TLS on the client port: a client trusting the certificate is served."""
-    cert, key = self_signed_certificate(tmp_path)
+    cert, key = certificate
     config = RouterConfig(
         tls_cert_file=str(cert), tls_key_file=str(key), rank_address="127.0.0.1:0"
     )

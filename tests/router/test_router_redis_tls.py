@@ -6,13 +6,12 @@ from __future__ import annotations
 import pytest
 from kvfleet.services.router.server import RouterConfig
 from own_redis import OwnRedis
-from self_signed import self_signed_certificate
 from test_router_redis_auth import serve_one_turn
 
 
 @pytest.fixture
-def tls_redis(tmp_path):
-    cert, key = self_signed_certificate(tmp_path)
+def tls_redis(certificate):
+    cert, key = certificate
     instance = OwnRedis(tls=(str(cert), str(key)))
     instance.start()
     yield instance
