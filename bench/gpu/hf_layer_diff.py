@@ -11,11 +11,13 @@ The backend is SDPA on both sides unless given (`--backend`, `--hf-attention`).
 from __future__ import annotations
 
 import argparse
+import contextlib
 import sys
 import tempfile
 from pathlib import Path
 
 import torch
+from torch.nn.attention import SDPBackend, sdpa_kernel
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
@@ -60,6 +62,14 @@ def rope_rows(engine, name, hf, ours, length, device, dtype) -> list[list[object
     return rows
 
 
+# --sdpa-kernel: SDPA's kernels by name
+SDPA_KERNELS = {
+    "math": SDPBackend.MATH,
+    "efficient": SDPBackend.EFFICIENT_ATTENTION,
+    "flash": SDPBackend.FLASH_ATTENTION,
+}
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
@@ -71,17 +81,27 @@ def main() -> int:
     parser.add_argument("--hf-attention", default="sdpa")
     parser.add_argument("--backend", default="sdpa")
     parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--sdpa-kernel", default=None, help="force SDPA's kernel on both sides: "
-                        "math, efficient or flash (torch.nn.attention.SDPBackend)")  # fmt: skip
+    parser.add_argument("--sdpa-kernel", choices=sorted(SDPA_KERNELS), default=None,
+                        help="force SDPA's kernel on both sides")  # fmt: skip
     args = parser.parse_args()
-    if args.sdpa_kernel:
-        from torch.nn.attention import SDPBackend, sdpa_kernel
+    with forced_sdpa_kernel(args.sdpa_kernel):
+        rows = compare_all(args)
+    kernel = f", SDPA kernel {args.sdpa_kernel}" if args.sdpa_kernel else ""
+    print_table(f"first departures from transformers ({args.device}, {args.dtype}{kernel})",
+                ["model", "module (forward order)", "max |diff|", "identical"], rows)  # fmt: skip
+    return 0
 
-        sdpa_kernel(getattr(SDPBackend, args.sdpa_kernel.upper() + "_ATTENTION", None)
-                    or SDPBackend.MATH).__enter__()  # fmt: skip
+
+def forced_sdpa_kernel(name: str | None):
+    """SDPA limited to kernel `name` on both sides (nothing forced when None)."""
+    return contextlib.nullcontext() if name is None else sdpa_kernel(SDPA_KERNELS[name])
+
+
+def compare_all(args: argparse.Namespace) -> list[list[object]]:
+    """One row per hooked module (and RoPE's cos/sin) per model, in forward order."""
     device, dtype = torch.device(args.device), getattr(torch, args.dtype)
     engine = import_engine()
-    rows = []
+    rows: list[list[object]] = []
     for name in args.models.split(","):
         hf = build_hf(name, args.small, device, dtype, args.seed, args.hf_attention)
         with tempfile.TemporaryDirectory(prefix="hf-diff-") as tmp:
@@ -106,10 +126,7 @@ def main() -> int:
                 rows.append([name, module, f"shapes {a.numel()} vs {b.numel()}", "-"])
                 continue
             rows.append([name, module, float((a - b).abs().max()), bool(torch.equal(a, b))])
-    kernel = f", SDPA kernel {args.sdpa_kernel}" if args.sdpa_kernel else ""
-    print_table(f"first departures from transformers ({device}, {args.dtype}{kernel})",
-                ["model", "module (forward order)", "max |diff|", "identical"], rows)  # fmt: skip
-    return 0
+    return rows
 
 
 if __name__ == "__main__":
