@@ -76,10 +76,13 @@ ARMS: dict[str, tuple[str, str]] = {
 class TextCompletionsTarget(OpenAICompletionsTarget):
     """OpenAI completions with the prompt as ASCII text (for routers that take no token ids)."""
 
-    def request_body(self, conversation_id: str, tokens: list[int], max_tokens: int) -> dict:
+    def request_body(
+        self, conversation_id: str, tokens: list[int], max_tokens: int, branch_hints=()
+    ) -> dict:
         if max(tokens) >= TEXT_VOCAB:
             raise ValueError(f"token id {max(tokens)} >= {TEXT_VOCAB}: not one ASCII byte")
-        body = super().request_body(conversation_id, tokens, max_tokens)
+        # One byte is one token, so the hints stay token positions of the text.
+        body = super().request_body(conversation_id, tokens, max_tokens, branch_hints)
         body["prompt"] = bytes(tokens).decode("ascii")
         return body
 

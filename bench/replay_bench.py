@@ -66,7 +66,7 @@ class InstantTarget:
     async def describe(self) -> TargetInfo:
         return TargetInfo()
 
-    async def generate(self, conversation_id: str, tokens: list[int], max_tokens: int):
+    async def generate(self, conversation_id: str, tokens: list[int], max_tokens: int, hints=()):
         now = self.clock.now()
         return Generation(len(tokens), 0, 1, now, (now,), now)
 

@@ -89,7 +89,9 @@ def match_fits(
     at this match sets)."""
     bs, reused = config.block_size, match.num_reusable_tokens
     whole_prefix_tokens = match.num_whole_prefix_blocks * bs
-    plan = commit_plan(life_cycles, config, state.prompt_len, reused, whole_prefix_tokens)
+    plan = commit_plan(
+        life_cycles, config, state.prompt_len, reused, whole_prefix_tokens, state.branch_hints
+    )
     every_block = config.reuse_policy.commits_every_block
     first = dict.fromkeys(life_cycles, match.num_reusable_blocks)
     num_blocks = blocks_for(reused + num_new_tokens, bs)

@@ -78,6 +78,14 @@ class ConversationRetention:
         turns = self._by_id.pop(conversation_id, RetainedTurns())
         return drop_turns(turns.in_order(), self._pools, self._life_cycles)
 
+    def release_branches(self, conversation_id: str) -> tuple[TurnRelease, ...]:
+        """Give the refs of the conversation's branch records to the LRU; it keeps its turns."""
+        turns = self._by_id.get(conversation_id)
+        if turns is None:
+            return ()
+        records, turns.branches = tuple(turns.branches.values()), type(turns.branches)()
+        return tuple(release_turn(record, self._pools) for record in records)
+
     def release(self, conversation_id: str) -> tuple[TurnRelease, ...]:
         """Forget the conversation and give its records' refs to the LRU (none if unknown)."""
         turns = self._by_id.pop(conversation_id, RetainedTurns())

@@ -138,13 +138,22 @@ class KVCacheManager:
         prompt_token_ids: Sequence[int] | np.ndarray,
         conversation_id: str | None = None,
         extra_key: bytes = b"",
+        branch_hints: Sequence[int] = (),
     ) -> None:
-        """Start tracking a request and hash its prompt's full blocks."""
+        """Start tracking a request and hash its prompt's full blocks. `branch_hints`: prompt
+        positions where later turns are likely to branch off (`branch_points.py`)."""
         if request_id in self._requests:
             raise ValueError(f"request {request_id!r} is already tracked")
-        self._requests[request_id] = RequestState.for_prompt(
+        state = RequestState.for_prompt(
             request_id, prompt_token_ids, conversation_id, extra_key, self.config.block_size
         )
+        if not all(0 < hint <= state.prompt_len for hint in branch_hints):
+            raise ValueError(
+                f"request {request_id!r}: branch_hints must lie in [1, {state.prompt_len}] "
+                f"(the prompt), got {list(branch_hints)}"
+            )
+        state.branch_hints = tuple(int(hint) for hint in branch_hints)
+        self._requests[request_id] = state
 
     def can_admit(self, request_id: str, num_new_tokens: int) -> bool:
         """True if `admit(request_id, num_new_tokens)` would succeed now."""
@@ -293,6 +302,11 @@ class KVCacheManager:
         if not self.can_release_conversation(conversation_id):
             raise ValueError(f"conversation {conversation_id!r} retains no turns to release")
         return self._conversations.release(conversation_id)
+
+    def release_branch_records(self, conversation_id: str) -> tuple[TurnRelease, ...]:
+        """Hand only a conversation's branch records to the LRU (the first thing memory pressure
+        takes: they serve resets, its turns serve every next turn); none if it holds none."""
+        return self._conversations.release_branches(conversation_id)
 
     # -- drain (scale-in) ------------------------------------------------------------------------
 

@@ -29,7 +29,8 @@ class RequestState:
     num_reused_tokens: int = 0
     num_computed_tokens: int = 0
     checkpoint_tokens: int | None = None
-    branch_tokens: int | None = None
+    branch_hints: tuple[int, ...] = ()
+    branch_tokens: tuple[int, ...] = ()
     page_tables: dict[str, list[int]] = field(default_factory=dict)
     next_commit: dict[str, int] = field(default_factory=dict)
     next_release: dict[str, int] = field(default_factory=dict)

@@ -87,12 +87,12 @@ class TurnRelease:
 
 @dataclass(frozen=True)
 class RequestProgress:
-    """A request's reused and computed tokens, its planned checkpoint and branch point (None:
-    none)."""
+    """A request's reused and computed tokens, its planned checkpoint (None: none) and branch
+    points (ascending; empty: none)."""
 
     admitted: bool
     num_reused_tokens: int
     num_computed_tokens: int
     checkpoint_tokens: int | None
     context_done: bool
-    branch_tokens: int | None = None
+    branch_tokens: tuple[int, ...] = ()

@@ -85,11 +85,11 @@ def retain_finished(
     records that fell out beyond the policy's counts; their drop plans."""
     turn = retain_turn(state, pools, life_cycles, block_size)
     fallen = turns.add(turn, policy.recent_turns, policy.keep_root)
-    if state.branch_tokens is not None:
-        key, branch = retain_branch(state, pools, life_cycles, block_size)
-        fallen.extend(turns.add_branch(key, branch, policy.keep_branch_points))
-    elif state.num_reused_tokens:  # a turn that resumed at a held branch point refreshes it
+    if state.num_reused_tokens:  # a turn that resumed at a held branch point refreshes it
         turns.touch_branch(state.sequence.hashes[state.num_reused_tokens // block_size - 1])
+    for branch_tokens in state.branch_tokens:
+        key, branch = retain_branch(state, pools, life_cycles, block_size, branch_tokens)
+        fallen.extend(turns.add_branch(key, branch, policy.keep_branch_points))
     return drop_turns(fallen, pools, life_cycles)
 
 
@@ -113,14 +113,15 @@ def retain_branch(
     pools: Mapping[str, BlockPool],
     life_cycles: Mapping[str, LifeCycle],
     block_size: int,
+    branch_tokens: int,
 ) -> tuple[int, TurnRecord]:
-    """Take a ref on every committed page needed to resume at the request's branch point;
-    the block id there (the record's key) and the record."""
-    if state.branch_tokens is None:
-        raise ValueError(f"request {state.request_id!r} has no branch point")
-    blocks = state.branch_tokens // block_size
+    """Take a ref on every committed page needed to resume at one of the request's branch
+    points; the block id there (the record's key) and the record."""
+    if branch_tokens not in state.branch_tokens:
+        raise ValueError(f"request {state.request_id!r} has no branch point at {branch_tokens}")
+    blocks = branch_tokens // block_size
     pages = _hold(state, pools, life_cycles, block_size, [blocks])
-    record = TurnRecord(state.conversation_id or "", state.request_id, pages, state.branch_tokens)
+    record = TurnRecord(state.conversation_id or "", state.request_id, pages, branch_tokens)
     return state.sequence.hashes[blocks - 1], record
 
 

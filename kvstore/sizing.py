@@ -10,11 +10,12 @@ count above zero), so a tier sized at the sum never runs out at that step. B is 
 L the longest context, c the chunk, w the window; "ckpt" counts only when checkpoints are on,
 "br" only when the policy keeps branch points (a resident request keeps its branch-point window
 until its context ends). Branch records count among the retained turns
-(`policy.retained_turns`), but each holds one window and one snapshot, not a turn's two.
+(`policy.retained_turns`), but each holds one window and one snapshot, not a turn's two, and
+its full blocks are a prefix of its conversation's context, which the turns already count.
 
 | kind    | per resident request                          | per retained turn | per branch record |
 |---------|-----------------------------------------------|-------------------|-------------------|
-| full    | ceil(L/B)                                     | ceil(L/B) (*)     | as a turn         |
+| full    | ceil(L/B)                                     | ceil(L/B) (*)     | 0                 |
 | window  | min(ceil(L/B), ceil((w+c)/B)+1 + (ckpt+br)*W) | (1 + ckpt) * W    | W                 |
 | private | ceil(L/B)                                     | 0                 | 0                 |
 | state   | 3 + S + ckpt + br + E                         | 1 + ckpt + E      | 1                 |
@@ -104,7 +105,8 @@ def rank_typical_step(
 
     NOTE: a conversation's retained turns share its full-attention prefix, so each turn counts
     1/turns of the longest context on whole-prefix pools (a conversation's turns together hold
-    one context), and its own endpoint (and checkpoint) windows on window pools.
+    one context; its branch records hold prefixes of it), and its own endpoint (and checkpoint)
+    windows on window pools.
     """
     turns = policy.retained_turns
     branches = int(policy.keep_branch_points)
@@ -114,7 +116,7 @@ def rank_typical_step(
         chunk_tokens=chunk_tokens,
         retained_turns=retained_conversations * turns,
         checkpoint=checkpoint,
-        full_tokens_per_retained_turn=max_context_tokens // max(1, turns),
+        full_tokens_per_retained_turn=max_context_tokens // max(1, turns - branches),
         branch_points=branches > 0,
         branch_records=retained_conversations * branches,
         retained_snapshots=retained_snapshots,
@@ -136,7 +138,7 @@ class Peak(NamedTuple):
 
 def _full(lc: LifeCycle, step: TypicalStep, bs: int) -> Peak:
     retained = _blocks(step.full_tokens_per_retained_turn or step.max_context_tokens, bs)
-    return Peak(_blocks(step.max_context_tokens, bs), retained, retained)
+    return Peak(_blocks(step.max_context_tokens, bs), retained, 0)
 
 
 def _window(lc: LifeCycle, step: TypicalStep, bs: int) -> Peak:

@@ -9,7 +9,7 @@ Which window/state blocks a request commits and keeps until its context ends:
 |------------------------------------------|-----------|------------------------|
 | endpoint window (prompt end)             | yes       | yes                    |
 | checkpoint window (C, when planned)      | yes       | yes                    |
-| branch-point window and snapshot (b)     | yes       | yes                    |
+| branch-point windows and snapshots (b)   | yes       | yes                    |
 | state snapshots at offsets from the end  | yes       | yes                    |
 | periodic state snapshots                 | yes       | no                     |
 | whole-prefix (full) life cycles          | all       | never slide            |
@@ -17,11 +17,11 @@ Which window/state blocks a request commits and keeps until its context ends:
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import NamedTuple
 
 from .block_pool import NULL_PAGE, BlockPool
-from .branch_points import branch_position
+from .branch_points import branch_positions
 from .config import KVStoreConfig
 from .life_cycles import LifeCycle
 from .request_state import RequestState
@@ -38,10 +38,10 @@ def planned_checkpoint(
 
 
 class CommitPlan(NamedTuple):
-    """A request's checkpoint and branch point, and per life cycle its commit and keep sets."""
+    """A request's checkpoint and branch points, and per life cycle its commit and keep sets."""
 
     checkpoint_tokens: int | None
-    branch_tokens: int | None
+    branch_tokens: tuple[int, ...]
     commit_blocks: dict[str, frozenset[int]]
     keep: dict[str, frozenset[int]]
 
@@ -52,12 +52,16 @@ def commit_plan(
     prompt_len: int,
     num_reused_tokens: int,
     whole_prefix_tokens: int = 0,
+    branch_hints: Sequence[int] = (),
 ) -> CommitPlan:
     """What a prompt of `prompt_len` tokens commits and keeps after reusing `num_reused_tokens`
-    (`whole_prefix_tokens`: how far its whole-prefix life cycles found it cached)."""
+    (`whole_prefix_tokens`: how far its whole-prefix life cycles found it cached;
+    `branch_hints`: the request's, `branch_points.py`)."""
     bs = config.block_size
     checkpoint = planned_checkpoint(config, prompt_len, num_reused_tokens)
-    branch = branch_position(config, prompt_len, num_reused_tokens, whole_prefix_tokens)
+    branches = branch_positions(
+        config, prompt_len, num_reused_tokens, whole_prefix_tokens, branch_hints
+    )
     end_blocks = prompt_len // bs
     commit: dict[str, frozenset[int]] = {}
     keep: dict[str, frozenset[int]] = {}
@@ -67,13 +71,12 @@ def commit_plan(
             keep[name] = commit[name] = frozenset()
             continue
         wanted = set(life_cycle.resume_blocks(end_blocks, bs))
-        for position in (checkpoint, branch):
-            if position is not None:
-                wanted.update(life_cycle.resume_blocks(position // bs, bs))
+        for position in (checkpoint, *branches) if checkpoint is not None else branches:
+            wanted.update(life_cycle.resume_blocks(position // bs, bs))
         wanted.update(life_cycle.from_end_blocks(prompt_len, bs))
         keep[name] = frozenset(wanted)
         commit[name] = frozenset(wanted | life_cycle.snapshot_blocks(prompt_len, bs))
-    return CommitPlan(checkpoint, branch, commit, keep)
+    return CommitPlan(checkpoint, branches, commit, keep)
 
 
 def plan_commits(
@@ -82,10 +85,15 @@ def plan_commits(
     config: KVStoreConfig,
     whole_prefix_tokens: int = 0,
 ) -> None:
-    """At admission: set the request's checkpoint, branch point and window/state commit and keep
-    sets (`commit_plan`)."""
+    """At admission: set the request's checkpoint, branch points and window/state commit and
+    keep sets (`commit_plan`)."""
     plan = commit_plan(
-        life_cycles, config, state.prompt_len, state.num_reused_tokens, whole_prefix_tokens
+        life_cycles,
+        config,
+        state.prompt_len,
+        state.num_reused_tokens,
+        whole_prefix_tokens,
+        state.branch_hints,
     )
     state.checkpoint_tokens, state.branch_tokens = plan.checkpoint_tokens, plan.branch_tokens
     state.commit_blocks, state.keep = plan.commit_blocks, plan.keep

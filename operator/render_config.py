@@ -51,7 +51,7 @@ def engine_config(spec: FleetSpec, pool_name: str) -> dict[str, Any]:
             "max_num_turns": spec.reuse.max_num_turns,
             "checkpoint": spec.reuse.checkpoint,
             "keep_root": spec.reuse.keep_root,
-            "keep_branch_points": spec.reuse.keep_branch_points,
+            "keep_branch_points": spec.reuse.branch_points,
         },
         "kv_tiers": {
             "gpu_memory_fraction": tiers.gpu_memory_fraction,

@@ -85,14 +85,26 @@ class Routing(_Model):
     heartbeat_timeout_seconds: int = Field(default=10, ge=1)
 
 
+# Two: a context reset resumes where the tools or the system prompt end (docs/simulator.md).
+DEFAULT_BRANCH_POINTS = 2
+
+
 class Reuse(_Model):
     policy: Literal["per_conversation", "per_request", "all_reusable"] = "per_conversation"
     max_num_turns: int = Field(default=5, ge=1)
     checkpoint: bool = True
     # per_conversation only (docs/kvstore.md): also keep the first turn's endpoints, and up to
-    # this many branch-point windows per conversation.
+    # this many branch-point windows per conversation (unset: DEFAULT_BRANCH_POINTS).
     keep_root: bool = False
-    keep_branch_points: int = Field(default=0, ge=0)
+    keep_branch_points: int | None = Field(default=None, ge=0)
+
+    @property
+    def branch_points(self) -> int:
+        """The branch records the engine keeps: keepBranchPoints, else the default under
+        per_conversation (the only policy that keeps any), else none."""
+        if self.keep_branch_points is not None:
+            return self.keep_branch_points
+        return DEFAULT_BRANCH_POINTS if self.policy == "per_conversation" else 0
 
 
 class SecretKeyRef(_Model):

@@ -40,8 +40,12 @@ class RetainedConversations:
 
         Returns False when every conversation is released and it still does not fit.
         NOTE: release, not drop: the conversation may come back, and its pages stay matchable
-        (and go to host/disk on eviction) instead of being freed.
+        (and go to host/disk on eviction) instead of being freed. Branch records go first,
+        every conversation's, oldest first: they serve only a reset, the turns every next turn.
         """
+        for conversation in self._order:
+            if self.manager.release_branch_records(conversation) and fits():
+                return True
         while self._order:
             conversation, _ = self._order.popitem(last=False)
             if self.manager.can_release_conversation(conversation):

@@ -138,7 +138,11 @@ class StepPlanner(Generic[ItemT, ChunkT]):
         self.manager.finish_request(victim.key)
         tokens = self._recompute_tokens(victim)
         self.manager.add_request(
-            victim.key, tokens, victim.conversation_id, self._extra_key(victim)
+            victim.key,
+            tokens,
+            victim.conversation_id,
+            self._extra_key(victim),
+            self._branch_hints(victim),
         )
         victim.retain = victim.retain and not victim.context_done
         self._on_preempted(victim, len(tokens))
@@ -182,6 +186,10 @@ class StepPlanner(Generic[ItemT, ChunkT]):
     def _extra_key(self, item: ItemT) -> bytes:
         """The block hash's extra key of an item (a tenant's cache salt); none by default."""
         return b""
+
+    def _branch_hints(self, item: ItemT) -> tuple[int, ...]:
+        """Prompt positions where the item's later turns may branch off; none by default."""
+        return ()
 
     def _on_preempted(self, victim: ItemT, num_tokens: int) -> None:
         """Reset a preempted item's own progress; `num_tokens` were re-added."""

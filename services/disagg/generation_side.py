@@ -119,7 +119,11 @@ class GenerationSide:
             )
         sequence = core.new_sequence(call)
         manager.add_request(
-            sequence.key, call.prompt_token_ids, call.conversation_id, call.extra_key
+            sequence.key,
+            call.prompt_token_ids,
+            call.conversation_id,
+            call.extra_key,
+            call.branch_hints,
         )
         if not self._room(sequence.key):
             manager.finish_request(sequence.key)

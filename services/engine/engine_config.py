@@ -51,7 +51,9 @@ class EngineConfig:
     reuse_policy: str = "per_conversation"
     max_num_turns: int = 5
     keep_root: bool = False  # per_conversation: also keep the first turn's endpoints
-    keep_branch_points: int = 0  # per_conversation: branch endpoints a conversation keeps
+    # per_conversation: branch records a conversation keeps; two hold the resume points at the
+    # ends of the tools and of the system prompt, where context resets branch (branch hints).
+    keep_branch_points: int = 2
     checkpoint: bool = True
     checkpoint_margin_tokens: int = 512
     window_replay_tokens: int = 0

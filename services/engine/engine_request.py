@@ -37,6 +37,9 @@ class GenerateCall:
     # that has one builds it from `sampling.stop`).
     stop_check: Callable[[Sequence[int]], bool] | None = None
     cache_salt: str = ""  # requests share cached blocks only with the same salt
+    # Prompt positions where later turns are likely to branch off (the end of the tools and
+    # system prompt): the kvstore keeps a resume point there (its branch points).
+    branch_hints: tuple[int, ...] = ()
 
     @property
     def extra_key(self) -> bytes:

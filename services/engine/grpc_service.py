@@ -24,7 +24,7 @@ from .engine_request import (
     SampleOutput,
     SequenceFailedError,
 )
-from .request_inputs import make_sampling
+from .request_inputs import branch_hints_of, make_sampling
 from .tokenizer import Tokenizer
 
 log = logging.getLogger(__name__)
@@ -87,6 +87,7 @@ def call_from_proto(
         num_samples=max(1, request.num_samples),
         stop_check=StopChecker(tokenizer, params.stop).hit if params.stop else None,
         cache_salt=request.cache_salt,
+        branch_hints=branch_hints_of(request.branch_hints, len(prompt)),
     )
 
 

@@ -48,6 +48,7 @@ class BackendRequest:
     conversation_id: str | None = None
     num_samples: int = 1
     cache_salt: str = ""
+    branch_hints: tuple[int, ...] = ()
 
 
 def model_card(model: ModelConfig) -> dict[str, int]:
@@ -88,6 +89,7 @@ class EngineBackend:
                 request.num_samples,
                 StopChecker(self.tokenizer, stops).hit if stops else None,
                 request.cache_salt,
+                request.branch_hints,
             )
         )
         try:
@@ -147,6 +149,7 @@ class RouterBackend:
                 max_tokens=sampling.max_tokens,
                 child_samples=request.num_samples - 1,
                 cache_salt=request.cache_salt,
+                branch_hints=request.branch_hints,
             ),
             # NOTE: the router forwards the remaining deadline; with none it gets none left.
             timeout=ROUTER_TIMEOUT_SECONDS,

@@ -14,7 +14,7 @@ from .chat_template import render_chat
 from .engine_request import InvalidRequestError
 from .http_backends import BackendRequest, GenerateBackend
 from .openai_schema import MAX_ID_CHARS, ChatCompletionRequest, CompletionRequest
-from .request_inputs import make_sampling
+from .request_inputs import branch_hints_of, make_sampling
 from .tokenizer import stop_ids_of
 
 CONVERSATION_HEADER = "x-conversation-id"
@@ -52,12 +52,32 @@ def completion_prompt(body: CompletionRequest, backend: GenerateBackend) -> list
     return list(prompt)
 
 
-def chat_prompt(body: ChatCompletionRequest, backend: GenerateBackend) -> list[int]:
+def chat_messages(body: ChatCompletionRequest) -> list[dict]:
     messages = [m.model_dump(exclude_none=True) for m in body.messages]
     for message in messages:  # OpenAI's newer name for the system role
         if message["role"] == "developer":
             message["role"] = "system"
-    return render_chat(messages, backend.tokenizer, tools=body.tools)  # the template shows them
+    return messages
+
+
+def chat_prompt(body: ChatCompletionRequest, backend: GenerateBackend) -> list[int]:
+    return render_chat(chat_messages(body), backend.tokenizer, tools=body.tools)  # shows tools
+
+
+def system_end_hint(
+    body: ChatCompletionRequest, backend: GenerateBackend, prompt: list[int]
+) -> tuple[int, ...]:
+    """Where the leading system messages (and the tools the template renders with them) end in
+    `prompt`: a context reset keeps them and rewrites the rest, so a later turn branches there.
+    None when no other message follows them, or the template renders them differently alone."""
+    messages = chat_messages(body)
+    leading = next((i for i, m in enumerate(messages) if m["role"] != "system"), len(messages))
+    if leading == 0 or leading == len(messages):
+        return ()
+    head = render_chat(
+        messages[:leading], backend.tokenizer, body.tools, add_generation_prompt=False
+    )
+    return (len(head),) if 0 < len(head) < len(prompt) and prompt[: len(head)] == head else ()
 
 
 def top_logprobs(body: Body) -> int | None:
@@ -102,6 +122,10 @@ def backend_request(
         raise InvalidRequestError(
             "X-Conversation-Id", f"{len(conversation)} chars > limit {MAX_ID_CHARS}"
         )
+    if body.branch_hints is not None:
+        hints = branch_hints_of(body.branch_hints, len(prompt))
+    else:
+        hints = system_end_hint(body, backend, prompt) if chat else ()
     return BackendRequest(
         request_id=f"{'chatcmpl' if chat else 'cmpl'}-{uuid.uuid4().hex}",
         prompt_token_ids=tuple(prompt),
@@ -109,4 +133,5 @@ def backend_request(
         conversation_id=str(conversation) if conversation else None,
         num_samples=body.n,
         cache_salt=body.cache_salt or "",
+        branch_hints=hints,
     )

@@ -12,7 +12,7 @@ from typing import Annotated, Any, Literal
 
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field
 
-from .request_inputs import MAX_STOP_CHARS, MAX_STOP_STRINGS
+from .request_inputs import MAX_BRANCH_HINTS, MAX_STOP_CHARS, MAX_STOP_STRINGS
 from .sampling_params import MAX_TOP_LOGPROBS
 
 MAX_ID_CHARS = 256
@@ -31,6 +31,7 @@ Text = Annotated[str, AfterValidator(_encodable)]
 ShortText = Annotated[str, Field(max_length=MAX_ID_CHARS), AfterValidator(_encodable)]
 StopText = Annotated[str, Field(max_length=MAX_STOP_CHARS), AfterValidator(_encodable)]
 TokenId = Annotated[int, Field(ge=0, lt=2**32)]
+Position = Annotated[int, Field(ge=1, lt=2**32)]  # a token position in the prompt
 Finite = Field(allow_inf_nan=False)
 
 
@@ -63,6 +64,11 @@ class _Common(BaseModel):
     conversation_id: ShortText | None = None
     cache_salt: ShortText | None = Field(
         None, description="requests share cached prompt blocks only with the same salt"
+    )
+    branch_hints: Annotated[list[Position], Field(max_length=MAX_BRANCH_HINTS)] | None = Field(
+        None,
+        description="prompt positions (tokens) where later turns are likely to branch off; a "
+        "chat request gets the end of its system messages and tools when it sets none",
     )
     # Accepted so that a request using them is refused by name, never silently ignored.
     tools: list[dict[str, Any]] | None = None

@@ -66,3 +66,21 @@ def make_sampling(
         logprobs=logprobs,
         **values,
     )
+
+
+MAX_BRANCH_HINTS = 8  # each one the kvstore plans for pins a window (and snapshot) of pages
+
+
+def branch_hints_of(hints: Sequence[int], prompt_len: int) -> tuple[int, ...]:
+    """A request's branch hints, each a position inside its prompt; InvalidRequestError names
+    `branch_hints` otherwise."""
+    if len(hints) > MAX_BRANCH_HINTS:
+        raise InvalidRequestError(
+            "branch_hints", f"{len(hints)} positions > limit {MAX_BRANCH_HINTS}"
+        )
+    outside = [hint for hint in hints if not 0 < hint <= prompt_len]
+    if outside:
+        raise InvalidRequestError(
+            "branch_hints", f"{outside} lie outside the {prompt_len}-token prompt [1, {prompt_len}]"
+        )
+    return tuple(int(hint) for hint in hints)

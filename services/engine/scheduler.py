@@ -47,8 +47,13 @@ class Scheduler(StepPlanner[Sequence, ScheduledChunk]):
 
     def add(self, sequence: Sequence) -> None:
         """Queue a sequence and let the manager hash its prompt."""
+        call = sequence.call
         self.manager.add_request(
-            sequence.key, sequence.prompt, sequence.conversation_id, sequence.call.extra_key
+            sequence.key,
+            sequence.prompt,
+            sequence.conversation_id,
+            call.extra_key,
+            call.branch_hints,
         )
         sequence.kv_prompt_len = len(sequence.prompt)
         self.waiting.append(sequence)
@@ -158,6 +163,9 @@ class Scheduler(StepPlanner[Sequence, ScheduledChunk]):
 
     def _extra_key(self, item: Sequence) -> bytes:
         return item.call.extra_key
+
+    def _branch_hints(self, item: Sequence) -> tuple[int, ...]:
+        return item.call.branch_hints
 
     def _on_preempted(self, victim: Sequence, num_tokens: int) -> None:
         victim.kv_prompt_len = num_tokens

@@ -53,8 +53,10 @@ class _SessionBuilder:
         requests = node.get("requests")
         if not isinstance(requests, list):
             raise TraceFormatError(f"{self.path}: {conversation_id} has no 'requests' list")
-        tool_and_system = int(node.get("tool_tokens", 0)) + int(node.get("system_tokens", 0))
+        tool_tokens = int(node.get("tool_tokens", 0))
+        tool_and_system = tool_tokens + int(node.get("system_tokens", 0))
         prefix_blocks = tool_and_system // self.block_size
+        segment_ends = sorted({tool_tokens, tool_and_system} - {0})
         reference: tuple[int, ...] | None = None
         steps: list[Turn | SubAgentSpawn] = []
         children: list[tuple[float, Conversation]] = []
@@ -88,6 +90,7 @@ class _SessionBuilder:
                     block_size=self.block_size,
                     shared_prefix_blocks=shared_blocks,
                     shared_namespace=shared_namespace if shared_blocks else "",
+                    branch_hints=tuple(h for h in segment_ends if h <= int(request["in"])),
                 )
             )
             turn_count += 1

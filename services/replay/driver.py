@@ -142,7 +142,7 @@ class LoadDriver:
         arrival = clock.now()
         try:
             generation = await self.target.generate(
-                conversation_id, tokens, max(1, turn.output_tokens)
+                conversation_id, tokens, max(1, turn.output_tokens), turn.branch_hints
             )
         except (TargetError, OSError, TimeoutError) as error:
             record = RequestRecord(

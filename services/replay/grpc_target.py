@@ -7,6 +7,8 @@ TTFT is the first streamed chunk that carries tokens, on the client's clock; reu
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 import grpc
 
 from ...proto import common_pb2, router_pb2, router_pb2_grpc
@@ -30,7 +32,11 @@ class RouterGenerateTarget:
         self._channel: grpc.aio.Channel | None = None
 
     def request(
-        self, conversation_id: str, tokens: list[int], max_tokens: int
+        self,
+        conversation_id: str,
+        tokens: list[int],
+        max_tokens: int,
+        branch_hints: Sequence[int] = (),
     ) -> router_pb2.GenerateRequest:
         """The GenerateRequest of one turn (greedy, exactly `max_tokens` tokens)."""
         return router_pb2.GenerateRequest(
@@ -38,6 +44,7 @@ class RouterGenerateTarget:
             prompt_token_ids=common_pb2.TokenIds(ids=tokens),
             sampling=common_pb2.SamplingParams(temperature=0.0),
             max_tokens=max_tokens,
+            branch_hints=list(branch_hints),
         )
 
     async def describe(self) -> TargetInfo:
@@ -45,7 +52,11 @@ class RouterGenerateTarget:
         return TargetInfo()
 
     async def generate(
-        self, conversation_id: str, tokens: list[int], max_tokens: int
+        self,
+        conversation_id: str,
+        tokens: list[int],
+        max_tokens: int,
+        branch_hints: Sequence[int] = (),
     ) -> Generation:
         """Stream one generation and time its chunks."""
         if max_tokens < 1:
@@ -53,7 +64,7 @@ class RouterGenerateTarget:
         if self._channel is None:
             self._channel = grpc.aio.insecure_channel(self.address)
         stub = router_pb2_grpc.RouterStub(self._channel)
-        message = self.request(conversation_id, tokens, max_tokens)
+        message = self.request(conversation_id, tokens, max_tokens, branch_hints)
         token_times: list[float] = []
         usage: common_pb2.Usage | None = None
         try:

@@ -12,6 +12,7 @@ chunk (`stream_options.include_usage`). The conversation id goes in `user` and i
 from __future__ import annotations
 
 import json
+from collections.abc import Sequence
 from typing import Any
 
 import httpx
@@ -62,9 +63,17 @@ class OpenAICompletionsTarget:
             raise TargetError(f"model {self.model!r} (--model) is not served here; known: {known}")
         return TargetInfo(_positive(entry.get("vocab_size")), _positive(entry.get("max_model_len")))
 
-    def request_body(self, conversation_id: str, tokens: list[int], max_tokens: int) -> dict:
+    def request_body(
+        self,
+        conversation_id: str,
+        tokens: list[int],
+        max_tokens: int,
+        branch_hints: Sequence[int] = (),
+    ) -> dict:
         """The JSON body of one completion request."""
+        hints = {"branch_hints": list(branch_hints)} if branch_hints else {}
         return {
+            **hints,
             "model": self.model,
             "prompt": tokens,
             "max_tokens": max_tokens,
@@ -77,12 +86,16 @@ class OpenAICompletionsTarget:
         }
 
     async def generate(
-        self, conversation_id: str, tokens: list[int], max_tokens: int
+        self,
+        conversation_id: str,
+        tokens: list[int],
+        max_tokens: int,
+        branch_hints: Sequence[int] = (),
     ) -> Generation:
         """Stream one completion and time its chunks."""
         if max_tokens < 1:
             raise ValueError(f"max_tokens={max_tokens} must be >= 1")
-        body = self.request_body(conversation_id, tokens, max_tokens)
+        body = self.request_body(conversation_id, tokens, max_tokens, branch_hints)
         headers = {CONVERSATION_HEADER: conversation_id}
         token_times: list[float] = []
         usage: dict[str, Any] | None = None

@@ -21,6 +21,8 @@ class Turn:
     `hash_ids` are the trace's ids for the prompt blocks in `namespace`. The first
     `shared_prefix_blocks` blocks belong instead to the common chain `shared_namespace`
     (ids 0, 1, 2... by position), which models a prompt prefix shared across sessions.
+    `branch_hints`: prompt positions (tokens) where later turns are likely to branch off, the
+    ends of the tools and of the system prompt (what an engine's chat template knows).
     """
 
     index: int
@@ -33,6 +35,7 @@ class Turn:
     block_size: int
     shared_prefix_blocks: int = 0
     shared_namespace: str = ""
+    branch_hints: tuple[int, ...] = ()
 
     def __post_init__(self) -> None:
         if self.input_tokens < 1 or self.output_tokens < 0:
@@ -45,6 +48,11 @@ class Turn:
             raise ValueError(
                 f"turn {self.index}: {len(self.hash_ids)} blocks of {self.block_size} tokens "
                 f"exceed input_tokens={self.input_tokens} (at most {max_blocks} blocks)"
+            )
+        if not all(0 < hint <= self.input_tokens for hint in self.branch_hints):
+            raise ValueError(
+                f"turn {self.index}: branch_hints={list(self.branch_hints)} must lie in "
+                f"[1, input_tokens={self.input_tokens}]"
             )
         if not 0 <= self.shared_prefix_blocks <= len(self.hash_ids):
             raise ValueError(

@@ -47,7 +47,7 @@ class FleetOptions:
     reuse_policy: str = "per_conversation"
     max_num_turns: int = 5
     keep_root: bool = False  # per_conversation: also keep the first turn's endpoints
-    keep_branch_points: int = 0  # per_conversation: branch endpoints kept (kvstore/branch_points)
+    keep_branch_points: int = 2  # per_conversation: branch records kept (kvstore/branch_points)
     retained_conversations: int = 8
     checkpoint: bool = True
     retained_snapshot_sizing: bool = True  # pools count retained turns' from-end snapshots

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import asyncio
 import itertools
+from collections.abc import Sequence
 
 from ...kvstore.events import KVEvent
 from ...kvstore.manager import KVCacheManager
@@ -108,7 +109,11 @@ class SimFleet:
     # -- requests --------------------------------------------------------------------------------
 
     async def generate(
-        self, conversation_id: str, tokens: list[int], max_tokens: int
+        self,
+        conversation_id: str,
+        tokens: list[int],
+        max_tokens: int,
+        branch_hints: Sequence[int] = (),
     ) -> SimRequest:
         """Queue one request at the router and wait (virtual time) until it finishes."""
         if max_tokens < 1:
@@ -117,7 +122,9 @@ class SimFleet:
             raise ValueError("tokens: empty prompt")
         request_id = f"sim-{next(self._ids)}"
         now = self.clock.now()
-        request = SimRequest(request_id, conversation_id, tokens, max_tokens, now)
+        request = SimRequest(
+            request_id, conversation_id, tokens, max_tokens, now, branch_hints=tuple(branch_hints)
+        )
         future: asyncio.Future[SimRequest] = asyncio.get_running_loop().create_future()
         self._futures[request_id] = future
         self._requests[request_id] = request

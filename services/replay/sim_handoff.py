@@ -121,7 +121,12 @@ class HandoffSide:
     def receive(self, request: SimRequest) -> None:
         """A hand-off placed here by the router; pages are reserved at the next step start."""
         request.rank_id = self.rank_id
-        self.manager.add_request(request.request_id, request.tokens, request.conversation_id)
+        self.manager.add_request(
+            request.request_id,
+            request.tokens,
+            request.conversation_id,
+            branch_hints=request.branch_hints,
+        )
         self.receiving.append(request)
         self.retry_reserve = True
         self._wake()
@@ -166,7 +171,9 @@ class HandoffSide:
         }
         if not self._take_rest(request):
             manager.finish_request(rid)
-            manager.add_request(rid, request.tokens, request.conversation_id)
+            manager.add_request(
+                rid, request.tokens, request.conversation_id, branch_hints=request.branch_hints
+            )
             return None
         request.host_pages_in += admitted.host_pages_in
         request.disk_pages_in += admitted.disk_pages_in

@@ -74,7 +74,12 @@ class SimRank(HandoffSide, StepPlanner[SimRequest, Chunk]):
     def submit(self, request: SimRequest) -> None:
         """Queue an admitted request; a rank with nothing to do starts a step now."""
         request.rank_id = self.rank_id
-        self.manager.add_request(request.request_id, request.tokens, request.conversation_id)
+        self.manager.add_request(
+            request.request_id,
+            request.tokens,
+            request.conversation_id,
+            branch_hints=request.branch_hints,
+        )
         self.waiting.append(request)
         self._wake()
 
@@ -85,6 +90,9 @@ class SimRank(HandoffSide, StepPlanner[SimRequest, Chunk]):
         if not self._busy:
             self._busy = True
             self.clock.call_at(self.clock.now(), self._start_step)
+
+    def _branch_hints(self, item: SimRequest) -> tuple[int, ...]:
+        return item.branch_hints
 
     @property
     def idle(self) -> bool:

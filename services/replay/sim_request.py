@@ -41,6 +41,7 @@ class SimRequest:
     context_rank_id: str | None = None  # where its KV was parked for a hand-off
     parked_s: float | None = None  # when the context rank parked it
     handoff: HandoffStats | None = None
+    branch_hints: tuple[int, ...] = ()  # prompt positions later turns may branch off at
 
     def __post_init__(self) -> None:
         self.reservation_id = self.reservation_id or self.request_id

@@ -8,6 +8,7 @@ real kvstore matched when it admitted the request.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 
 from .records import Generation
@@ -30,10 +31,14 @@ class SimTarget:
         return TargetInfo(max_model_len=self.config.fleet.max_context_tokens)
 
     async def generate(
-        self, conversation_id: str, tokens: list[int], max_tokens: int
+        self,
+        conversation_id: str,
+        tokens: list[int],
+        max_tokens: int,
+        branch_hints: Sequence[int] = (),
     ) -> Generation:
         """Run one request through router admission and its rank; raise TargetError on failure."""
-        request = await self.fleet.generate(conversation_id, tokens, max_tokens)
+        request = await self.fleet.generate(conversation_id, tokens, max_tokens, branch_hints)
         if request.error is not None:
             raise TargetError(request.error)
         times = tuple(request.token_times)

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -58,9 +58,14 @@ class Target(Protocol):
         ...
 
     async def generate(
-        self, conversation_id: str, tokens: list[int], max_tokens: int
+        self,
+        conversation_id: str,
+        tokens: list[int],
+        max_tokens: int,
+        branch_hints: Sequence[int] = (),
     ) -> Generation:
-        """Generate `max_tokens` tokens after `tokens`; raise TargetError on failure."""
+        """Generate `max_tokens` tokens after `tokens` (`branch_hints`: prompt positions where
+        later turns are likely to branch off); raise TargetError on failure."""
         ...
 
     async def aclose(self) -> None:

@@ -161,6 +161,7 @@ class HandoffForwarder:
             kv_source_address=context_admission.rank.address,
             handoff_token_ids=list(handoff.token_ids),
             cache_salt=request.cache_salt,
+            branch_hints=request.branch_hints,
         )
         if request.HasField("prompt_token_ids"):
             engine_request.prompt_token_ids.CopyFrom(request.prompt_token_ids)

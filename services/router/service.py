@@ -246,6 +246,7 @@ class RouterServicer(router_pb2_grpc.RouterServicer):
             max_tokens=request.max_tokens,
             num_samples=admission.request.slots,
             cache_salt=request.cache_salt,
+            branch_hints=request.branch_hints,
         )
         if request.HasField("prompt_token_ids"):
             engine_request.prompt_token_ids.CopyFrom(request.prompt_token_ids)

@@ -36,7 +36,8 @@ def test_pools_are_sized_for_slots_and_retained_turns():
     # full: 2 slots x 256 blocks + 2 conversations x 2 retained turns x 128 blocks (a
     # conversation's turns share its prefix: together one context), plus the null page
     assert store.pool_pages["full"] == 2 * 256 + 4 * 128 + 1
-    assert store.reuse_policy.retained_turns == 2
+    # 2 turns and the 2 default branch records, which share that context's full prefix too
+    assert store.reuse_policy.retained_turns == 2 + 2
 
 
 def test_bad_values_name_the_field():

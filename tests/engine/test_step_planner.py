@@ -5,7 +5,7 @@ and pressure tests cover the simulator side.
 """
 
 from kvfleet.kvstore.config import KVStoreConfig
-from kvfleet.kvstore.life_cycles import FullLifeCycle
+from kvfleet.kvstore.life_cycles import FullLifeCycle, WindowLifeCycle
 from kvfleet.kvstore.manager import KVCacheManager
 from kvfleet.kvstore.policies import PerConversation, PerRequest
 from kvfleet.services.core.retained_order import RetainedConversations
@@ -135,6 +135,37 @@ def test_a_returning_conversation_moves_to_the_back_of_the_release_order():
     assert list(retained) == ["b", "a"]
     assert retained.release_until(lambda: retained.released == 1)
     assert list(retained) == ["a"]
+    manager.check_integrity()
+
+
+def test_pressure_takes_every_branch_record_before_any_turn():
+    """A branch record serves a reset; a turn serves the conversation's next turn: releasing
+    the oldest conversation first would trade the likely reuse for the unlikely one."""
+    config = KVStoreConfig(
+        block_size=BLOCK,
+        life_cycles=(FullLifeCycle("full"), WindowLifeCycle("win", 8)),
+        pool_pages={"full": 64, "win": 64},
+        reuse_policy=PerConversation(max_num_turns=2, keep_branch_points=1),
+        checkpoint=False,
+        checkpoint_margin_tokens=4,
+    )
+    manager = KVCacheManager(config, lambda event: None)
+    retained = RetainedConversations(manager)
+    for conversation, first in (("old", 0), ("new", 100)):
+        prompt = list(range(first, first + 40))
+        manager.add_request(conversation, prompt, conversation, branch_hints=(16,))
+        manager.admit(conversation, len(prompt))
+        manager.commit(conversation, len(prompt))
+        retained.context_ended(conversation, conversation)
+        manager.finish_request(conversation)
+
+    def branch_records() -> int:
+        return sum(r.branch_tokens is not None for c in retained for r in manager.retained_turns(c))
+
+    assert branch_records() == 2
+    assert retained.release_until(lambda: branch_records() == 0)
+    assert retained.released == 0 and list(retained) == ["old", "new"]
+    assert all(manager.retained_turns(c) for c in ("old", "new"))
     manager.check_integrity()
 
 

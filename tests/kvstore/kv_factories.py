@@ -48,9 +48,10 @@ def run_turn(
     conversation_id: str | None = None,
     chunk: int | None = None,
     finish: bool = True,
+    branch_hints: Sequence[int] = (),
 ) -> PrefixMatch:
     """Add, admit and prefill `prompt` in chunks, finish its context (and request); the match."""
-    manager.add_request(request_id, prompt, conversation_id)
+    manager.add_request(request_id, prompt, conversation_id, branch_hints=branch_hints)
     match = manager.match(request_id)
     remaining = len(prompt) - match.num_reusable_tokens
     step = chunk or remaining

@@ -57,7 +57,7 @@ def test_the_resetting_turn_reuses_nothing_and_plans_its_branch_point():
     assert (match.num_reusable_tokens, match.num_whole_prefix_blocks) == (0, 6)
     manager.admit("t3", 44)
     progress = manager.progress("t3")
-    assert (progress.branch_tokens, progress.checkpoint_tokens) == (24, 36)
+    assert (progress.branch_tokens, progress.checkpoint_tokens) == ((24,), 36)
     manager.finish_request("t3")
     manager.check_integrity()
 
@@ -94,7 +94,7 @@ def test_no_branch_point_within_replay_and_margin_of_the_prompt_end():
     assert manager.match("t2").num_whole_prefix_blocks == 9
     manager.admit("t2", 12)
     assert manager.progress("t2").num_reused_tokens == 32
-    assert manager.progress("t2").branch_tokens is None
+    assert manager.progress("t2").branch_tokens == ()
     manager.finish_request("t2")
     manager.check_integrity()
 
@@ -106,7 +106,7 @@ def test_policies_without_branch_points_plan_none(policy):
     run_turn(manager, "t1", SYSTEM + tokens(1, 16), "c")
     manager.add_request("t3", SYSTEM + tokens(3, 20), "c")
     manager.admit("t3", 44)
-    assert manager.progress("t3").branch_tokens is None
+    assert manager.progress("t3").branch_tokens == ()
     manager.finish_request("t3")
     manager.check_integrity()
 
@@ -139,6 +139,80 @@ def test_a_resumed_branch_outlives_a_newer_unused_one():
     assert [b.branch_tokens for b in branches(manager)] == [16, 24]
     run_turn(manager, "t5", SYSTEM[:8] + tokens(5, 36), "c")  # branch at 8: 16 falls out
     assert [(b.request_id, b.branch_tokens) for b in branches(manager)] == [("t2", 24), ("t5", 8)]
+    manager.check_integrity()
+
+
+@pytest.mark.parametrize(("hints", "reused"), [((24,), 24), ((26,), 24), ((), 0)])
+def test_a_hinted_first_turn_lets_the_first_reset_resume(hints, reused):
+    """A hint at the system prompt's end (floored to a block) keeps a window there on the first
+    turn, so the conversation's first reset already resumes; without it, it reuses nothing."""
+    manager = manager_for(PerConversation(2, keep_branch_points=1))
+    run_turn(manager, "t1", SYSTEM + tokens(1, 16), "c", branch_hints=hints)
+    assert [b.branch_tokens for b in branches(manager)] == [h // BLOCK * BLOCK for h in hints]
+    run_turn(manager, "t2", SYSTEM + tokens(1, 16) + tokens(2, 16), "c")
+    assert run_turn(manager, "t3", SYSTEM + tokens(3, 20), "c").num_reusable_tokens == reused
+    manager.check_integrity()
+
+
+def test_each_hint_is_a_branch_record_of_its_own():
+    """Hints at the tools' end (16) and the system prompt's end (24): a reset to either resumes
+    there; one record for both would lose the shorter reset."""
+    manager = manager_for(PerConversation(1, keep_branch_points=2))
+    run_turn(manager, "t1", SYSTEM + tokens(1, 16), "c", branch_hints=(16, 24))
+    assert [(b.request_id, b.branch_tokens) for b in branches(manager)] == [("t1", 16), ("t1", 24)]
+    assert run_turn(manager, "t2", SYSTEM[:16] + tokens(2, 28), "c").num_reusable_tokens == 16
+    assert run_turn(manager, "t3", SYSTEM + tokens(3, 20), "c").num_reusable_tokens == 24
+    manager.check_integrity()
+
+
+def test_hints_past_the_reused_prefix_or_near_the_prompt_end_plan_nothing():
+    """A hint the windows already resume past, or one within replay + margin of the end (the
+    checkpoint covers it), would only pin pages for nothing."""
+    manager = manager_for(PerConversation(2, keep_branch_points=2))
+    run_turn(manager, "t1", SYSTEM + tokens(1, 16), "c")
+    run_turn(
+        manager,
+        "t2",
+        SYSTEM + tokens(1, 16) + tokens(2, 16),
+        "c",
+        finish=False,
+        branch_hints=(8, 52),
+    )
+    assert manager.progress("t2").branch_tokens == ()
+    manager.finish_request("t2")
+    manager.check_integrity()
+
+
+@pytest.mark.parametrize("hint", [0, -4, 41])
+def test_a_hint_outside_the_prompt_is_refused_by_name(hint):
+    manager = manager_for(PerConversation(2, keep_branch_points=1))
+    with pytest.raises(ValueError, match=r"branch_hints must lie in \[1, 40\]"):
+        manager.add_request("t1", SYSTEM + tokens(1, 16), "c", branch_hints=(hint,))
+    assert manager.request_ids() == ()
+
+
+def test_a_hinted_turn_plans_its_hints_and_not_the_discovered_point():
+    """t2 finds the system prompt's full blocks (f = 24) but names 8: a record at 24 too would
+    push a hinted one out of the conversation's few."""
+    manager = manager_for(PerConversation(2, keep_branch_points=2))
+    run_turn(manager, "t1", SYSTEM + tokens(1, 16), "c")
+    run_turn(manager, "t2", SYSTEM + tokens(2, 20), "c", finish=False, branch_hints=(8,))
+    assert manager.progress("t2").branch_tokens == (8,)
+    manager.finish_request("t2")
+    manager.check_integrity()
+
+
+def test_releasing_branch_records_keeps_the_turns_and_leaves_the_pages_matchable():
+    """Pressure's first take: the records' refs go to the LRU, the conversation keeps its turns,
+    and the window stays matchable until evicted."""
+    manager = manager_for(PerConversation(2, keep_branch_points=1))
+    run_turn(manager, "t1", SYSTEM + tokens(1, 16), "c", branch_hints=(24,))
+    (branch,) = branches(manager)
+    (release,) = manager.release_branch_records("c")
+    assert set(release.evictable["win"]) == set(branch.pages["win"])
+    assert branches(manager) == [] and [t.request_id for t in manager.retained_turns("c")] == ["t1"]
+    assert manager.release_branch_records("c") == () == manager.release_branch_records("none")
+    assert run_turn(manager, "t2", SYSTEM + tokens(2, 20), "c").num_reusable_tokens == 24
     manager.check_integrity()
 
 

@@ -30,12 +30,18 @@ POLICIES = {
 
 operation = st.one_of(
     st.tuples(
-        st.just("add"), st.integers(0, 2), st.integers(0, 2), st.integers(1, 40), st.integers(0, 16)
+        st.just("add"),
+        st.integers(0, 2),
+        st.integers(0, 2),
+        st.integers(1, 40),
+        st.integers(0, 16),
+        st.lists(st.integers(1, 56), max_size=2),  # branch hints, clipped to the prompt
     ),
     st.tuples(st.just("step"), st.integers(0, 50)),
     st.tuples(st.just("finish"), st.integers(0, 50)),
     st.tuples(st.just("drop"), st.integers(0, 2)),
     st.tuples(st.just("release"), st.integers(0, 2)),
+    st.tuples(st.just("release_branches"), st.integers(0, 2)),
 )
 
 
@@ -96,10 +102,11 @@ def test_random_operations_keep_every_invariant(policy, pages, margin, operation
     for number, op in enumerate(operations):
         live = sorted(prompts)
         if op[0] == "add":
-            _, conversation, base, length, tail = op
+            _, conversation, base, length, tail, hints = op
             prompt = BASES[base][:length] + tokens(1000 + number, tail)
             request_id = f"r{number}"
-            manager.add_request(request_id, prompt, f"c{conversation}")
+            hints = [hint for hint in hints if hint <= len(prompt)]
+            manager.add_request(request_id, prompt, f"c{conversation}", branch_hints=hints)
             prompts[request_id] = prompt
             assert manager.match(request_id).num_reusable_tokens <= max(0, len(prompt) - 4)
         elif op[0] == "step" and live:
@@ -114,6 +121,9 @@ def test_random_operations_keep_every_invariant(policy, pages, margin, operation
         elif op[0] == "release" and manager.can_release_conversation(f"c{op[1]}"):
             manager.release_conversation(f"c{op[1]}")
             assert manager.retained_turns(f"c{op[1]}") == ()
+        elif op[0] == "release_branches":
+            manager.release_branch_records(f"c{op[1]}")
+            assert all(t.branch_tokens is None for t in manager.retained_turns(f"c{op[1]}"))
         manager.check_integrity()
         check_pages_hold_their_blocks(manager, prompts)
     for request_id in list(prompts):

@@ -134,7 +134,7 @@ async def test_reuse_change_updates_engine_yaml_and_rolls_the_pool(k8s, operator
         template = live(k8s, STS, "f6-generation")["spec"]["template"]
         return template["metadata"]["annotations"][CONFIG_HASH_ANNOTATION]
 
-    assert (reuse()["keep_root"], reuse()["keep_branch_points"]) == (False, 0)
+    assert (reuse()["keep_root"], reuse()["keep_branch_points"]) == (False, 2)
     hash_before = pod_hash()
     spec = {**copy.deepcopy(BASE_SPEC), "reuse": {"keepRoot": True, "keepBranchPoints": 1}}
     await send(k8s, "PATCH", f"{FLEET_PATH}/f6", {"metadata": {"generation": 2}, "spec": spec})

@@ -20,15 +20,16 @@ def reuse_schema() -> dict:
     return crd_schema()["properties"]["spec"]["properties"]["reuse"]
 
 
-def test_defaults_render_retention_options_off():
-    """A fleet that says nothing must render keep_root false and keep_branch_points 0."""
+def test_defaults_render_the_engine_defaults():
+    """A fleet that says nothing must render keep_root false and the two branch points that
+    hold the tools' and the system prompt's ends."""
     reuse = engine_config(parse_spec({"model": MODEL}), "generation")["reuse"]
     assert reuse == {
         "policy": "per_conversation",
         "max_num_turns": 5,
         "checkpoint": True,
         "keep_root": False,
-        "keep_branch_points": 0,
+        "keep_branch_points": 2,
     }
 
 
@@ -87,6 +88,9 @@ def test_retention_options_need_per_conversation(policy):
 
 
 def test_other_policies_run_with_the_options_off():
-    """per_request with both options at their defaults must stay a valid spec."""
-    spec = parse_spec({"model": MODEL, "reuse": {"policy": "per_request", "keepBranchPoints": 0}})
-    assert engine_config(spec, "generation")["reuse"]["policy"] == "per_request"
+    """per_request with both options at their defaults must stay a valid spec (the branch
+    points' default is per_conversation's only), as must an explicit 0."""
+    for reuse in ({"policy": "per_request"}, {"policy": "per_request", "keepBranchPoints": 0}):
+        rendered = engine_config(parse_spec({"model": MODEL, "reuse": reuse}), "generation")
+        assert rendered["reuse"]["policy"] == "per_request"
+        assert rendered["reuse"]["keep_branch_points"] == 0
