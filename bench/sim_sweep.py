@@ -39,7 +39,7 @@ SETTINGS: dict[str, dict[str, str]] = {
     "30s/t5": {**bound(30), "max_num_turns": "5"},
     "60s/t5": {**bound(60), "max_num_turns": "5"},
     "30s/t5/no-ckpt": {**bound(30), "max_num_turns": "5", "checkpoint": "off"},
-    "defaults/branch-point": {"keep_branch_points": "1"},
+    "defaults/no-branch-points": {"keep_branch_points": "0"},  # the defaults before hints
     "defaults": {},
 }
 

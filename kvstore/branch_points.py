@@ -20,7 +20,7 @@ and each hint h floored to a block:
 | case                                                   | branch points                   |
 |--------------------------------------------------------|---------------------------------|
 | policy keeps none (all_reusable, per_request, default) | none                            |
-| no hints, r < f < C                                    | f                               |
+| no hints, discovery on, r < f < C                      | f                               |
 | r < h < C, for each hint h                             | h                               |
 | f <= r, h <= r: the windows already resume past it     | not that one                    |
 | f >= C, h >= C: within R + margin of the prompt end    | not that one (the checkpoint's) |
@@ -57,5 +57,10 @@ def branch_positions(
     if not config.reuse_policy.keep_branch_points:
         return ()
     checkpoint, bs = config.checkpoint_position(prompt_len), config.block_size
-    candidates = {hint // bs * bs for hint in hints} if hints else {whole_prefix_tokens}
+    if hints:
+        candidates = {hint // bs * bs for hint in hints}
+    elif config.reuse_policy.discover_branch_points:
+        candidates = {whole_prefix_tokens}
+    else:
+        return ()
     return tuple(sorted(p for p in candidates if num_reused_tokens < p < checkpoint))

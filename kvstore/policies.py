@@ -20,6 +20,7 @@ class AllReusable:
     recent_turns = 0
     keep_root = False
     keep_branch_points = 0
+    discover_branch_points = False
 
 
 @dataclass(frozen=True)
@@ -33,6 +34,7 @@ class PerRequest:
     recent_turns = 0
     keep_root = False
     keep_branch_points = 0
+    discover_branch_points = False
 
 
 @dataclass(frozen=True)
@@ -46,12 +48,14 @@ class PerConversation:
     With `keep_branch_points` (how many; True is one), a turn whose whole-prefix match runs past
     where its windows can resume commits the window ending at that branch point, and the
     conversation holds it for as long as it lives (`kvfleet.kvstore.branch_points`), so a
-    later turn that branches there again resumes at it.
+    later turn that branches there again resumes at it. `discover_branch_points` False plans
+    branch points only where a request hints them.
     """
 
     max_num_turns: int = 2
     keep_root: bool = False
     keep_branch_points: int = 0
+    discover_branch_points: bool = True
     name = "per_conversation"
     commits_every_block = False
     allows_checkpoint = True

@@ -54,6 +54,9 @@ class EngineConfig:
     # per_conversation: branch records a conversation keeps; two hold the resume points at the
     # ends of the tools and of the system prompt, where context resets branch (branch hints).
     keep_branch_points: int = 2
+    # per_conversation: also plan a branch point where an unhinted turn's cached prefix stops
+    # (off: measured to cost more pages than it saves under memory pressure).
+    discover_branch_points: bool = False
     checkpoint: bool = True
     checkpoint_margin_tokens: int = 512
     window_replay_tokens: int = 0

@@ -7,7 +7,7 @@ Layout (snake_case; the operator renders it, docs/operator.md documents it):
     ranks_per_pod: 1
     tensor_parallel: 1          # workers (GPUs) of the rank, started by torchrun
     reuse: {policy: per_conversation, max_num_turns: 5, checkpoint: true,
-            keep_root: false, keep_branch_points: 2}
+            keep_root: false, keep_branch_points: 2, discover_branch_points: false}
     kv_tiers: {gpu_memory_fraction: 0.9, host_gib: 0, host_pages: null,
                disk: {enabled: false, dir: ..., gib: 32, pages: null, prefetch_num_reqs: 4}}
     engine: {<any EngineConfig field>: value}   # tuning the operator does not render
@@ -53,6 +53,7 @@ class ReuseSection(_Strict):
     checkpoint: bool | None = None
     keep_root: bool | None = None
     keep_branch_points: int | None = None
+    discover_branch_points: bool | None = None
 
 
 class DiskSection(_Strict):

@@ -241,5 +241,6 @@ def _policy_params(config: EngineConfig) -> dict[str, int | bool]:
         "max_num_turns": config.max_num_turns,
         "keep_root": config.keep_root,
         "keep_branch_points": config.keep_branch_points,
+        "discover_branch_points": config.discover_branch_points,
     }
     return {name: value for name, value in values.items() if name in taken}

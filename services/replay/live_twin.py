@@ -86,6 +86,7 @@ def engine_config(sim: SimConfig, settings: TwinSettings) -> Any:
         max_num_turns=options.max_num_turns,
         keep_root=options.keep_root,
         keep_branch_points=options.keep_branch_points,
+        discover_branch_points=options.discover_branch_points,
         checkpoint=options.checkpoint,
         checkpoint_margin_tokens=wanted.checkpoint_margin_tokens,
         window_replay_tokens=max(replays, default=0),

@@ -48,6 +48,7 @@ class FleetOptions:
     max_num_turns: int = 5
     keep_root: bool = False  # per_conversation: also keep the first turn's endpoints
     keep_branch_points: int = 2  # per_conversation: branch records kept (kvstore/branch_points)
+    discover_branch_points: bool = False  # ... also where an unhinted turn's cached run stops
     retained_conversations: int = 8
     checkpoint: bool = True
     retained_snapshot_sizing: bool = True  # pools count retained turns' from-end snapshots

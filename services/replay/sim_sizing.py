@@ -26,6 +26,7 @@ def rank_kvstore(fleet: FleetOptions, model: ModelShape) -> tuple[KVStoreConfig,
         "max_num_turns": fleet.max_num_turns,
         "keep_root": fleet.keep_root,
         "keep_branch_points": fleet.keep_branch_points,
+        "discover_branch_points": fleet.discover_branch_points,
     }
     if fleet.reuse_policy != "per_conversation":
         policy_params = {}

@@ -99,9 +99,18 @@ def test_no_branch_point_within_replay_and_margin_of_the_prompt_end():
     manager.check_integrity()
 
 
-@pytest.mark.parametrize("policy", [AllReusable(), PerRequest(), PerConversation(2)])
+@pytest.mark.parametrize(
+    "policy",
+    [
+        AllReusable(),
+        PerRequest(),
+        PerConversation(2),
+        PerConversation(2, keep_branch_points=2, discover_branch_points=False),
+    ],
+)
 def test_policies_without_branch_points_plan_none(policy):
-    """all_reusable commits every window anyway; per_request and the default retain no branch."""
+    """all_reusable commits every window anyway; per_request and the default retain no branch;
+    with discovery off an unhinted reset plans none (hints only: the engine's default)."""
     manager = manager_for(policy)
     run_turn(manager, "t1", SYSTEM + tokens(1, 16), "c")
     manager.add_request("t3", SYSTEM + tokens(3, 20), "c")

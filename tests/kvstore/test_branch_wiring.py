@@ -22,7 +22,8 @@ def test_engine_yaml_reuse_options_build_the_policy_and_count_its_records():
         }
     )
     model = resolve_model_config(config)
-    assert kvstore_config(model, config).reuse_policy == PerConversation(3, True, 1)
+    # The engine plans branch points only where requests hint them (discovery off).
+    assert kvstore_config(model, config).reuse_policy == PerConversation(3, True, 1, False)
     step = typical_step(model, config)
     assert (step.retained_turns, step.branch_points, step.branch_records) == (2 * 5, True, 2)
 
@@ -39,4 +40,4 @@ def test_sim_query_options_reach_every_rank_policy():
     overrides = {"ranks": "2", "max_num_turns": "5", "keep_root": "on", "keep_branch_points": "1"}
     fleet = SimFleet(load_sim_config(None, overrides))
     policies = {rank.manager.config.reuse_policy for rank in fleet.ranks.values()}
-    assert policies == {PerConversation(5, True, 1)}
+    assert policies == {PerConversation(5, True, 1, False)}

@@ -30,6 +30,7 @@ TIGHT_FLEET = {
     "max_num_turns": "1",
     "retained_conversations": str(CONVERSATIONS),
     "checkpoint": "off",
+    "keep_branch_points": "0",  # unhinted prompts: branch windows would only loosen the split
 }
 
 

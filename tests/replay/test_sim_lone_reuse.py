@@ -14,7 +14,15 @@ from kvfleet.services.replay.tokens import TokenSynthesizer
 BLOCK = 64
 HYBRID = Path(__file__).resolve().parents[2] / "bench" / "sim_hybrid.yaml"
 # sim_bench's memory-pressed rank: 3000 pages for 2 slots and 3 conversations of 5 turns.
-PRESSED = {"ranks": "1", "slots": "2", "gpu_pages": "3000", "retained_conversations": "3"}
+# NOTE: these crafted turns carry no branch hints, and the pages are chosen at the edge of the
+# lone floor without branch windows, so the branch records' sizing is off.
+PRESSED = {
+    "ranks": "1",
+    "slots": "2",
+    "gpu_pages": "3000",
+    "retained_conversations": "3",
+    "keep_branch_points": "0",
+}
 
 
 def rewritten_session(first: int, second: int, kept: int, later: int, step: int) -> Conversation:

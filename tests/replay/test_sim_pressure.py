@@ -46,6 +46,9 @@ def test_retained_turns_get_window_pages_at_the_same_budget() -> None:
 
 
 def test_no_retained_conversations_sizes_like_per_request() -> None:
-    """If this fails, `retained_conversations: 0` no longer turns retained-turn sizing off."""
-    off = pool_pages(reuse_policy="per_conversation", retained_conversations="0")
+    """If this fails, `retained_conversations: 0` no longer turns retained-turn sizing off
+    (residents' branch windows are not retained turns: they go with keep_branch_points)."""
+    off = pool_pages(
+        reuse_policy="per_conversation", retained_conversations="0", keep_branch_points="0"
+    )
     assert off == pool_pages(reuse_policy="per_request")
