@@ -93,6 +93,9 @@ class LossTracer:
         manager.release_conversation = _push("released under pressure")(
             manager.release_conversation
         )
+        manager.release_branch_records = _push("branch records released")(
+            manager.release_branch_records
+        )
         manager.finish_request = _push("request end")(manager.finish_request)
         manager.commit = _push("slid out")(manager.commit)
         admit = manager.admit
