@@ -136,6 +136,7 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--seeds", default=None, help="comma-separated: a run per seed, then "
                         "the mean (min-max) table; the plot is the first seed's")  # fmt: skip
     parser.add_argument("--arms", default=None, help="comma-separated arm names (default all)")
+    parser.add_argument("--set", default="", help="fleet overrides for every arm: k=v,k=v")
     parser.add_argument("--model", type=Path, default=HYBRID_MODEL, help="sim YAML")
     parser.add_argument("--plot", type=Path, default=None, help="write the PNGs into DIR")
     parser.add_argument("--json", type=Path, default=None)
@@ -151,6 +152,8 @@ def arms(args: argparse.Namespace) -> dict[str, dict[str, str]]:
     fleets[ALL] = {**common, "host_pages": str(args.host_pages)}
     if args.arms:
         fleets = {name: fleets[name] for name in args.arms.split(",")}
+    extra = dict(kv.split("=", 1) for kv in args.set.split(",") if kv)
+    fleets = {name: {**fleet, **extra} for name, fleet in fleets.items()}
     return fleets
 
 

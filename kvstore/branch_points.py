@@ -53,7 +53,9 @@ def branch_positions(
     whole_prefix_tokens: int,
     hints: Sequence[int] = (),
 ) -> tuple[int, ...]:
-    """The turn's branch points in tokens per the table above, ascending (empty: none)."""
+    """The turn's branch points in tokens per the table above, ascending (empty: none): at most
+    `keep_branch_points`, the last ones (those its records would keep), so no request keeps
+    more windows than the pools are sized for, whatever it hints."""
     if not config.reuse_policy.keep_branch_points:
         return ()
     checkpoint, bs = config.checkpoint_position(prompt_len), config.block_size
@@ -63,4 +65,5 @@ def branch_positions(
         candidates = {whole_prefix_tokens}
     else:
         return ()
-    return tuple(sorted(p for p in candidates if num_reused_tokens < p < checkpoint))
+    points = sorted(p for p in candidates if num_reused_tokens < p < checkpoint)
+    return tuple(points[-int(config.reuse_policy.keep_branch_points) :])

@@ -8,10 +8,11 @@ A typical step holds the resident requests' pages plus what retained turns keep 
 checkpoints, state snapshots). Each count below is a peak (an upper bound on pages with a ref
 count above zero), so a tier sized at the sum never runs out at that step. B is the block size,
 L the longest context, c the chunk, w the window; "ckpt" counts only when checkpoints are on,
-"br" only when the policy keeps branch points (a resident request keeps its branch-point window
-until its context ends). Branch records count among the retained turns
-(`policy.retained_turns`), but each holds one window and one snapshot, not a turn's two, and
-its full blocks are a prefix of its conversation's context, which the turns already count.
+"br" is the branch-point windows a resident request keeps until its context ends (at most the
+policy's `keep_branch_points`; 0 without branch points). Branch records count among the
+retained turns (`policy.retained_turns`), but each holds one window and one snapshot, not a
+turn's two, and its full blocks are a prefix of its conversation's context, which the turns
+already count.
 
 | kind    | per resident request                          | per retained turn | per branch record |
 |---------|-----------------------------------------------|-------------------|-------------------|
@@ -32,12 +33,13 @@ behind the running state are left to the LRU and counted nowhere: they are evict
 conversions of pages to tokens count live ones.
 (*) no sharing, unless `full_tokens_per_retained_turn` says what each holds.
 
-Under pressure (fewer pages than the peak) the proportional split is lifted to a floor: what
-one conversation alone needs, a request at L next to its previous turn's whole prefix (a turn
-that rewrites its prompt recomputes what the retained turn still holds). Window and state
-pools get their floor first (it does not grow with L); the full and private pools then share
-the rest up to theirs. Without it, a rank sized for several conversations' retained windows
-cannot keep even one long conversation's prefix.
+The split weighs the peak without branch windows (`_weighed_step` says why); the floor below
+counts a resident's. Under pressure (fewer pages than the peak) the split is lifted to a
+floor: what one conversation alone needs, a request at L next to its previous turn's whole
+prefix (a turn that rewrites its prompt recomputes what the retained turn still holds).
+Window and state pools get their floor first (it does not grow with L); the full and private
+pools then share the rest up to theirs. Without it, a rank sized for several conversations'
+retained windows cannot keep even one long conversation's prefix.
 """
 
 from __future__ import annotations
@@ -56,8 +58,9 @@ if TYPE_CHECKING:
 class TypicalStep:
     """What a rank holds at its peak: resident requests and retained turn endpoints.
 
-    `branch_points`: resident requests may keep a branch-point window (the policy's
-    `keep_branch_points`). `branch_records`: how many of `retained_turns` are branch records.
+    `branch_points`: the branch-point windows a resident request may keep (the policy's
+    `keep_branch_points`: a turn plans at most that many). `branch_records`: how many of
+    `retained_turns` are branch records.
     `retained_snapshots` False leaves the retained turns' from-end snapshots out of the plan
     (what sizing did before they were retained: a baseline for measuring their effect).
     `every_block_snapshots`: the reuse policy commits every block (every state is a snapshot).
@@ -69,7 +72,7 @@ class TypicalStep:
     retained_turns: int = 0
     checkpoint: bool = True
     full_tokens_per_retained_turn: int | None = None
-    branch_points: bool = False
+    branch_points: int = 0
     branch_records: int = 0
     retained_snapshots: bool = True
     every_block_snapshots: bool = False
@@ -117,7 +120,7 @@ def rank_typical_step(
         retained_turns=retained_conversations * turns,
         checkpoint=checkpoint,
         full_tokens_per_retained_turn=max_context_tokens // max(1, turns - branches),
-        branch_points=branches > 0,
+        branch_points=branches,
         branch_records=retained_conversations * branches,
         retained_snapshots=retained_snapshots,
         every_block_snapshots=policy.commits_every_block,
@@ -245,18 +248,35 @@ def _plan_within(
     cost: Mapping[str, int],
 ) -> PoolPlan:
     """`budget` units split in proportion to each pool's peak units (pages x `cost`, a page's
-    units), lifted to the lone floors; whole pages per pool."""
+    units) without branch windows (`_weighed_step`), lifted to the lone floors; whole pages per
+    pool."""
     demand = peak_demand(step, life_cycles, block_size)
     if budget < sum(2 * cost[name] for name in demand):
         raise ValueError(
             f"a budget of {budget} cannot make {len(demand)} pools of >= 2 pages "
             f"(page sizes {dict(cost)})"
         )
-    weights = {name: need * cost[name] for name, need in demand.items()}
+    weighed = peak_demand(_weighed_step(step), life_cycles, block_size)
+    weights = {name: need * cost[name] for name, need in weighed.items()}
     units = _split(budget, weights, {name: 2 * cost[name] for name in demand})
     pages = {name: units[name] // cost[name] for name in demand}
     floors = lone_floors(step, life_cycles, block_size, budget, cost)
     return PoolPlan(demand, _raise_to_floors(pages, floors, cost))
+
+
+def _weighed_step(step: TypicalStep) -> TypicalStep:
+    """The step a proportional split weighs: without branch windows (residents' and records').
+
+    NOTE: the peak counts each retained turn's windows as if no two turns shared a page, but a
+    conversation's consecutive endpoints overlap, and that slack holds its branch windows.
+    Weighed in, they took ~4 % of the full pool of an 8-slot rank and cost 8 % of the
+    prefill-bound load shape's throughput; the lone floor still counts a resident's branch
+    window, without which a pool split at the floor churned its windows (docs/simulator.md).
+    """
+    if not step.branch_points and not step.branch_records:
+        return step
+    turns = step.retained_turns - step.branch_records
+    return replace(step, branch_points=0, branch_records=0, retained_turns=turns)
 
 
 def _split(

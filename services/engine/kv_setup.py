@@ -22,7 +22,7 @@ import torch
 from ...kvstore.config import KVStoreConfig
 from ...kvstore.life_cycles import FullLifeCycle, LifeCycle, StateLifeCycle, WindowLifeCycle
 from ...kvstore.policies import REUSE_POLICIES, make_reuse_policy
-from ...kvstore.sizing import TypicalStep, plan_pools, rank_typical_step
+from ...kvstore.sizing import TypicalStep, plan_pool_bytes, plan_pools, rank_typical_step
 from ...kvstore.tiers.build import TierConfig, build_tiers
 from ...kvstore.tiers.layout import KVLayout
 from ...kvstore.tiers.stack import KVTiers
@@ -112,14 +112,16 @@ def budget_pool_pages(
             "device KV: the typical step's peak %s fits (%s)", _gib(peak_bytes), budget.explanation
         )
         return peak
-    # Pages in the peak's proportions, as many as the budget's bytes buy.
-    total_pages = int(budget.budget_bytes * sum(peak.values()) / peak_bytes)
-    if total_pages < 2 * len(peak):
+    # The budget's bytes split between the pools by their pages' own bytes (a state page can
+    # take tens of attention pages' bytes).
+    try:
+        plan = plan_pool_bytes(step, life_cycles, page_size, budget.budget_bytes, page_bytes)
+    except ValueError as error:
         raise ValueError(
-            f"device KV budget {budget.explanation} buys {total_pages} pages: too few for "
-            f"{len(peak)} pools (set kv_pages, or lower max_batch_size / max_num_batched_tokens)"
-        )
-    pages = dict(plan_pools(step, life_cycles, page_size, total_pages).pool_pages)
+            f"device KV budget {budget.explanation} is too small for {len(peak)} pools: {error} "
+            "(set kv_pages, or lower max_batch_size / max_num_batched_tokens)"
+        ) from error
+    pages = dict(plan.pool_pages)
     used = sum(count * page_bytes[name] for name, count in pages.items())
     log.warning(
         "device KV budget cannot hold the typical step's peak: %s of %s needed (%s slots at "

@@ -174,6 +174,17 @@ def test_each_hint_is_a_branch_record_of_its_own():
     manager.check_integrity()
 
 
+def test_a_turn_plans_no_more_branch_points_than_its_conversation_keeps():
+    """Pools are sized for `keep_branch_points` windows per request: more hints (a client may
+    send 8) would keep windows the pools have no room for and fail the request."""
+    manager = manager_for(PerConversation(2, keep_branch_points=2))
+    prompt = SYSTEM + tokens(1, 16)
+    run_turn(manager, "t1", prompt, "c", finish=False, branch_hints=(8, 16, 24))
+    assert manager.progress("t1").branch_tokens == (16, 24)
+    manager.finish_request("t1")
+    manager.check_integrity()
+
+
 def test_hints_past_the_reused_prefix_or_near_the_prompt_end_plan_nothing():
     """A hint the windows already resume past, or one within replay + margin of the end (the
     checkpoint covers it), would only pin pages for nothing."""
