@@ -8,11 +8,13 @@ A typical step holds the resident requests' pages plus what retained turns keep 
 checkpoints, state snapshots). Each count below is a peak (an upper bound on pages with a ref
 count above zero), so a tier sized at the sum never runs out at that step. B is the block size,
 L the longest context, c the chunk, w the window; "ckpt" counts only when checkpoints are on,
-"br" is the branch-point windows a resident request keeps until its context ends (at most the
-policy's `keep_branch_points`; 0 without branch points). Branch records count among the
-retained turns (`policy.retained_turns`), but each holds one window and one snapshot, not a
-turn's two, and its full blocks are a prefix of its conversation's context, which the turns
-already count.
+"br" is the branch-point windows a resident request keeps until its context ends (one with
+branch points, 0 without: a second hinted point's window adds only the distance between the
+hints, the system prompt's length, under a window in Claude Code sessions, and counting two
+in the floor cost a point of reuse on the tuning half's memory-short fleet). Branch records
+count among the retained turns (`policy.retained_turns`), but each holds one window and one
+snapshot, not a turn's two, and its full blocks are a prefix of its conversation's context,
+which the turns already count.
 
 | kind    | per resident request                          | per retained turn | per branch record |
 |---------|-----------------------------------------------|-------------------|-------------------|
@@ -58,9 +60,9 @@ if TYPE_CHECKING:
 class TypicalStep:
     """What a rank holds at its peak: resident requests and retained turn endpoints.
 
-    `branch_points`: the branch-point windows a resident request may keep (the policy's
-    `keep_branch_points`: a turn plans at most that many). `branch_records`: how many of
-    `retained_turns` are branch records.
+    `branch_points`: the branch-point windows counted per resident request (one when the
+    policy keeps branch points; a turn plans at most `keep_branch_points`). `branch_records`:
+    how many of `retained_turns` are branch records.
     `retained_snapshots` False leaves the retained turns' from-end snapshots out of the plan
     (what sizing did before they were retained: a baseline for measuring their effect).
     `every_block_snapshots`: the reuse policy commits every block (every state is a snapshot).
@@ -120,7 +122,7 @@ def rank_typical_step(
         retained_turns=retained_conversations * turns,
         checkpoint=checkpoint,
         full_tokens_per_retained_turn=max_context_tokens // max(1, turns - branches),
-        branch_points=branches,
+        branch_points=min(branches, 1),
         branch_records=retained_conversations * branches,
         retained_snapshots=retained_snapshots,
         every_block_snapshots=policy.commits_every_block,

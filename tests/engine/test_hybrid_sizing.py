@@ -61,14 +61,14 @@ def test_8b_hybrid_fits_an_h200_with_both_pools_at_their_peak():
 
 @pytest.mark.parametrize("step_tokens", [256, 2048])
 def test_8b_hybrid_state_pages_do_not_grow_with_the_step(step_tokens):
-    """8 slots x (resume, running, endpoint, checkpoint, 512 before the end, 2 branch points) +
+    """8 slots x (resume, running, endpoint, checkpoint, 512 before the end, a branch point) +
     8 conversations x (5 turns x (endpoint, checkpoint, 512 before the end) + 2 branch records),
-    plus the null page: 193 pages (9.3 GiB) at 256- and 2048-token steps alike. A page at every
+    plus the null page: 185 pages (8.9 GiB) at 256- and 2048-token steps alike. A page at every
     block a chunk passes would add one per block the step spans, per slot."""
     config = EngineConfig(model="hybrid-8b", max_num_batched_tokens=step_tokens)
     model = preset("hybrid-8b")
     plan = plan_pools(typical_step(model, config), life_cycles_for(model, config), 16)
-    assert plan.pool_pages["ssm"] == 8 * 7 + 8 * (5 * 3 + 2) + 1
+    assert plan.pool_pages["ssm"] == 8 * 6 + 8 * (5 * 3 + 2) + 1
 
 
 def test_a_budget_short_of_the_peak_buys_pages_by_each_pools_bytes():
