@@ -52,10 +52,14 @@ def completion_prompt(body: CompletionRequest, backend: GenerateBackend) -> list
     return list(prompt)
 
 
-def chat_messages(body: ChatCompletionRequest) -> list[dict]:
-    messages = [m.model_dump(exclude_none=True) for m in body.messages]
-    for message in messages:  # OpenAI's newer name for the system role
-        if message["role"] == "developer":
+SYSTEM_ROLES = ("system", "developer")  # developer: OpenAI's newer name for the system role
+
+
+def chat_messages(body: ChatCompletionRequest, count: int | None = None) -> list[dict]:
+    """The first `count` messages (None: all) as template input, developer read as system."""
+    messages = [m.model_dump(exclude_none=True) for m in body.messages[:count]]
+    for message in messages:
+        if message["role"] in SYSTEM_ROLES:
             message["role"] = "system"
     return messages
 
@@ -70,12 +74,13 @@ def system_end_hint(
     """Where the leading system messages (and the tools the template renders with them) end in
     `prompt`: a context reset keeps them and rewrites the rest, so a later turn branches there.
     None when no other message follows them, or the template renders them differently alone."""
-    messages = chat_messages(body)
-    leading = next((i for i, m in enumerate(messages) if m["role"] != "system"), len(messages))
-    if leading == 0 or leading == len(messages):
+    # NOTE: only the leading messages are dumped again; chat_prompt dumped the whole history.
+    roles = [message.role for message in body.messages]
+    leading = next((i for i, role in enumerate(roles) if role not in SYSTEM_ROLES), len(roles))
+    if leading == 0 or leading == len(roles):
         return ()
     head = render_chat(
-        messages[:leading], backend.tokenizer, body.tools, add_generation_prompt=False
+        chat_messages(body, leading), backend.tokenizer, body.tools, add_generation_prompt=False
     )
     return (len(head),) if 0 < len(head) < len(prompt) and prompt[: len(head)] == head else ()
 

@@ -88,14 +88,15 @@ def backend(tmp_path):
     return SimpleNamespace(tokenizer=load_model_tokenizer(tmp_path))
 
 
+@pytest.mark.parametrize("role", ["system", "developer"])
 @pytest.mark.parametrize("tools", [None, TOOLS])
-def test_the_chat_hint_is_where_the_system_block_ends_in_the_prompt(backend, tools):
+def test_the_chat_hint_is_where_the_system_block_ends_in_the_prompt(backend, tools, role):
     """A hint past the system block would pin a window of the user's text; one short of it
     would make every reset recompute the system prompt's tail."""
     system = "You are a coding agent."
     body = ChatCompletionRequest(
         model="m",
-        messages=[{"role": "system", "content": system}, {"role": "user", "content": "hi"}],
+        messages=[{"role": role, "content": system}, {"role": "user", "content": "hi"}],
         tools=tools,
     )
     prompt = chat_prompt(body, backend)
