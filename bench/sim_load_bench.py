@@ -42,6 +42,7 @@ from kvfleet.services.replay.tokens import TokenSynthesizer
 from rich.console import Console
 from rich.table import Table
 from sim_bench import HYBRID_MODEL, session_files
+from sim_sweep import overrides
 
 BASELINE = {"affinity": "lenient", "reuse_policy": "per_request", "checkpoint": "off"}
 CHANGES = {
@@ -152,7 +153,7 @@ def arms(args: argparse.Namespace) -> dict[str, dict[str, str]]:
     fleets[ALL] = {**common, "host_pages": str(args.host_pages)}
     if args.arms:
         fleets = {name: fleets[name] for name in args.arms.split(",")}
-    extra = dict(kv.split("=", 1) for kv in args.set.split(",") if kv)
+    extra = overrides(args.set)
     fleets = {name: {**fleet, **extra} for name, fleet in fleets.items()}
     return fleets
 

@@ -20,7 +20,7 @@ from loss_tracer import LossTracer, is_sub_agent, later_no_reuse
 from rich.console import Console
 from rich.table import Table
 from sim_bench import HYBRID_MODEL, run_sim_arms
-from sim_sweep import SETTINGS, fleet_settings
+from sim_sweep import SETTINGS, fleet_settings, overrides
 
 
 def parse_args() -> argparse.Namespace:
@@ -50,7 +50,7 @@ def tracers_of(tracers: list[LossTracer]):
 
 
 async def run(args: argparse.Namespace) -> list[tuple]:
-    extra = dict(kv.split("=", 1) for kv in args.set.split(",") if kv)
+    extra = overrides(args.set)
     common = fleet_settings(args)
     rows = []
     for seed in (int(s) for s in args.seeds.split(",")):

@@ -63,6 +63,11 @@ def parse_args() -> argparse.Namespace:
     return parser.parse_args()
 
 
+def overrides(text: str) -> dict[str, str]:
+    """`--set k=v,k=v` as fleet settings."""
+    return dict(item.split("=", 1) for item in text.split(",") if item)
+
+
 def fleet_settings(args: argparse.Namespace) -> dict[str, str]:
     """The fleet shape every arm shares, as sim settings."""
     names = ("ranks", "slots", "gpu_pages", "host_pages", "retained_conversations")

@@ -83,7 +83,8 @@ class ConversationRetention:
         turns = self._by_id.get(conversation_id)
         if turns is None:
             return ()
-        records, turns.branches = tuple(turns.branches.values()), type(turns.branches)()
+        records = tuple(turns.branches.values())
+        turns.branches.clear()
         return tuple(release_turn(record, self._pools) for record in records)
 
     def release(self, conversation_id: str) -> tuple[TurnRelease, ...]:
