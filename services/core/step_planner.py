@@ -21,6 +21,7 @@ does not fit after releasing stops the admissions: later items wait behind it.
 from __future__ import annotations
 
 from collections import deque
+from collections.abc import Sequence
 from typing import Generic, Protocol, TypeVar
 
 from ...kvstore.manager import KVCacheManager
@@ -137,13 +138,7 @@ class StepPlanner(Generic[ItemT, ChunkT]):
         self.running.remove(victim)
         self.manager.finish_request(victim.key)
         tokens = self._recompute_tokens(victim)
-        self.manager.add_request(
-            victim.key,
-            tokens,
-            victim.conversation_id,
-            self._extra_key(victim),
-            self._branch_hints(victim),
-        )
+        self._track(victim, tokens)
         victim.retain = victim.retain and not victim.context_done
         self._on_preempted(victim, len(tokens))
         self.waiting.appendleft(victim)
@@ -182,6 +177,12 @@ class StepPlanner(Generic[ItemT, ChunkT]):
     def _recompute_tokens(self, victim: ItemT) -> list[int] | tuple[int, ...]:
         """The tokens a preempted item is re-added with."""
         raise NotImplementedError
+
+    def _track(self, item: ItemT, tokens: Sequence[int]) -> None:
+        """Let the manager hash the item's `tokens` under its conversation, salt and hints."""
+        self.manager.add_request(
+            item.key, tokens, item.conversation_id, self._extra_key(item), self._branch_hints(item)
+        )
 
     def _extra_key(self, item: ItemT) -> bytes:
         """The block hash's extra key of an item (a tenant's cache salt); none by default."""

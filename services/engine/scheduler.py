@@ -47,14 +47,7 @@ class Scheduler(StepPlanner[Sequence, ScheduledChunk]):
 
     def add(self, sequence: Sequence) -> None:
         """Queue a sequence and let the manager hash its prompt."""
-        call = sequence.call
-        self.manager.add_request(
-            sequence.key,
-            sequence.prompt,
-            sequence.conversation_id,
-            call.extra_key,
-            call.branch_hints,
-        )
+        self._track(sequence, sequence.prompt)
         sequence.kv_prompt_len = len(sequence.prompt)
         self.waiting.append(sequence)
 

@@ -74,12 +74,7 @@ class SimRank(HandoffSide, StepPlanner[SimRequest, Chunk]):
     def submit(self, request: SimRequest) -> None:
         """Queue an admitted request; a rank with nothing to do starts a step now."""
         request.rank_id = self.rank_id
-        self.manager.add_request(
-            request.request_id,
-            request.tokens,
-            request.conversation_id,
-            branch_hints=request.branch_hints,
-        )
+        self._track(request, request.tokens)
         self.waiting.append(request)
         self._wake()
 
