@@ -79,7 +79,8 @@ class LoadDriver:
     async def run(self, conversations: Sequence[Conversation]) -> list[RequestRecord]:
         """Replay every conversation; returns the records in completion order.
 
-        Raises AllRequestsFailed (the sessions cancelled) when the first requests all failed.
+        Raises AllRequestsFailed (the sessions cancelled) when the first requests all failed,
+        and the clock's error when it stopped keeping time (a simulated fleet's event failed).
         """
         self._records = []
         self._succeeded = 0
@@ -88,13 +89,20 @@ class LoadDriver:
         queue = deque(conversations)
         slots = min(self.options.sessions, len(queue))
         self._tasks = [asyncio.create_task(self._session(slot, queue)) for slot in range(slots)]
+        sessions = asyncio.gather(*self._tasks[:slots])
+        clock_failed = asyncio.ensure_future(clock.failed())
         try:
-            await asyncio.gather(*self._tasks[:slots])
-        except AllRequestsFailed:
+            await asyncio.wait((sessions, clock_failed), return_when=asyncio.FIRST_COMPLETED)
+            if clock_failed.done():
+                clock_failed.result()  # raises: the sessions would wait on it for ever
+            await sessions
+        except BaseException:
             for task in self._tasks:
                 task.cancel()
-            await asyncio.gather(*self._tasks, return_exceptions=True)
+            await asyncio.gather(sessions, *self._tasks, return_exceptions=True)
             raise
+        finally:
+            clock_failed.cancel()
         return list(self._records)
 
     async def _session(self, slot: int, queue: deque[Conversation]) -> None:

@@ -4,6 +4,9 @@ The load driver awaits `sleep` and the simulated fleet schedules step ends with 
 wait on this clock. A runner task fires the earliest event only once every other task on the
 loop is blocked, so a replay of hours of traffic takes the CPU time of its events alone, and
 the order of events (ties broken by scheduling order) is the same on every run.
+
+A callback that raises stops the clock: nothing can fire after it, so every wait would hang.
+`failed()` raises that error for the driver instead.
 """
 
 from __future__ import annotations
@@ -50,6 +53,8 @@ class VirtualClock:
         self._heap: list[ScheduledEvent] = []
         self._sequence = 0
         self._runner: asyncio.Task[None] | None = None
+        self._failure: BaseException | None = None
+        self._failure_waiters: list[asyncio.Future[None]] = []
         self.events_fired = 0
 
     def now(self) -> float:
@@ -77,6 +82,17 @@ class VirtualClock:
         self.call_at(self._now + seconds, wake)
         await future
 
+    async def failed(self) -> None:
+        """Raise the error an event's callback raised, once one has (it stopped the clock)."""
+        if self._failure is None:
+            waiter: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+            self._failure_waiters.append(waiter)
+            try:
+                await waiter
+            finally:
+                self._failure_waiters.remove(waiter)
+        raise RuntimeError("an event of the simulated fleet failed") from self._failure
+
     def pending(self) -> int:
         """Events not yet fired (cancelled ones included)."""
         return len(self._heap)
@@ -92,6 +108,8 @@ class VirtualClock:
             del _ACTIVE[loop]
 
     def _ensure_runner(self) -> None:
+        if self._failure is not None:
+            raise RuntimeError("the virtual clock stopped: an event failed") from self._failure
         if self._runner is not None and not self._runner.done():
             return
         loop = asyncio.get_running_loop()
@@ -117,7 +135,15 @@ class VirtualClock:
                 continue
             self._now = event.when
             self.events_fired += 1
-            event.callback()
+            try:
+                event.callback()
+            except Exception as error:
+                self._failure = error
+                self._heap.clear()
+                for waiter in self._failure_waiters:
+                    if not waiter.done():
+                        waiter.set_result(None)
+                return
 
 
 async def _settle(loop: asyncio.AbstractEventLoop) -> None:

@@ -26,6 +26,10 @@ class Clock(Protocol):
         """Wait `seconds` on this clock."""
         ...
 
+    async def failed(self) -> None:
+        """Raise what broke this clock's timekeeping; never returns while it keeps time."""
+        ...
+
 
 class WallClock:
     """Real time (`time.perf_counter`)."""
@@ -38,6 +42,10 @@ class WallClock:
         """`asyncio.sleep`, skipping non-positive waits."""
         if seconds > 0:
             await asyncio.sleep(seconds)
+
+    async def failed(self) -> None:
+        """Real time never breaks: wait until cancelled."""
+        await asyncio.Event().wait()
 
 
 @dataclass(frozen=True)

@@ -47,3 +47,22 @@ async def test_second_live_clock_on_one_loop_is_refused() -> None:
     first.close()
     second.call_at(1.0, lambda: None)
     second.close()
+
+
+async def test_a_failing_event_stops_the_clock_and_is_raised_to_its_watchers() -> None:
+    """If this fails, an error in a simulated rank's step leaves every wait hanging for ever."""
+    clock = VirtualClock()
+    fired: list[str] = []
+
+    def broken() -> None:
+        raise ValueError("step broke")
+
+    clock.call_at(1.0, broken)
+    clock.call_at(2.0, lambda: fired.append("after"))
+    with pytest.raises(RuntimeError, match="event of the simulated fleet failed") as raised:
+        await clock.failed()
+    assert isinstance(raised.value.__cause__, ValueError)
+    assert fired == [] and clock.pending() == 0
+    with pytest.raises(RuntimeError, match="clock stopped"):
+        clock.call_at(3.0, lambda: None)
+    clock.close()

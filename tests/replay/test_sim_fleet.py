@@ -2,10 +2,16 @@
 
 from __future__ import annotations
 
+import asyncio
+
 import pytest
 from kvfleet.services.replay.claude_code import read_claude_code
+from kvfleet.services.replay.driver import DriverOptions, LoadDriver
 from kvfleet.services.replay.readers import filter_max_model_len
+from kvfleet.services.replay.sim_config import load_sim_config
+from kvfleet.services.replay.sim_target import SimTarget
 from kvfleet.services.replay.target_types import TargetError
+from kvfleet.services.replay.tokens import TokenSynthesizer
 from replay_paths import CLAUDE_CODE
 from sim_workloads import growing_conversation, replay_sim
 
@@ -114,3 +120,30 @@ async def test_decode_runs_match_single_steps_exactly() -> None:
     assert runs.records == single.records
     assert run_target.stats()["steps"] == single_target.stats()["steps"]
     assert run_target.stats()["events"] < single_target.stats()["events"] / 4
+
+
+async def test_a_fault_inside_a_rank_ends_the_replay_with_its_error() -> None:
+    """If this fails, one broken step leaves the whole replay waiting for ever (it hung, with
+    no output, when a kvstore call raised inside a step event)."""
+    target = SimTarget(load_sim_config(None, {"ranks": "1"}))
+    (rank,) = target.fleet.ranks.values()
+    finish = rank.manager.finish_request
+    calls = []
+
+    def finish_then_break(request_id: str) -> None:
+        calls.append(request_id)
+        if len(calls) == 3:
+            raise ValueError("kvstore broke")
+        finish(request_id)
+
+    rank.manager.finish_request = finish_then_break
+    driver = LoadDriver(
+        target,
+        TokenSynthesizer(1, 32000),
+        DriverOptions(sessions=2, time_scale=0.0, stagger_s=0.0),
+    )
+    conversations = [growing_conversation(f"c{i}", 6, 4, 2, BLOCK) for i in range(2)]
+    with pytest.raises(RuntimeError, match="simulated fleet failed") as raised:
+        await asyncio.wait_for(driver.run(conversations), timeout=60)
+    assert str(raised.value.__cause__) == "kvstore broke"
+    target.clock.close()
