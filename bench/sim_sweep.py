@@ -60,6 +60,7 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--arms", default=",".join(SETTINGS), help="comma-separated names")
     parser.add_argument("--model", type=Path, default=HYBRID_MODEL, help="sim YAML")
     parser.add_argument("--json", type=Path, default=None, help="write every run's measures")
+    parser.add_argument("--set", default="", help="fleet overrides for every arm: k=v,k=v")
     return parser.parse_args()
 
 
@@ -76,7 +77,8 @@ def fleet_settings(args: argparse.Namespace) -> dict[str, str]:
 
 async def sweep(args: argparse.Namespace) -> dict[str, list[dict]]:
     common = fleet_settings(args)
-    fleets = {name: {**common, **SETTINGS[name]} for name in args.arms.split(",")}
+    extra = overrides(args.set)
+    fleets = {name: {**common, **SETTINGS[name], **extra} for name in args.arms.split(",")}
     runs: dict[str, list[dict]] = {name: [] for name in fleets}
     for seed in (int(s) for s in args.seeds.split(",")):
         for stagger in (float(s) for s in args.staggers.split(",")):
