@@ -161,6 +161,17 @@ class KVCacheManager:
             return False
         return self._fits(self._state(request_id), self.match(request_id), num_new_tokens)
 
+    def admissible_tokens(self, request_id: str, max_new_tokens: int) -> int | None:
+        """The new tokens after the reusable prefix (at most `max_new_tokens`) that `admit`
+        would take now, or None when they do not fit; one match, where `match` and then
+        `can_admit` would make two (a waiting request is asked every step)."""
+        state = self._state(request_id)
+        if state.admitted:
+            return None
+        match = self.match(request_id)
+        count = min(state.prompt_len - match.num_reusable_tokens, max_new_tokens)
+        return count if self._fits(state, match, count) else None
+
     def admit(self, request_id: str, num_new_tokens: int) -> Allocation:
         """Take the matched prefix and pages for the first `num_new_tokens` tokens after it."""
         self._check_tokens(num_new_tokens)

@@ -222,8 +222,7 @@ class SimRank(HandoffSide, StepPlanner[SimRequest, Chunk]):
         manager, rid = self.manager, request.request_id
 
         def fits() -> bool:
-            start = manager.match(rid).num_reusable_tokens
-            return manager.can_admit(rid, min(request.prompt_len - start, budget))
+            return manager.admissible_tokens(rid, budget) is not None
 
         if not self.retained.fits_or_release(fits):
             return None
