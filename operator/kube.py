@@ -10,18 +10,31 @@ import json
 from typing import Any
 
 import kubernetes
+import urllib3
 
 from .children import Resource
 
 MERGE_PATCH = "application/merge-patch+json"
-REQUEST_TIMEOUT_SECONDS = 30.0
+# (connect, read) seconds for one call. An API server answers these small calls in
+# milliseconds; a call that stalls is given up soon, and the next tick tries again, so one
+# stall costs a fleet's tick at most CONNECT + (1 + RETRIES) x READ seconds, not minutes.
+REQUEST_TIMEOUT_SECONDS = (5.0, 10.0)
+# One retry of a dropped connection or a timed-out read (urllib3's default is three, which
+# with the old 30 s read timeout held one fleet's reconcile for up to ~90 s).
+RETRIES = urllib3.Retry(total=1, backoff_factor=0.2, raise_on_status=False)
 
 
 class KubeApi:
     """Create, read, merge-patch, list and delete namespaced objects as dicts."""
 
-    def __init__(self, configuration: kubernetes.client.Configuration) -> None:
+    def __init__(
+        self,
+        configuration: kubernetes.client.Configuration,
+        request_timeout: tuple[float, float] = REQUEST_TIMEOUT_SECONDS,
+    ) -> None:
+        configuration.retries = RETRIES
         self._client = kubernetes.client.ApiClient(configuration)
+        self._request_timeout = request_timeout
         self._served: set[str] | None = None
 
     @classmethod
@@ -51,7 +64,7 @@ class KubeApi:
         )  # fmt: skip
         response = self._client.call_api(
             method, url, header_params=headers, body=body, post_params=post_params,
-            _request_timeout=REQUEST_TIMEOUT_SECONDS,
+            _request_timeout=self._request_timeout,
         )  # fmt: skip
         data = response.read()
         if not 200 <= response.status <= 299:

@@ -1,12 +1,27 @@
 """Shared test settings and fixtures: torch kept to one thread so parallel CI jobs on 2 cores
-stay fast; a self-signed certificate for the TLS tests of every area."""
+stay fast; the thread-leak check (thread_leaks.py); a self-signed certificate for the TLS tests
+of every area."""
 
+import gc
 import os
 import subprocess
 
 import pytest
 
 os.environ.setdefault("OMP_NUM_THREADS", "1")
+# The operator's timer tick, read once when its handlers module is imported: one value for
+# every suite that runs the operator (kmock and the API-server kit), set before any imports it.
+os.environ.setdefault("KVFLEET_OPERATOR_TICK_SECONDS", "0.5")
+
+pytest_plugins = ["thread_leaks"]
+
+
+def pytest_collection_finish(session):
+    """Move what the imports made (torch, transformers, kopf: millions of objects that live for
+    the run) out of the garbage collector's sight, so its full collections stay short pauses
+    instead of seconds that make a healthy rank miss its heartbeat."""
+    gc.collect()
+    gc.freeze()
 
 
 @pytest.fixture

@@ -8,6 +8,8 @@ from pathlib import Path
 import pytest
 from mypy import api
 
+pytestmark = pytest.mark.slow  # the slow lane (README: the test commands)
+
 ROOT = Path(__file__).resolve().parents[1]
 CHECKED = ("kvfleet.kvstore", "kvfleet.services.router")
 

@@ -5,13 +5,12 @@ from __future__ import annotations
 import logging
 import threading
 from collections.abc import Iterator
-from concurrent import futures
 
 import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 
 from ...proto import common_pb2, engine_pb2, engine_pb2_grpc
-from ...proto.limits import GRPC_MESSAGE_OPTIONS
+from ...proto.pooled_server import PooledServer
 from ..disagg.context_side import HeldPrefixMismatch, HoldNotFound
 from ..disagg.generation_side import HandoffFailed, HandoffNoRoom
 from ..disagg.grpc_pull import serve_pull
@@ -239,10 +238,7 @@ def create_engine_server(
 ) -> tuple[grpc.Server, health.HealthServicer, int, EngineServicer]:
     """Serve Engine + health on `address` (port 0 picks one); returns server, health, port and
     the Engine servicer."""
-    server = grpc.server(
-        futures.ThreadPoolExecutor(max_workers=max_workers, thread_name_prefix="engine-grpc"),
-        options=GRPC_MESSAGE_OPTIONS,
-    )
+    server = PooledServer(max_workers, "engine-grpc")
     servicer = EngineServicer(core, tokenizer)
     engine_pb2_grpc.add_EngineServicer_to_server(servicer, server)
     health_servicer = health.HealthServicer()

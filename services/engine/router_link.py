@@ -29,6 +29,8 @@ ROLES = {
 }
 RETRY_SECONDS = 0.5
 RPC_TIMEOUT_SECONDS = 2.0
+# How often a KV event stream that waits for events checks whether its call or the link ended.
+QUEUE_POLL_SECONDS = 0.5
 
 
 def event_proto(event: BlockEvent) -> router_pb2.KvEvent:
@@ -139,9 +141,14 @@ class RouterLink:
                 continue
             self._stop.wait(interval)
 
-    def _batches(self) -> Iterator[router_pb2.KvEventBatch]:
-        while True:
-            events = self._events.get()
+    def _batches(self, call_ended: threading.Event) -> Iterator[router_pb2.KvEventBatch]:
+        # grpc reads this on a thread of its own that outlives a broken call: without the
+        # checks, every broken stream would leave one thread blocked on the queue for good.
+        while not (call_ended.is_set() or self._stop.is_set()):
+            try:
+                events = self._events.get(timeout=QUEUE_POLL_SECONDS)
+            except queue.Empty:
+                continue
             if events is None:
                 return
             yield router_pb2.KvEventBatch(
@@ -154,9 +161,12 @@ class RouterLink:
         while not self._stop.is_set():
             if not self.registered.wait(RETRY_SECONDS):
                 continue
+            call_ended = threading.Event()
             try:
-                self._registry.PublishKvEvents(self._batches(), metadata=self._metadata)
+                self._registry.PublishKvEvents(self._batches(call_ended), metadata=self._metadata)
                 return
             except grpc.RpcError as error:
                 log.warning("rank %s: KV event stream broke (%s)", self.rank_id, error.code().name)
                 self._stop.wait(RETRY_SECONDS)
+            finally:
+                call_ended.set()

@@ -6,7 +6,6 @@ import logging
 import time
 import uuid
 from collections.abc import Callable
-from concurrent import futures
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -17,7 +16,7 @@ from grpc_reflection.v1alpha import reflection
 from prometheus_client import start_http_server
 
 from ...proto import router_pb2, router_pb2_grpc
-from ...proto.limits import GRPC_MESSAGE_OPTIONS
+from ...proto.pooled_server import PooledServer
 from .admission import GENERATION_ROLES, AdmissionConfig, AdmissionQueue
 from .failover_store import FailoverStore
 from .fleet_secret import FleetSecretInterceptor
@@ -159,12 +158,8 @@ def build_store(config: RouterConfig, metrics: RouterMetrics) -> AdmissionStore:
     )
 
 
-def _grpc_server(config: RouterConfig, name: str, interceptors) -> grpc.Server:
-    return grpc.server(
-        futures.ThreadPoolExecutor(max_workers=config.max_workers, thread_name_prefix=name),
-        interceptors=interceptors,
-        options=GRPC_MESSAGE_OPTIONS,
-    )
+def _grpc_server(config: RouterConfig, name: str, interceptors) -> PooledServer:
+    return PooledServer(config.max_workers, name, interceptors=interceptors)
 
 
 def _bind(server: grpc.Server, address: str, config: RouterConfig) -> int:

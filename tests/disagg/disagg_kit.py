@@ -100,7 +100,7 @@ def assert_clean(rank: EngineRank) -> None:
     assert tracked_requests(rank) == ()
 
 
-def wait_until(predicate, timeout: float = 5.0, interval: float = 0.02) -> None:
+def wait_until(predicate, timeout: float = 60.0, interval: float = 0.02) -> None:
     """Poll until predicate() is true; TimeoutError after `timeout` seconds."""
     deadline = time.monotonic() + timeout
     while not predicate():

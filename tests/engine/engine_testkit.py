@@ -72,7 +72,7 @@ def final(outputs: list[SampleOutput], sample: int = 0) -> SampleOutput:
     return next(o for o in outputs if o.sample_index == sample and o.finished)
 
 
-def wait_until(predicate, timeout: float = 5.0, interval: float = 0.01) -> None:
+def wait_until(predicate, timeout: float = 60.0, interval: float = 0.01) -> None:
     """Poll until predicate() is true; fail after `timeout` seconds."""
     deadline = time.monotonic() + timeout
     while not predicate():

@@ -190,7 +190,7 @@ def test_cancel_while_a_step_is_in_flight_leaves_the_core_clean():
         assert len(rest) == 30
         core.check_integrity()
         core.call_on_core(core.compute.cache.check_integrity)
-        wait_until(lambda: core.load().running == 0, timeout=30)
+        wait_until(lambda: core.load().running == 0)
     finally:
         core.stop()
     alone = make_core(EAGER, storage="graphs-cancel-eager")

@@ -61,7 +61,7 @@ def test_kv_events_reach_the_router_prefix_index(fleet):
     def indexed() -> int:
         return router.runtime.with_prefix_index(lambda index: index.block_count(rank))
 
-    wait_until(lambda: indexed() >= 4, timeout=5)
+    wait_until(lambda: indexed() >= 4)
 
 
 @pytest.mark.parametrize(

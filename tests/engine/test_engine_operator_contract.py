@@ -90,9 +90,9 @@ def test_rank_reports_the_drain_mark_and_its_gauges(router, tmp_path):
         ranks = server.runtime.ranks
         wait_until(lambda: "gen-1" in ranks() and not ranks()["gen-1"].load.draining)
         (tmp_path / "annotations").write_text('kvfleet.dev/draining="true"\n')
-        wait_until(lambda: ranks()["gen-1"].load.draining, timeout=5)
+        wait_until(lambda: ranks()["gen-1"].load.draining)
         (tmp_path / "annotations").write_text("")  # drain cancelled: annotation removed
-        wait_until(lambda: not ranks()["gen-1"].load.draining, timeout=5)
+        wait_until(lambda: not ranks()["gen-1"].load.draining)
 
         call = GenerateCall("t1", tuple(range(1, 100)), SamplingParams(0.0, max_tokens=2), "c1")
         list(rank.core.submit(call).outputs(30))
@@ -250,7 +250,7 @@ def test_sigterm_drain_lets_running_requests_finish(router, tmp_path):
     assert rank.link.registered.wait(10)
     call = GenerateCall("t2", tuple(range(1, 40)), SamplingParams(0.0, max_tokens=120), "c2")
     handle = rank.core.submit(call)
-    wait_until(lambda: rank.core.load().running == 1, timeout=10)
+    wait_until(lambda: rank.core.load().running == 1)
     leaving = threading.Thread(target=rank.drain_and_stop, args=(120.0,))
     leaving.start()
     outputs = list(handle.outputs(120))

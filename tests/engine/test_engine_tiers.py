@@ -197,7 +197,7 @@ def test_queued_turns_disk_blocks_are_prefetched_to_host_before_admission(served
         blocker = GenerateCall("blocker", tuple(range(20)), greedy(300), "b")
         core.submit(blocker)
         handle = core.submit(second)
-        wait_until(lambda: _tier_metrics(core)[HOST].pages_in >= 13, timeout=20.0)
+        wait_until(lambda: _tier_metrics(core)[HOST].pages_in >= 13)
         core.cancel("blocker")  # the slot frees; the queued turn is admitted next
         outputs = list(handle.outputs(30.0))
         metrics = _tier_metrics(core)

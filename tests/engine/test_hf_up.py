@@ -16,6 +16,8 @@ from kvfleet.services.engine.models.tiny_checkpoint import write_tiny_checkpoint
 from kvfleet.services.engine.tokenizer import load_model_tokenizer
 from kvfleet.services.fleet.embedded import EmbeddedFleet, FleetConfig
 
+pytestmark = pytest.mark.slow  # the slow lane (README: the test commands)
+
 REPO = Path(__file__).resolve().parents[2]
 TOOLS = [{"type": "function", "function": {"name": "grep", "parameters": {"type": "object"}}}]
 

@@ -17,6 +17,8 @@ from kvfleet.services.engine.rank import EngineRank, RankAddresses
 from kvfleet.services.fleet.embedded import EmbeddedFleet, FleetConfig
 from schemathesis import GenerationMode
 
+pytestmark = pytest.mark.slow  # the slow lane (README: the test commands)
+
 FUZZ = settings(
     max_examples=70,
     derandomize=True,

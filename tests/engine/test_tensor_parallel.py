@@ -17,6 +17,8 @@ from kvfleet.services.engine.weights import load_checkpoint
 from tp_scenario import kv_bytes, run_scenario
 from tp_testkit import run_workers
 
+pytestmark = pytest.mark.slow  # the slow lane (README: the test commands)
+
 SCRIPT = Path(__file__).with_name("tp_scenario.py")
 
 

@@ -17,6 +17,8 @@ from kvfleet.services.engine.models.tiny_checkpoint import write_tiny_checkpoint
 from tp_engine_run import PAGE, engine_config, serve_conversation
 from tp_testkit import run_workers
 
+pytestmark = pytest.mark.slow  # the slow lane (README: the test commands)
+
 SCRIPT = Path(__file__).with_name("tp_engine_run.py")
 
 

@@ -8,6 +8,10 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
+pytestmark = pytest.mark.slow  # the slow lane (README: the test commands)
+
 REPO = Path(__file__).resolve().parents[2]
 
 

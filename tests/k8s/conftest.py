@@ -16,7 +16,6 @@ import pytest
 TESTS = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(TESTS / "operator"))  # chart_tools, operator_testkit (no packages)
 
-os.environ.setdefault("KVFLEET_OPERATOR_TICK_SECONDS", "0.5")
 
 K8S_KIT = Path(os.environ.get("KVFLEET_K8S_KIT", TESTS.parents[1] / "shared" / "k8s"))
 if not (K8S_KIT / "start.sh").exists():  # a worktree sits one level deeper than the repo
@@ -36,9 +35,10 @@ def _read_env(path: Path) -> dict[str, str]:
     return env
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="module")
 def cluster(tmp_path_factory) -> dict[str, str]:
-    """The kit's cluster for the whole session; its env file as a dict."""
+    """The kit's cluster for this module's tests (stopped after them, so the later suites run
+    without it); its env file as a dict."""
     if not (K8S_KIT / "start.sh").exists():
         pytest.skip(f"no Kubernetes test kit at {K8S_KIT} (set KVFLEET_K8S_KIT)")
     state = tmp_path_factory.mktemp("k8s")
@@ -68,7 +68,7 @@ class ForbiddenLog(logging.Handler):
             self.lines.append(text)
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="module")
 def chart(cluster) -> dict:
     """The chart rendered by `helm template` and created on the cluster (the admin's identity)."""
     from k8s_kit import admin_client, apply_chart
@@ -78,7 +78,7 @@ def chart(cluster) -> dict:
     return {"client": client, "release": RELEASE, "namespace": OPERATOR_NAMESPACE}
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="module")
 def operator_identity(cluster, chart) -> Path:
     """The kubeconfig of the chart's service account."""
     state = Path(cluster["KVFLEET_K8S_DIR"])

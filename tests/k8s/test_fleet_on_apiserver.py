@@ -17,6 +17,8 @@ from kvfleet.operator.names import FleetRef
 from kvfleet.operator.spec import parse_spec
 from operator_testkit import EXAMPLE_FLEET
 
+pytestmark = pytest.mark.slow  # the slow lane (README: the test commands)
+
 GROUP, VERSION, PLURAL = "kvfleet.dev", "v1alpha1", "kvfleets"
 # The kit's server is 1.20: no policy/v1 yet.
 SERVED_1_20 = {"v1", "apps/v1", "networking.k8s.io/v1", "policy/v1beta1"}

@@ -2,14 +2,9 @@
 
 from __future__ import annotations
 
-import os
-
 import pytest
 import yaml
 from operator_testkit import POOL_CRD_PATH, load_crd, start_operator, stop_operator
-
-# Fast timer ticks for tests; read when the handlers module is imported.
-os.environ.setdefault("KVFLEET_OPERATOR_TICK_SECONDS", "0.3")
 
 
 @pytest.fixture

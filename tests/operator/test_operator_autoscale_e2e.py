@@ -22,12 +22,14 @@ from operator_testkit import FLEETS, NAMESPACE, eventually
 from prometheus_client import CollectorRegistry, Gauge, start_http_server
 from test_operator_handlers import FLEET_PATH, STS, check_children_owned, fleet_body, live, send
 
-# Short timings so a whole decision cycle takes a few seconds (the timer ticks every 0.3 s).
+pytestmark = pytest.mark.slow  # the slow lane (README: the test commands)
+
+# Short timings so a whole decision cycle takes a few seconds (the timer ticks every 0.5 s).
 # The window must hold MIN_SAMPLES samples even when a loaded machine stretches each tick to
 # a second or more, or the autoscaler (rightly) holds for lack of samples forever.
 AUTOSCALING = {
     "enabled": True,
-    "intervalSeconds": 0.3,
+    "intervalSeconds": 0.5,
     "windowSeconds": 5.0,
     "scaleInBelow": 0.5,
     "scaleOutCooldownSeconds": 0,

@@ -9,10 +9,10 @@ never evicts. It registers once and never heartbeats: tests set a long heartbeat
 from __future__ import annotations
 
 import threading
-from concurrent import futures
 
 import grpc
 from kvfleet.proto import common_pb2, engine_pb2_grpc, router_pb2, router_pb2_grpc
+from kvfleet.proto.pooled_server import PooledServer
 
 
 class PrefixCacheRank(engine_pb2_grpc.EngineServicer):
@@ -25,7 +25,7 @@ class PrefixCacheRank(engine_pb2_grpc.EngineServicer):
         self.conversations: list[str] = []
         self._prefixes: set[tuple[int, ...]] = set()
         self._lock = threading.Lock()
-        self._server = grpc.server(futures.ThreadPoolExecutor(max_workers=8))
+        self._server = PooledServer(8, f"fake-{rank_id}")
         engine_pb2_grpc.add_EngineServicer_to_server(self, self._server)
         self.address = f"127.0.0.1:{self._server.add_insecure_port('127.0.0.1:0')}"
         self._server.start()

@@ -18,6 +18,8 @@ from kvfleet.services.fleet.embedded import EmbeddedFleet, FleetConfig
 from replay_cache_server import running_server
 from replay_paths import CLAUDE_CODE
 
+pytestmark = pytest.mark.slow  # the slow lane (README: the test commands)
+
 SHORT_SESSION = CLAUDE_CODE / "trace_0242.json"  # 3 turns of 15k-20k prompt tokens
 
 

@@ -24,6 +24,8 @@ from kvfleet.services.replay.tokens import TokenSynthesizer
 from kvfleet.services.replay.twin_compare import Workload, compare_arm, multi_turn_slice
 from replay_paths import MOONCAKE_SYNTHETIC
 
+pytestmark = pytest.mark.slow  # the slow lane (README: the test commands)
+
 SIM_FILE = Path(__file__).resolve().parents[2] / "bench" / "sim_tiny_cpu.yaml"
 ARM = {
     "ranks": "2",

@@ -44,7 +44,7 @@ class OwnRedis:
             ["redis-server", *args], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
         )
         client = self.client(socket_timeout=1)
-        wait_until(lambda: _pings(client), timeout=10)
+        wait_until(lambda: _pings(client))
         client.close()
 
     def client(self, **kwargs) -> redis.Redis:

@@ -8,10 +8,10 @@ from __future__ import annotations
 
 import threading
 import time
-from concurrent import futures
 
 import grpc
 from kvfleet.proto import common_pb2, engine_pb2_grpc, router_pb2, router_pb2_grpc
+from kvfleet.proto.pooled_server import PooledServer
 from kvfleet.services.router.fleet_secret import secret_metadata
 
 # The shared Redis every test may use (unique key prefixes, cleaned up); never stopped.
@@ -48,7 +48,7 @@ class FakeEngine(engine_pb2_grpc.EngineServicer):
         self.hanging = threading.Event()  # a call is hanging (see hang_after)
         self._lock = threading.Lock()
         self._stop = threading.Event()
-        self._server = grpc.server(futures.ThreadPoolExecutor(max_workers=32))
+        self._server = PooledServer(32, f"fake-{rank_id}")
         engine_pb2_grpc.add_EngineServicer_to_server(self, self._server)
         self.port = self._server.add_insecure_port("127.0.0.1:0")
         self.address = f"127.0.0.1:{self.port}"
@@ -166,8 +166,9 @@ class FakeEngine(engine_pb2_grpc.EngineServicer):
             self._heartbeats.join(timeout=5)
 
 
-def wait_until(predicate, timeout: float = 5.0, interval: float = 0.01) -> None:
-    """Poll until predicate() is true; fail the test after `timeout` seconds."""
+def wait_until(predicate, timeout: float = 60.0, interval: float = 0.01) -> None:
+    """Poll until predicate() is true; fail the test after `timeout` seconds (generous: only a
+    failing test waits it out, and a loaded machine must not turn a slow pass into a failure)."""
     deadline = time.monotonic() + timeout
     while not predicate():
         if time.monotonic() > deadline:

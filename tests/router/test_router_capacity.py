@@ -39,7 +39,7 @@ def test_a_full_engine_refuses_more_sequences_with_resource_exhausted():
 
     try:
         running = [call("a"), call("b")]
-        wait_until(lambda: rank.engine_servicer.slots.running == 2, timeout=30)
+        wait_until(lambda: rank.engine_servicer.slots.running == 2)
         with pytest.raises(grpc.RpcError) as caught:
             list(call("c"))
         assert caught.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
@@ -47,7 +47,7 @@ def test_a_full_engine_refuses_more_sequences_with_resource_exhausted():
         gate.set()
         for stream in running:
             assert list(stream)[-1].finished
-        wait_until(lambda: rank.engine_servicer.slots.running == 0, timeout=30)
+        wait_until(lambda: rank.engine_servicer.slots.running == 0)
         assert list(call("d", samples=2))[-1].finished
         assert rank.engine_servicer.slots.peak == 2
     finally:
@@ -70,10 +70,10 @@ def test_replicas_without_redis_split_a_ranks_slots(own_redis):
     servers = [server for server, _ in routers]
     engine = FakeEngine("r0", 5, delay=0.2)
     engine.join(f"127.0.0.1:{routers[0][1]}")
-    wait_until(lambda: all("r0" in s.runtime.ranks() for s in servers), timeout=10)
-    wait_until(lambda: all(len(s.runtime.store.live_replicas) == 2 for s in servers), timeout=10)
+    wait_until(lambda: all("r0" in s.runtime.ranks() for s in servers))
+    wait_until(lambda: all(len(s.runtime.store.live_replicas) == 2 for s in servers))
     own_redis.stop()
-    wait_until(lambda: all(s.runtime.degraded for s in servers), timeout=10)
+    wait_until(lambda: all(s.runtime.degraded for s in servers))
     channels = [grpc.insecure_channel(f"127.0.0.1:{port}") for _, port in routers]
     streams = []
     try:
@@ -95,7 +95,7 @@ def test_replicas_without_redis_split_a_ranks_slots(own_redis):
             placed = [held(s) + len(s.runtime.queue) for s in servers]
             return placed == [5, 5] and engine.in_flight == sum(held(s) for s in servers)
 
-        wait_until(settled, timeout=30)
+        wait_until(settled)
         assert sorted(held(s) for s in servers) == [2, 3]
         assert engine.max_in_flight <= 5
     finally:

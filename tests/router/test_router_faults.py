@@ -30,7 +30,9 @@ def first_response(stub, request, whole=False):
 
 def test_killed_rank_mid_stream_fails_cleanly_and_its_pins_move():
     """A dead rank would hang its streams or keep attracting its conversations."""
-    config = RouterConfig(admission=AdmissionConfig(heartbeat_timeout_seconds=0.5))
+    # Generous: the survivor's heartbeats (every 0.1 s) must never miss it, even through the
+    # pauses of a loaded machine; only the killed rank's stop for good.
+    config = RouterConfig(admission=AdmissionConfig(heartbeat_timeout_seconds=5.0))
     server, port = create_server("127.0.0.1:0", config)
     doomed, survivor = FakeEngine("r0", 2, delay=0.05), FakeEngine("r1", 2)
     doomed.join(f"127.0.0.1:{port}")
@@ -45,7 +47,7 @@ def test_killed_rank_mid_stream_fails_cleanly_and_its_pins_move():
         def second_turn() -> None:
             try:
                 outcome["responses"] = list(
-                    stub.Generate(turn("conv-k", max_tokens=40), timeout=20)
+                    stub.Generate(turn("conv-k", max_tokens=40), timeout=60)
                 )
             except grpc.RpcError as error:
                 outcome["error"] = error
@@ -53,9 +55,9 @@ def test_killed_rank_mid_stream_fails_cleanly_and_its_pins_move():
         worker = threading.Thread(target=second_turn)
         doomed.first_chunk_sent.clear()
         worker.start()
-        assert doomed.first_chunk_sent.wait(5)
+        assert doomed.first_chunk_sent.wait(60)
         doomed.kill()
-        worker.join(timeout=15)
+        worker.join(timeout=60)
         assert not worker.is_alive()
         if "error" in outcome:
             assert outcome["error"].code() == grpc.StatusCode.UNAVAILABLE
@@ -114,7 +116,7 @@ def test_redis_outage_keeps_serving_then_pins_are_recovered(own_redis):
         assert server.metrics.degraded._value.get() == 1
         assert server.metrics.redis_errors._value.get() >= 1
         own_redis.start()  # empty: no persistence
-        wait_until(lambda: not server.runtime.degraded, timeout=10)
+        wait_until(lambda: not server.runtime.degraded)
         client = redis.Redis(port=own_redis.port, decode_responses=True)
         assert client.get("outage:pin:conv-before") == before
         assert client.get("outage:pin:conv-during") == during

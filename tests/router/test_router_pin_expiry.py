@@ -41,7 +41,7 @@ def test_expired_pins_leave_the_local_mirror_and_the_rank_pin_sets(redis_prefix)
             return sum(client.zcard(f"{redis_prefix}:rank_pins:{r}") for r in ("r0", "r1"))
 
         local = server.runtime.store.local
-        wait_until(lambda: not local.pins() and pin_set_sizes() == 0, timeout=30)
+        wait_until(lambda: not local.pins() and pin_set_sizes() == 0)
         assert client.keys(f"{redis_prefix}:pin:*") == []
     finally:
         channel.close()

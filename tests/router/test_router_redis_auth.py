@@ -87,7 +87,7 @@ def test_the_router_finds_the_master_through_sentinel(locked_redis, tmp_path):
             except redis.RedisError:
                 return False
 
-        wait_until(knows_master, timeout=20)
+        wait_until(knows_master)
         probe.close()
         config = RouterConfig(
             redis_sentinels=(f"127.0.0.1:{port}",),

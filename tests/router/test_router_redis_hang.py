@@ -3,9 +3,12 @@
 from __future__ import annotations
 
 import grpc
+import pytest
 from kvfleet.proto import common_pb2, router_pb2, router_pb2_grpc
 from kvfleet.services.router.server import RouterConfig, create_server
 from router_fake_engine import FakeEngine, wait_until
+
+pytestmark = pytest.mark.slow  # the slow lane (README: the test commands)
 
 # A Redis call waits this long before it counts as failed; every call made on behalf of a rank
 # or a client below must finish well inside it, so none of them waited on Redis.
@@ -25,7 +28,7 @@ def test_a_hung_redis_holds_up_no_heartbeat_kv_event_or_admission(own_redis):
     server, port = create_server("127.0.0.1:0", config)
     engine = FakeEngine("r0", 4)
     engine.join(f"127.0.0.1:{port}")
-    wait_until(lambda: "r0" in server.runtime.ranks(), timeout=10)
+    wait_until(lambda: "r0" in server.runtime.ranks())
     channel = grpc.insecure_channel(f"127.0.0.1:{port}")
     router = router_pb2_grpc.RouterStub(channel)
     registry = router_pb2_grpc.RankRegistryStub(channel)

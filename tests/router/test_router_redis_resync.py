@@ -53,7 +53,7 @@ def test_replicas_back_one_after_the_other_remove_no_live_rank(own_redis):
     engines = [FakeEngine("r0", 2), FakeEngine("r1", 2)]
     for engine, (_server, port) in zip(engines, routers, strict=True):
         engine.join(f"127.0.0.1:{port}")
-    wait_until(lambda: all(len(s.runtime.ranks()) == 2 for s in servers), timeout=10)
+    wait_until(lambda: all(len(s.runtime.ranks()) == 2 for s in servers))
     channel = grpc.insecure_channel(f"127.0.0.1:{routers[0][1]}")
     try:
         request = router_pb2.GenerateRequest(
@@ -64,7 +64,7 @@ def test_replicas_back_one_after_the_other_remove_no_live_rank(own_redis):
         )
         list(router_pb2_grpc.RouterStub(channel).Generate(request, timeout=10))
         own_redis.stop()
-        wait_until(lambda: all(s.runtime.degraded for s in servers), timeout=10)
+        wait_until(lambda: all(s.runtime.degraded for s in servers))
         # The late replica has made its first (failed) recovery try; the next is an hour away.
         wait_until(lambda: servers[1].runtime.last_housekeeping_at > time.time() - 60)
 
@@ -72,9 +72,9 @@ def test_replicas_back_one_after_the_other_remove_no_live_rank(own_redis):
             record = server.runtime.store.local.ranks()[rank_id]
             return time.time() - record.last_heartbeat > 2 * HEARTBEAT_TIMEOUT
 
-        wait_until(lambda: stale(servers[0], "r1") and stale(servers[1], "r0"), timeout=20)
+        wait_until(lambda: stale(servers[0], "r1") and stale(servers[1], "r0"))
         own_redis.start()
-        wait_until(lambda: not servers[0].runtime.degraded, timeout=20)
+        wait_until(lambda: not servers[0].runtime.degraded)
         back = servers[0].runtime.store.recovered_at
         wait_until(lambda: servers[0].runtime.last_housekeeping_at > back + 0.2)
         assert servers[0].metrics.ranks_removed._value.get() == 0

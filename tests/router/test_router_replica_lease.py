@@ -26,7 +26,7 @@ def fleet(own_redis):
     for engine in engines:
         engine.join(f"127.0.0.1:{port}")
     store = RedisStore(own_redis.client(), prefix=PREFIX, owner="test")
-    wait_until(lambda: len(store.snapshot()) == 2, timeout=10)
+    wait_until(lambda: len(store.snapshot()) == 2)
     yield server, port, engines, store
     for engine in engines:
         engine.kill()
@@ -79,10 +79,10 @@ def test_a_killed_replicas_slots_come_back_within_its_lease(fleet, own_redis):
     victim, victim_port = started.process, started.port
     try:
         workers = fill_through(victim_port)
-        wait_until(lambda: used(store) == 2 * SLOTS, timeout=30)
+        wait_until(lambda: used(store) == 2 * SLOTS)
         victim.send_signal(signal.SIGKILL)
         victim.wait(timeout=10)
-        wait_until(lambda: used(store) == 0, timeout=30)
+        wait_until(lambda: used(store) == 0)
         # At least the victim's: on a loaded machine its 2 s lease can also lapse once while it
         # still runs (then it takes its reservations again), and those count too.
         assert server.lease.reaped >= 2 * SLOTS
@@ -105,12 +105,12 @@ def test_a_restart_under_the_same_id_clears_its_old_reservations(fleet, own_redi
     second = None
     try:
         workers = fill_through(first_port)
-        wait_until(lambda: used(store) == 2 * SLOTS, timeout=30)
+        wait_until(lambda: used(store) == 2 * SLOTS)
         first.send_signal(signal.SIGKILL)
         first.wait(timeout=10)
         assert used(store) == 2 * SLOTS
         second = start_router(own_redis.url, PREFIX, *lease).process
-        wait_until(lambda: used(store) == 0, timeout=30)
+        wait_until(lambda: used(store) == 0)
         for worker in workers:
             worker.join(timeout=30)
     finally:

@@ -48,9 +48,16 @@ def pin_to_r0(stub, conversation: str) -> None:
     list(stub.Generate(turn(conversation, max_tokens=1, rank_id="r0"), timeout=10))
 
 
+# Long enough that a healthy stream never idles this long, even through the garbage
+# collection pauses of a loaded machine; short enough that a hung one is seen soon.
+STREAM_IDLE_SECONDS = 3.0
+# A healthy fake rank heartbeats every 0.1 s: only one that stopped misses this timeout.
+HEARTBEAT_TIMEOUT_SECONDS = 5.0
+
+
 def test_an_engine_hung_before_output_is_left_for_another_rank(start_fleet):
     """A hung engine's stream would hang its client until the client's own deadline."""
-    server, stub, (r0, _r1) = start_fleet(stream_idle_seconds=0.5)
+    server, stub, (r0, _r1) = start_fleet(stream_idle_seconds=STREAM_IDLE_SECONDS)
     pin_to_r0(stub, "conv-hung")
     r0.hang_after = 0
     responses = list(stub.Generate(turn("conv-hung"), timeout=60))
@@ -60,7 +67,7 @@ def test_an_engine_hung_before_output_is_left_for_another_rank(start_fleet):
 
 def test_an_engine_hung_mid_stream_fails_its_client_with_unavailable(start_fleet):
     """Once chunks were streamed the request cannot move: the client must learn at once."""
-    _server, stub, (r0, _r1) = start_fleet(stream_idle_seconds=0.5)
+    _server, stub, (r0, _r1) = start_fleet(stream_idle_seconds=STREAM_IDLE_SECONDS)
     pin_to_r0(stub, "conv-mid")
     r0.hang_after = 2
     with pytest.raises(grpc.RpcError) as caught:
@@ -73,7 +80,8 @@ def test_calls_in_flight_to_a_removed_rank_are_cancelled(start_fleet):
     """A rank removed for missed heartbeats would keep streaming to (or hanging) its clients;
     a call that streamed nothing yet is placed on another rank."""
     server, stub, (r0, _r1) = start_fleet(
-        admission=AdmissionConfig(heartbeat_timeout_seconds=0.5), stream_idle_seconds=600.0
+        admission=AdmissionConfig(heartbeat_timeout_seconds=HEARTBEAT_TIMEOUT_SECONDS),
+        stream_idle_seconds=600.0,
     )
     pin_to_r0(stub, "conv-a")
     pin_to_r0(stub, "conv-b")

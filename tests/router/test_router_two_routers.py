@@ -43,7 +43,7 @@ def test_two_routers_never_exceed_capacity_and_agree_on_pins(two_routers, redis_
     store = RedisStore(
         redis.Redis.from_url(SHARED_REDIS_URL, decode_responses=True), prefix=redis_store.prefix
     )
-    wait_until(lambda: len(store.snapshot()) == 3, timeout=10)
+    wait_until(lambda: len(store.snapshot()) == 3)
     served: dict[str, list[router_pb2.GenerateResponse]] = {}
     errors: list[Exception] = []
 
