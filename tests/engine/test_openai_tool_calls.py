@@ -29,10 +29,11 @@ from kvfleet.services.engine.tokenizer import load_model_tokenizer
 MARKERS = ("<tool_call>", "</tool_call>", "[TOOL_CALLS]", "[ARGS]", "<|python_tag|>")
 SPECIALS = ("<|endoftext|>", "<|im_start|>", "<|im_end|>", *MARKERS)
 
-# ChatML as Qwen2.5 writes tools, earlier calls and tool results.
+# ChatML as Qwen2.5 writes tools, earlier calls and tool results; each tool is headed by its
+# name, as Qwen3-Coder's template reads `tool.function.name` (a bad tool makes it fail).
 TEMPLATE = """{%- if tools %}
 {{- '<|im_start|>system\\n# Tools\\n<tools>' }}
-{%- for tool in tools %}{{- '\\n' + (tool | tojson) }}{%- endfor %}
+{%- for tool in tools %}{{- '\\n' + tool.function.name + ': ' + (tool | tojson) }}{%- endfor %}
 {{- '\\n</tools>\\nCall a function inside <tool_call></tool_call> tags.<|im_end|>\\n' }}
 {%- endif %}
 {%- for message in messages %}

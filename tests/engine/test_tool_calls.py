@@ -124,6 +124,12 @@ CASES = [
         "I will run it.\n\nDone.",
         [("run", {"cmd": "ls"})],
     ),
+    (
+        "hermes",
+        '<tool_call>\n{"name": "ls", "arguments": {}}\n</tool_call>\n\nListing the folder.',
+        "Listing the folder.",
+        [("ls", {})],
+    ),
     # Qwen3-Coder: XML-ish, values converted by the tool's schema.
     (
         "qwen3_coder",
