@@ -243,3 +243,17 @@ def test_earlier_calls_and_tool_results_reach_the_template():
     assert '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris"}}' in text
     assert "<tool_response>\n18 C, sunny\n</tool_response>" in text
     assert '"name": "get_weather"' in text.split("<tools>")[1]  # the tools themselves
+
+
+@pytest.mark.parametrize("served", [("mistral", ANSWERS["mistral"][0])], indirect=True)
+def test_each_streamed_sample_gets_its_own_calls(served):
+    """With n > 1 the calls of one choice must not leak into another's."""
+    chunks = [c for c in ask(served, stream=True, n=2) if c.choices]
+    for index in (0, 1):
+        mine = [c.choices[0] for c in chunks if c.choices[0].index == index]
+        deltas = [d for choice in mine for d in choice.delta.tool_calls or []]
+        assert [d.function.name for d in deltas if d.id] == ["get_weather"]
+        assert json.loads("".join(d.function.arguments for d in deltas)) == ARGUMENTS
+        assert mine[-1].finish_reason == "tool_calls"
+    ids = {d.id for c in chunks for d in c.choices[0].delta.tool_calls or [] if d.id}
+    assert len(ids) == 2

@@ -286,3 +286,27 @@ def test_the_flag_overrides_or_disables_detection(tmp_path):
     assert resolve_tool_family("auto", None, None) is None
     with pytest.raises(ValueError, match="tool-call-parser"):
         resolve_tool_family("gpt", None, None)
+
+
+PIECES = ['<tool_call>', '</tool_call>', '[TOOL_CALLS]', '[ARGS]', '[CALL_ID]', '<|python_tag|>',
+          '<function=f>', '</function>', '<parameter=limit>', '</parameter>', '{"name": "f", ',
+          '"arguments": {"a": 1}', '"parameters": ', '}', '{', '[', ']', ';', '"', '\\', '\n',
+          ' ', 'x', '1', 'é']  # fmt: skip
+
+
+@settings(max_examples=150, deadline=None)
+@given(
+    family=st.sampled_from(["llama3_json", "mistral", "hermes", "qwen3_coder"]),
+    parts=st.lists(st.sampled_from(PIECES), max_size=30),
+    cuts=st.lists(st.integers(0, 300), max_size=8),
+)
+def test_any_text_parses_without_error_and_streams_the_same(family, parts, cuts):
+    """Whatever a model writes must come back (as text or calls), never as a 500."""
+    text = "".join(parts)
+    content, calls = parse_tool_calls(text, family, tools=WEATHER_TOOLS)
+    assert all(isinstance(json.loads(c.arguments), dict) for c in calls)
+    if not calls:
+        assert content == text
+    points = sorted({min(c, len(text)) for c in cuts} | {0, len(text)})
+    pieces = [text[a:b] for a, b in itertools.pairwise(points)]
+    assert replay(family, pieces)[:2] == (content, calls_of(calls))
