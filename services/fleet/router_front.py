@@ -49,6 +49,7 @@ class RouterFront:
         self.backend = RouterBackend(router_address, tokenizer, model_names, card)
         self._health_channel = grpc.insecure_channel(router_address)
         self._health = health_pb2_grpc.HealthStub(self._health_channel)
+        self.tool_family = tool_family
         app = build_app(self.backend, healthy=self.serving, tool_family=tool_family)
         self.http = HttpServer(app, host, port, tls)
 
