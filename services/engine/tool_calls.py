@@ -3,7 +3,8 @@
 Public API (the OpenAI and Anthropic HTTP layers both call these):
 
 - `ToolCall(id, name, arguments)`: one call; `arguments` is JSON text (an object), `id` is
-  `call_` + random hex.
+  `call_` + random hex, except for `mistral`: 9 random letters and digits, the only ids
+  Mistral's chat templates accept when the call comes back in the history.
 - `parse_tool_calls(text, family, *, tools=None) -> (content, calls)`: the whole output at
   once; `content` is the text that is not a call (whitespace around calls dropped; "" when
   nothing is left).
@@ -30,6 +31,7 @@ from __future__ import annotations
 
 import json
 import secrets
+import string
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -64,7 +66,12 @@ class ToolCallDelta:
 Event = ContentDelta | ToolCallDelta
 
 
-def new_call_id() -> str:
+_ALPHANUMERIC = string.ascii_letters + string.digits
+
+
+def new_call_id(family: str = "") -> str:
+    if family == "mistral":  # its templates raise on any id but 9 alphanumerics
+        return "".join(secrets.choice(_ALPHANUMERIC) for _ in range(9))
     return f"call_{secrets.token_hex(12)}"
 
 
@@ -74,6 +81,7 @@ class ToolCallStream:
     def __init__(self, family: str, *, tools: Tools | None = None) -> None:
         if family not in TAKES:
             raise ValueError(f"unknown tool-call family {family!r}; known: {FAMILIES}")
+        self._family = family
         self._take = TAKES[family]
         self._tools = tools
         self._pending = ""  # text not decided yet
@@ -112,7 +120,7 @@ class ToolCallStream:
             self._held_space = ""
         events: list[Event] = []
         for call in parsed:
-            index, call_id = len(self.calls), new_call_id()
+            index, call_id = len(self.calls), new_call_id(self._family)
             self.calls.append(ToolCall(call_id, call.name, call.arguments))
             events += [
                 ToolCallDelta(index, call_id, call.name, ""),

@@ -176,8 +176,31 @@ def _qwen3_coder_body(inner: str, tools: Tools | None) -> ParsedCall | None:
     return ParsedCall(name, json.dumps(arguments, ensure_ascii=False))
 
 
+FUNCTION_OPEN, FUNCTION_CLOSE = "<function=", "</function>"
+
+
+def _bare_function(text: str, final: bool, tools: Tools | None) -> Step:
+    """A `<function=...>...</function>` block without its `<tool_call>` opener (Qwen3-Coder
+    drops it at times), with the `</tool_call>` that may still close it."""
+    end = text.find(FUNCTION_CLOSE)
+    if end < 0:
+        return Step(len(text)) if final else WAIT
+    size = end + len(FUNCTION_CLOSE)
+    rest = text[size:].lstrip()
+    if not final and TOOL_CALL_CLOSE.startswith(rest) and rest != TOOL_CALL_CLOSE:
+        return WAIT  # a closing tag may be on its way
+    if rest.startswith(TOOL_CALL_CLOSE):
+        size = len(text) - len(rest) + len(TOOL_CALL_CLOSE)
+    call = _qwen3_coder_body(text[: end + len(FUNCTION_CLOSE)], tools)
+    return Step(size, (call,)) if call else Step(size)
+
+
 def take_qwen3_coder(text: str, at_start: bool, final: bool, tools: Tools | None) -> Step:
-    return _tagged(text, final, lambda inner: _qwen3_coder_body(inner, tools))
+    if text.startswith(FUNCTION_OPEN):
+        return _bare_function(text, final, tools)
+    if text.startswith(TOOL_CALL_OPEN):
+        return _tagged(text, final, lambda inner: _qwen3_coder_body(inner, tools))
+    return content_before(text, (TOOL_CALL_OPEN, FUNCTION_OPEN), final)
 
 
 # --- mistral: [TOOL_CALLS][{"name": ..., "arguments": {...}}, ...]  or  [TOOL_CALLS]name[ARGS]{...}

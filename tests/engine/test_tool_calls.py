@@ -160,6 +160,13 @@ CASES = [
         "",
         [("unknown_tool", {"n": "7"})],  # no schema: values stay text
     ),
+    (
+        "qwen3_coder",  # the <tool_call> opener left out, as Qwen3-Coder does at times
+        "Reading it.\n<function=read_file>\n<parameter=path>\na.py\n</parameter>\n</function>\n"
+        "</tool_call>\n<function=read_file>\n<parameter=limit>\n5\n</parameter>\n</function>",
+        "Reading it.",
+        [("read_file", {"path": "a.py"}), ("read_file", {"limit": 5})],
+    ),
 ]
 
 MALFORMED = [
@@ -168,6 +175,7 @@ MALFORMED = [
     ("hermes", '<tool_call>\n{"arguments": {"a": 1}}\n</tool_call>'),  # no name
     ("qwen3_coder", "<tool_call>\n<function=f>\n<parameter=a>\n1\n</parameter>\n"),
     ("qwen3_coder", "<tool_call>\n<function=f>\nstray\n</function>\n</tool_call>"),
+    ("qwen3_coder", "Use <function=name> tags in the template."),
     ("mistral", '[TOOL_CALLS] [{"name": "f", "arguments": {"a": 1}}'),
     ("mistral", '[TOOL_CALLS]get_weather[ARGS]{"city": '),
     ("mistral", '[TOOL_CALLS] [{"name": "f", "arguments": [1]}]'),
@@ -186,7 +194,10 @@ def test_whole_text_gives_content_and_calls(family, text, content, calls):
     got_content, got_calls = parse_tool_calls(text, family, tools=WEATHER_TOOLS)
     assert got_content == content
     assert calls_of(got_calls) == calls
-    assert all(c.id.startswith("call_") and len(c.id) > 10 for c in got_calls)
+    if family == "mistral":  # Mistral's templates refuse any other id in the history
+        assert all(len(c.id) == 9 and c.id.isalnum() for c in got_calls)
+    else:
+        assert all(c.id.startswith("call_") and len(c.id) > 10 for c in got_calls)
     assert len({c.id for c in got_calls}) == len(got_calls)
 
 
@@ -205,7 +216,7 @@ def replay(family: str, pieces: list[str]) -> tuple[str, list[tuple[str, dict]],
     for event in events:
         if isinstance(event, ToolCallDelta):
             if event.id is not None:
-                assert event.index not in calls and event.name and event.id.startswith("call_")
+                assert event.index not in calls and event.name and event.id
                 calls[event.index] = [event.name, ""]
             calls[event.index][1] += event.arguments
     assert list(calls) == list(range(len(calls)))
@@ -289,8 +300,9 @@ def test_the_flag_overrides_or_disables_detection(tmp_path):
 
 
 PIECES = ['<tool_call>', '</tool_call>', '[TOOL_CALLS]', '[ARGS]', '[CALL_ID]', '<|python_tag|>',
-          '<function=f>', '</function>', '<parameter=limit>', '</parameter>', '{"name": "f", ',
-          '"arguments": {"a": 1}', '"parameters": ', '}', '{', '[', ']', ';', '"', '\\', '\n',
+          '<function=f>', '</function>', '<function=', '<parameter=limit>', '</parameter>',
+          '{"name": "f", ', '"arguments": {"a": 1}', '"parameters": ', '}', '{', '[', ']', ';',
+          '"', '\\', '\n',
           ' ', 'x', '1', 'é']  # fmt: skip
 
 
@@ -310,3 +322,19 @@ def test_any_text_parses_without_error_and_streams_the_same(family, parts, cuts)
     points = sorted({min(c, len(text)) for c in cuts} | {0, len(text)})
     pieces = [text[a:b] for a, b in itertools.pairwise(points)]
     assert replay(family, pieces)[:2] == (content, calls_of(calls))
+
+
+# What Mistral-7B-Instruct-v0.3's template checks of each call id in the history.
+MISTRAL_ID_CHECK = """{%- for message in messages %}{%- for call in message.tool_calls or [] %}
+{%- if not (call.id is string and call.id|length == 9) %}
+{{- raise_exception("Tool call IDs should be alphanumeric strings with length 9!") }}
+{%- endif %}{{- call.id }}{%- endfor %}{%- endfor %}"""
+
+
+def test_mistral_call_ids_pass_its_template_on_the_next_turn():
+    """A `call_...` id sent back in the history makes Mistral's template refuse the turn."""
+    from kvfleet.services.engine.chat_template import render_template
+
+    _content, calls = parse_tool_calls('[TOOL_CALLS]f[ARGS]{"a": 1}', "mistral")
+    history = [{"role": "assistant", "tool_calls": [{"id": calls[0].id, "type": "function"}]}]
+    assert render_template(MISTRAL_ID_CHECK, history) == calls[0].id
