@@ -14,10 +14,11 @@ Public API (the OpenAI and Anthropic HTTP layers both call these):
   call is sent once it is complete, as a first delta with index, id and name (arguments "")
   then one with its arguments, so a stream never shows a call that the whole text would not
   hold. Concatenating the events gives exactly what `parse_tool_calls` returns, however the
-  text was split.
+  text was split; `stream.calls` lists the whole calls sent so far.
 - `family_for_checkpoint(chat_template, architecture=None) -> family | None`: the syntax a
   checkpoint's chat template teaches its model (its markers), else the architecture's usual
-  one; None when neither says.
+  one (`architecture`: config.json's `architectures[0]` or `model_type`, or that config as a
+  dict); None when neither says.
 - `resolve_tool_family(flag, chat_template, model_path)`: what the `--tool-call-parser` flag
   means: "auto" (family_for_checkpoint over the checkpoint's config.json), "none", or a family.
 - `FAMILIES`: "llama3_json", "mistral", "hermes", "qwen3_coder" (syntax in tool_parsers.py).
@@ -32,8 +33,10 @@ from __future__ import annotations
 import json
 import secrets
 import string
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from .tool_parsers import TAKES, ParsedCall, Tools
 
@@ -172,9 +175,13 @@ _ARCHITECTURE_FAMILIES = (
 )
 
 
-def family_for_checkpoint(chat_template: str | None, architecture: str | None = None) -> str | None:
+def family_for_checkpoint(
+    chat_template: str | None, architecture: str | Mapping[str, Any] | None = None
+) -> str | None:
     """The tool-call family of a checkpoint: by its chat template, else its architecture
-    (`config.json`'s architectures[0] or model_type); None when neither tells."""
+    (`config.json`'s architectures[0] or model_type, or that config); None when neither tells."""
+    if isinstance(architecture, Mapping):
+        architecture = architecture_of(architecture)
     for family, markers in _TEMPLATE_MARKERS:
         if chat_template and all(marker in chat_template for marker in markers):
             return family
@@ -192,8 +199,14 @@ def checkpoint_architecture(model_path: str | None) -> str | None:
         config = json.loads((Path(model_path) / "config.json").read_text())
     except ValueError:
         return None
+    return architecture_of(config) if isinstance(config, dict) else None
+
+
+def architecture_of(config: Mapping[str, Any]) -> str | None:
+    """architectures[0] of a config.json, else its model_type."""
     architectures = config.get("architectures") or [config.get("model_type")]
-    return architectures[0] if isinstance(architectures[0], str) else None
+    first = architectures[0] if isinstance(architectures, list) and architectures else None
+    return first if isinstance(first, str) else None
 
 
 def resolve_tool_family(

@@ -280,6 +280,9 @@ def test_no_call_keeps_the_text_exactly():
         (None, "LlamaForCausalLM", "llama3_json"),
         ("{{ messages }}", "GPT2LMHeadModel", None),
         (None, None, None),
+        (None, {"architectures": ["Qwen3ForCausalLM"]}, "hermes"),
+        (None, {"model_type": "mistral"}, "mistral"),
+        (None, {"architectures": []}, None),
     ],
 )
 def test_family_from_the_chat_template_else_the_architecture(template, architecture, family):
