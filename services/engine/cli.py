@@ -8,6 +8,8 @@ import os
 import signal
 import threading
 
+from .tool_calls import PARSER_FLAG_CHOICES
+
 
 def register(subparsers: argparse._SubParsersAction) -> None:
     parser = subparsers.add_parser(
@@ -64,6 +66,13 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     )
     parser.add_argument("--model", default=None, help="preset name (tiny, 1b, 8b)")
     parser.add_argument("--model-path", default=None, help="local checkpoint directory")
+    parser.add_argument(
+        "--tool-call-parser",
+        choices=PARSER_FLAG_CHOICES,
+        default="auto",
+        help="tool-call syntax parsed from chat answers: auto (from the chat template, else "
+        "the architecture), none (calls stay text), or a family",
+    )
     parser.add_argument("--max-batch-size", type=int, default=None, help="slots (sequences)")
     parser.add_argument(
         "--max-num-batched-tokens", type=int, default=None, help="step token budget"
@@ -162,7 +171,12 @@ def run(args: argparse.Namespace) -> int:
     )
     ranks = []
     for rank_config, rank_addresses in pod_ranks(config, addresses):
-        rank = EngineRank(rank_config, rank_addresses, podinfo_dir=args.podinfo_dir).start()
+        rank = EngineRank(
+            rank_config,
+            rank_addresses,
+            podinfo_dir=args.podinfo_dir,
+            tool_call_parser=args.tool_call_parser,
+        ).start()
         ranks.append(rank)
         ports = f"grpc {rank.grpc_port}, http {rank.http_port}, metrics {rank.metrics_port}"
         print(

@@ -6,7 +6,9 @@ bad input is a 400 naming the field (openai_errors.py); a body over `max_body_by
 The conversation id (for the prefix cache's retention and the router's pins) comes from the
 `X-Conversation-Id` header, else the body's `conversation_id`, else `user`. Usage reports
 reused prompt tokens in `prompt_tokens_details.cached_tokens`, plus the engine's
-`ttft_seconds` and `mean_itl_seconds`.
+`ttft_seconds` and `mean_itl_seconds`. A chat request with `tools` gets the calls in the
+model's text back as `tool_calls` when the app knows the checkpoint's call syntax
+(`tool_family`, openai_tools.py).
 """
 
 from __future__ import annotations
@@ -25,6 +27,8 @@ from .openai_errors import DEFAULT_MAX_BODY_BYTES, BodyLimit, install_error_hand
 from .openai_params import Body, backend_request, chat_prompt, completion_prompt
 from .openai_schema import ChatCompletionRequest, CompletionRequest
 from .openai_shapes import ResponseShape, sse_event, usage_body
+from .openai_tools import ToolChunks, parsing_family, with_tool_calls
+from .tool_markers import tool_text_tokenizer
 
 __all__ = ["build_app", "json_body"]
 
@@ -35,10 +39,12 @@ def build_app(
     backend: GenerateBackend,
     max_body_bytes: int = DEFAULT_MAX_BODY_BYTES,
     healthy: HealthCheck | None = None,
+    tool_family: str | None = None,
 ) -> FastAPI:
     """The FastAPI app; mount it on an engine rank or in front of the router.
 
     `healthy` decides `/health` (200 when it says True, else 503); without it, always 200.
+    `tool_family` is the model's tool-call syntax (tool_calls.py); None: calls stay text.
     """
     app = FastAPI(title="kvfleet", docs_url=None, redoc_url=None)
     install_error_handlers(app)
@@ -66,28 +72,38 @@ def build_app(
     @app.post("/v1/chat/completions")
     async def chat_completions(body: ChatCompletionRequest, request: Request):
         prompt = chat_prompt(body, backend)
-        return await _respond(backend, request, body, prompt, chat=True)
+        family = parsing_family(tool_family, body.tools, body.tool_choice)
+        return await _respond(backend, request, body, prompt, chat=True, family=family)
 
     return app
 
 
 async def _respond(
-    backend: GenerateBackend, request: Request, body: Body, prompt: list[int], chat: bool
+    backend: GenerateBackend,
+    request: Request,
+    body: Body,
+    prompt: list[int],
+    chat: bool,
+    family: str | None = None,
 ):
     call = backend_request(backend, request, body, prompt)
     stream = backend.generate(call)
     # Pull the first output before answering, so bad input is a 400, not a broken stream.
     first = await anext(stream, None)
-    shape = ResponseShape(call.request_id, body.model, chat, backend.tokenizer)
+    # Parsed text keeps the call markers that are special tokens (decoding drops those).
+    tokenizer = tool_text_tokenizer(backend.tokenizer, family) if family else backend.tokenizer
+    shape = ResponseShape(call.request_id, body.model, chat, tokenizer)
     if body.stream:
         include_usage = bool(body.stream_options and body.stream_options.include_usage)
+        tools = ToolChunks(shape, family, body.tools or []) if family else None
         return StreamingResponse(
-            _sse(shape, call, first, stream, include_usage, request),
+            _sse(shape, call, first, stream, include_usage, request, tools),
             media_type="text/event-stream",
         )
     outputs = [first] if first is not None else []
     outputs += [output async for output in stream]
-    return shape.full(outputs, call.num_samples, call.sampling.stop)
+    response = shape.full(outputs, call.num_samples, call.sampling.stop)
+    return with_tool_calls(response, family, body.tools or []) if family else response
 
 
 async def _sse(
@@ -97,39 +113,42 @@ async def _sse(
     rest: AsyncIterator[SampleOutput],
     include_usage: bool,
     request: Request,
+    tools: ToolChunks | None = None,
 ) -> AsyncIterator[str]:
     usages: dict[int, Usage] = {}
     detokenizer = StreamDetokenizer(shape.tokenizer)
     stops = StopText(call.sampling.stop)
 
-    def event(output: SampleOutput) -> str | None:
+    def events(output: SampleOutput) -> list[str]:
         index = output.sample_index
         if output.usage is not None:
             usages[index] = output.usage
         if index in stops.stopped:
-            return None  # the text already ended at a stop string
+            return []  # the text already ended at a stop string
         text = stops.feed(index, detokenizer.piece(index, output.token_ids, output.finished),
                           output.finished)  # fmt: skip
         reason = output.finish_reason or None
         if index in stops.stopped:
             reason = "stop"
-        elif not text and not reason and not output.logprobs:
-            return None  # held back: nothing to send yet
+        if tools is not None:
+            return tools.lines(index, text, reason, output.logprobs)
+        if not text and not reason and not output.logprobs:
+            return []  # held back: nothing to send yet
         piece = {"content": text} if shape.chat else text
-        return sse_event(shape.chunk(index, piece, reason, output.logprobs))
+        return [sse_event(shape.chunk(index, piece, reason, output.logprobs))]
 
     try:
         if shape.chat:
             for index in range(call.num_samples):
                 yield sse_event(shape.chunk(index, {"role": "assistant", "content": ""}, None))
-        if first is not None and (line := event(first)):
+        for line in events(first) if first is not None else []:
             yield line
         async for output in rest:
             # NOTE: ask the server between tokens: whether a write to a closed socket raises
             # depends on the server, and a stream nobody reads must not hold its pages.
             if await request.is_disconnected():
                 return
-            if line := event(output):
+            for line in events(output):
                 yield line
         if include_usage:
             yield sse_event({**shape.head("chunk"), "choices": [], "usage": usage_body(usages)})

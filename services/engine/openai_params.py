@@ -1,7 +1,8 @@
 """From a validated OpenAI body to a backend request: prompt, sampling, conversation, salt.
 
-Parameters that would change what a client gets and that the engine does not do (tool calls,
-structured output, logit bias, echo, suffix, best_of) are refused by name, never ignored.
+Parameters that would change what a client gets and that the engine does not do (structured
+output, logit bias, echo, suffix, best_of) are refused by name, never ignored. Tools and
+`tool_choice` are checked here (openai_tools.py) and parsed from the answer.
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ from .chat_template import render_chat
 from .engine_request import InvalidRequestError
 from .http_backends import BackendRequest, GenerateBackend
 from .openai_schema import MAX_ID_CHARS, ChatCompletionRequest, CompletionRequest
+from .openai_tools import check_tool_choice, check_tools
 from .request_inputs import branch_hints_of, make_sampling
 from .tokenizer import stop_ids_of
 
@@ -23,12 +25,10 @@ Body = CompletionRequest | ChatCompletionRequest
 
 def refuse_unsupported(body: Body) -> None:
     """InvalidRequestError naming the first parameter the engine cannot honour."""
-    # Tool definitions reach the model through its chat template, and its answer comes back as
-    # text: a choice that demands a parsed tool call cannot be honoured.
-    if body.tool_choice not in (None, "none", "auto"):
-        raise InvalidRequestError(
-            "tool_choice", 'tool calls are not parsed; only "auto" (text answers) or "none"'
-        )
+    # Tool definitions reach the model through its chat template; its calls are parsed from
+    # its answer (openai_tools.py), so only the request's own shape can be wrong here.
+    check_tools(body.tools)
+    check_tool_choice(body.tool_choice, body.tools)
     if body.response_format and body.response_format.get("type", "text") != "text":
         kind = body.response_format.get("type")
         raise InvalidRequestError("response_format", f'only type "text" is supported, not {kind!r}')
@@ -65,6 +65,9 @@ def chat_messages(body: ChatCompletionRequest, count: int | None = None) -> list
 
 
 def chat_prompt(body: ChatCompletionRequest, backend: GenerateBackend) -> list[int]:
+    # Before rendering: a template reading a bad tool would fail with a message naming no field.
+    check_tools(body.tools)
+    check_tool_choice(body.tool_choice, body.tools)
     return render_chat(chat_messages(body), backend.tokenizer, tools=body.tools)  # shows tools
 
 

@@ -70,9 +70,10 @@ class _Common(BaseModel):
         description="prompt positions (tokens) where later turns are likely to branch off; a "
         "chat request gets the end of its system messages and tools when it sets none",
     )
-    # Accepted so that a request using them is refused by name, never silently ignored.
+    # Checked and honoured in openai_tools.py (chat only).
     tools: list[dict[str, Any]] | None = None
     tool_choice: Text | dict[str, Any] | None = None
+    # Accepted so that a request using them is refused by name, never silently ignored.
     response_format: dict[str, Any] | None = None
     logit_bias: dict[str, Annotated[float, Finite]] | None = None
 

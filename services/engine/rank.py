@@ -21,6 +21,7 @@ from .openai_http import build_app
 from .podinfo import PodInfo
 from .router_link import RouterLink
 from .tokenizer import tokenizer_for_model
+from .tool_calls import resolve_tool_family
 from .worker_http import WorkerInfo, add_worker_routes
 
 log = logging.getLogger(__name__)
@@ -45,13 +46,21 @@ class EngineRank:
     """A running rank; `stop` ends everything it started, in reverse order."""
 
     def __init__(
-        self, config: EngineConfig, addresses: RankAddresses, podinfo_dir: str | None = None
+        self,
+        config: EngineConfig,
+        addresses: RankAddresses,
+        podinfo_dir: str | None = None,
+        tool_call_parser: str = "auto",
     ) -> None:
+        """`tool_call_parser`: what `--tool-call-parser` says (tool_calls.resolve_tool_family)."""
         self.config = config
         self.addresses = addresses
         # The downward API's view of this pod (None: not in Kubernetes, never draining).
         self.podinfo = PodInfo(podinfo_dir)
         self.tokenizer = tokenizer_for_model(config.model_path)
+        self.tool_family = resolve_tool_family(
+            tool_call_parser, getattr(self.tokenizer, "chat_template", None), config.model_path
+        )
         self.metrics = EngineMetrics()
         self.link: RouterLink | None = None
         self.core = EngineCore(config, metrics=self.metrics, kv_event_sink=self._publish)
@@ -72,7 +81,8 @@ class EngineRank:
         )
         if a.http_port is not None:
             backend = EngineBackend(self.core, self.tokenizer, self.model_names)
-            app = add_worker_routes(build_app(backend), backend, self._worker_info())
+            app = build_app(backend, tool_family=self.tool_family)
+            app = add_worker_routes(app, backend, self._worker_info())
             self.http = HttpServer(app, a.host, a.http_port).start()
         if a.metrics_port is not None:
             self._metrics_http, _ = start_http_server(

@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 from ..engine.engine_config import EngineConfig
 from ..engine.http_backends import model_card
 from ..engine.rank import EngineRank, RankAddresses
+from ..engine.tool_calls import resolve_tool_family
 from ..router.admission import AdmissionConfig
 from .metrics import FleetMetrics, serve_fleet_metrics
 from .router_front import RouterFront
@@ -35,6 +36,7 @@ class FleetConfig:
     redis_url: str | None = DEFAULT_REDIS_URL  # None: never try Redis
     admission: AdmissionConfig = field(default_factory=AdmissionConfig)  # affinity, wait bound
     metrics_port: int | None = None  # one /metrics page for router and ranks; None: none
+    tool_call_parser: str = "auto"  # --tool-call-parser (tool_calls.resolve_tool_family)
 
 
 def redis_answers(url: str, timeout: float = 0.5) -> bool:
@@ -90,9 +92,12 @@ class EmbeddedFleet:
             self.ranks.append(EngineRank(c.engine, addresses).start())
         first = self.ranks[0]  # every rank runs the same model
         card = model_card(first.core.model_config)
+        template = getattr(first.tokenizer, "chat_template", None)
+        family = resolve_tool_family(c.tool_call_parser, template, c.engine.model_path)
         self.http = RouterFront(
-            self.router_address, first.tokenizer, first.model_names, card, c.host, c.http_port
-        ).start()
+            self.router_address, first.tokenizer, first.model_names, card, c.host, c.http_port,
+            tool_family=family,
+        ).start()  # fmt: skip
         if c.metrics_port is not None:
             ranks = {rank.addresses.rank_id: rank.metrics.registry for rank in self.ranks}
             collector = FleetMetrics(self.router.metrics.registry, ranks)

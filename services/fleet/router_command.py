@@ -6,12 +6,21 @@ from __future__ import annotations
 
 import argparse
 
+from ..engine.tool_calls import PARSER_FLAG_CHOICES
 from ..router import cli as router_cli
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
     """Add the `router` subcommand, serving the OpenAI API next to gRPC."""
-    router_cli.register(subparsers).set_defaults(func=run)
+    parser = router_cli.register(subparsers)
+    parser.add_argument(
+        "--tool-call-parser",
+        choices=PARSER_FLAG_CHOICES,
+        default="auto",
+        help="tool-call syntax parsed from chat answers: auto (from the chat template, else "
+        "the architecture), none (calls stay text), or a family",
+    )
+    parser.set_defaults(func=run)
 
 
 def run(args: argparse.Namespace) -> int:
@@ -22,12 +31,15 @@ def start_front(args: argparse.Namespace, grpc_port: int):
     """The OpenAI HTTP front over this process's router on `grpc_port` (plain gRPC: the
     loopback port when the client port serves TLS). With the router's certificate the HTTP
     port serves HTTPS too, so neither client door is left in the clear."""
+    from ..engine.tool_calls import resolve_tool_family
     from .router_front import RouterFront, front_tokenizer
 
     tls = (args.tls_cert_file, args.tls_key_file) if args.tls_cert_file else None
     local = "127.0.0.1" if tls or args.host in ("0.0.0.0", "::", "") else args.host
     tokenizer = front_tokenizer(args.model_path)
     names = (args.model, "kvfleet")
+    template = getattr(tokenizer, "chat_template", None)
+    family = resolve_tool_family(args.tool_call_parser, template, args.model_path)
     return RouterFront(
-        f"{local}:{grpc_port}", tokenizer, names, None, args.host, args.http_port, tls
+        f"{local}:{grpc_port}", tokenizer, names, None, args.host, args.http_port, tls, family
     ).start()

@@ -41,13 +41,16 @@ class RouterFront:
         host: str = "0.0.0.0",
         port: int = 8000,
         tls: tuple[str, str] | None = None,
+        tool_family: str | None = None,
     ) -> None:
         """`router_address` is plain gRPC (the router's loopback port when its client port
-        serves TLS); `tls=(certificate chain, key)` serves HTTPS."""
+        serves TLS); `tls=(certificate chain, key)` serves HTTPS; `tool_family` is the
+        engines' tool-call syntax (tool_calls.py; None: calls stay text)."""
         self.backend = RouterBackend(router_address, tokenizer, model_names, card)
         self._health_channel = grpc.insecure_channel(router_address)
         self._health = health_pb2_grpc.HealthStub(self._health_channel)
-        app = build_app(self.backend, healthy=self.serving)
+        self.tool_family = tool_family
+        app = build_app(self.backend, healthy=self.serving, tool_family=tool_family)
         self.http = HttpServer(app, host, port, tls)
 
     @property

@@ -19,6 +19,8 @@ import sys
 import threading
 from pathlib import Path
 
+from ..engine.tool_calls import PARSER_FLAG_CHOICES
+
 # Step token budget when --max-num-batched-tokens is not given: the model forward on CPU is
 # slow per token, the cost model is not (it prices chunks of the simulator's default size).
 DEFAULT_STEP_TOKENS = {"torch": 256, "sim": 8192}
@@ -47,6 +49,13 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         default="",
         help="a local Hugging Face model directory (config.json, safetensors, tokenizer); "
         "`kvfleet model-dir --arch ARCH DIR` writes a tiny one",
+    )
+    parser.add_argument(
+        "--tool-call-parser",
+        choices=PARSER_FLAG_CHOICES,
+        default="auto",
+        help="tool-call syntax parsed from chat answers: auto (from the chat template, else "
+        "the architecture), none (calls stay text), or a family",
     )
     parser.add_argument(
         "--compute-backend",
@@ -119,6 +128,7 @@ def fleet_config(args: argparse.Namespace):
         args.redis_url,
         AdmissionConfig(affinity=args.affinity, placement=args.placement),
         metrics_port=None if args.metrics_port < 0 else args.metrics_port,
+        tool_call_parser=args.tool_call_parser,
     )
 
 

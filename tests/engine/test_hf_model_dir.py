@@ -57,3 +57,15 @@ def test_written_tokenizer_and_template_match_transformers(tmp_path):
         )
     assert stop_ids_of(ours) == (258, 256)  # <|im_end|>, <|endoftext|>
     assert ours.decode(ours.encode("Hi ☕")) == "Hi ☕"
+
+
+def test_written_checkpoint_teaches_the_hermes_tool_syntax_and_a_rank_parses_it(tmp_path):
+    """A tiny checkpoint must get its calls parsed like the Qwen models whose template it
+    copies; `--tool-call-parser none` must turn that off."""
+    from kvfleet.services.engine.engine_config import EngineConfig
+    from kvfleet.services.engine.rank import EngineRank, RankAddresses
+
+    main(["model-dir", "--arch", "LlamaForCausalLM", str(tmp_path)])
+    config = EngineConfig(model_path=str(tmp_path), compute_backend="sim", kv_pages=16)
+    assert EngineRank(config, RankAddresses()).tool_family == "hermes"
+    assert EngineRank(config, RankAddresses(), tool_call_parser="none").tool_family is None

@@ -64,6 +64,11 @@ NESTED = "[" * 100_000 + "]" * 100_000
         ("/v1/chat/completions", CHAT % '"max_completion_tokens": 0', "max_completion_tokens"),
         ("/v1/chat/completions", CHAT % '"tool_choice": "required"', "tool_choice"),
         ("/v1/chat/completions", CHAT % '"tool_choice": {"type": "function"}', "tool_choice"),
+        ("/v1/chat/completions", CHAT % '"tools": [{"type": "function", "function": {}}]',
+         "tools[0].function.name"),
+        ("/v1/chat/completions",
+         CHAT % '"tools": [{"function": {"name": "f"}}], "tool_choice": '
+                '{"type": "function", "function": {"name": "g"}}', "tool_choice"),
         ("/v1/chat/completions", CHAT % '"response_format": {"type": "json_object"}',
          "response_format"),
         ("/v1/chat/completions", CHAT % '"top_logprobs": 3', "top_logprobs"),

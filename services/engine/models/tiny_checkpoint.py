@@ -19,19 +19,34 @@ from ..model import CausalLM
 from .registry import ARCHITECTURES, model_config_from_hf
 
 CHATML_TOKENS = ("<|endoftext|>", "<|im_start|>", "<|im_end|>")
-# ChatML with tools, as the Qwen models' templates write them.
+# ChatML with tools, as Qwen2.5's template writes them: the tools, the <tool_call> syntax the
+# model is asked to answer in (so the engine parses its calls as the `hermes` family), earlier
+# calls and the tools' results.
 CHAT_TEMPLATE = """{%- if tools %}
 {{- '<|im_start|>system\\n' }}
 {%- if messages[0].role == 'system' %}{{- messages[0].content + '\\n\\n' }}{%- endif %}
 {{- '# Tools\\n<tools>' }}
 {%- for tool in tools %}{{- '\\n' + (tool | tojson) }}{%- endfor %}
-{{- '\\n</tools><|im_end|>\\n' }}
+{{- '\\n</tools>\\n\\nFor each function call, return a json object with function name and '
+    'arguments within <tool_call></tool_call> XML tags:\\n<tool_call>\\n{"name": '
+    '<function-name>, "arguments": <args-json-object>}\\n</tool_call><|im_end|>\\n' }}
 {%- elif messages[0].role == 'system' %}
 {{- '<|im_start|>system\\n' + messages[0].content + '<|im_end|>\\n' }}
 {%- endif %}
 {%- for message in messages %}
 {%- if message.role not in ['system', 'user', 'assistant', 'tool'] %}
 {{- raise_exception('unknown role ' + message.role) }}
+{%- elif message.role == 'assistant' and message.tool_calls %}
+{{- '<|im_start|>assistant\\n' + (message.content or '') }}
+{%- for call in message.tool_calls %}
+{{- '\\n<tool_call>\\n{"name": "' + call.function.name + '", "arguments": ' }}
+{{- (call.function.arguments if call.function.arguments is string
+     else call.function.arguments | tojson) + '}\\n</tool_call>' }}
+{%- endfor %}
+{{- '<|im_end|>\\n' }}
+{%- elif message.role == 'tool' %}
+{{- '<|im_start|>user\\n<tool_response>\\n' + (message.content or '') }}
+{{- '\\n</tool_response><|im_end|>\\n' }}
 {%- elif message.role != 'system' or not loop.first %}
 {{- '<|im_start|>' + message.role + '\\n' + (message.content or '') + '<|im_end|>\\n' }}
 {%- endif %}
