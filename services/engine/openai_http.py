@@ -3,10 +3,10 @@
 Endpoints: `/v1/completions`, `/v1/chat/completions` (SSE with `stream: true`), `/v1/models`,
 `/health`. Bodies are typed models (openai_schema.py), so `/openapi.json` documents them and
 bad input is a 400 naming the field (openai_errors.py); a body over `max_body_bytes` is a 413.
-The conversation id (for the prefix cache's retention and the router's pins) comes from the
-`X-Conversation-Id` header, else the body's `conversation_id`, else `user`. Usage reports
-reused prompt tokens in `prompt_tokens_details.cached_tokens`, plus the engine's
-`ttft_seconds` and `mean_itl_seconds`.
+The conversation id (for the prefix cache's retention and the router's pins) comes from
+session_identity.py (headers, `prompt_cache_key`, `conversation_id`, else the chat's opening;
+never `user`). Usage reports reused prompt tokens in `prompt_tokens_details.cached_tokens`,
+plus the engine's `ttft_seconds` and `mean_itl_seconds`.
 """
 
 from __future__ import annotations
