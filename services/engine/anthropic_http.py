@@ -49,7 +49,11 @@ def add_messages_routes(app: FastAPI, backend: GenerateBackend) -> None:
         check_model(body, backend)
         return {"input_tokens": len(messages_prompt(body, backend))}
 
-    @router.api_route("/v1/messages/{rest:path}", methods=["GET", "POST", "PUT", "DELETE"])
+    @router.api_route(
+        "/v1/messages/{rest:path}",
+        methods=["GET", "POST", "PUT", "DELETE"],
+        include_in_schema=False,  # a catch-all for Anthropic's 404, not an operation
+    )
     async def unknown(rest: str):
         raise HTTPException(404, f"/v1/messages/{rest}: no such endpoint")
 
