@@ -445,9 +445,11 @@ class EngineCore:
 
     def _usage(self, sequence: Sequence) -> Usage:
         steps = max(1, len(sequence.output) - 1)
+        cached, block = sequence.cached_tokens or 0, self.config.page_size
         return Usage(
             prompt_tokens=len(sequence.prompt),
-            cached_tokens=sequence.cached_tokens or 0,
+            cached_tokens=cached,
+            cache_write_tokens=max(0, len(sequence.prompt) // block * block - cached),
             completion_tokens=len(sequence.output),
             ttft_seconds=(sequence.first_token_at or 0.0) - sequence.arrived_at,
             mean_itl_seconds=sequence.itl_total / steps,

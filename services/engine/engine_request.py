@@ -56,6 +56,10 @@ class Usage:
     completion_tokens: int
     ttft_seconds: float
     mean_itl_seconds: float
+    # Prompt tokens in whole blocks this request computed and committed to the prefix cache:
+    # (prompt_tokens // block size) * block size - cached_tokens, never below 0. A trailing
+    # partial block is computed but matches nothing later (matching is by whole blocks).
+    cache_write_tokens: int = 0
 
 
 @dataclass(frozen=True)

@@ -115,6 +115,7 @@ def chunk_from_output(output: SampleOutput, text: str) -> common_pb2.GenerationC
                 prompt_tokens=usage.prompt_tokens,
                 cached_tokens=usage.cached_tokens,
                 completion_tokens=usage.completion_tokens,
+                cache_write_tokens=usage.cache_write_tokens,
                 ttft_seconds=usage.ttft_seconds,
             )
         )

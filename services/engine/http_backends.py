@@ -190,7 +190,10 @@ def _output(chunk: common_pb2.GenerationChunk) -> SampleOutput:
     usage = None
     if chunk.HasField("usage"):
         u = chunk.usage
-        usage = Usage(u.prompt_tokens, u.cached_tokens, u.completion_tokens, u.ttft_seconds, 0.0)
+        usage = Usage(
+            u.prompt_tokens, u.cached_tokens, u.completion_tokens, u.ttft_seconds, 0.0,
+            u.cache_write_tokens,
+        )  # fmt: skip
     return SampleOutput(
         chunk.request_id,
         chunk.sample_index,

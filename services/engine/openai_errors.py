@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import re
+from collections.abc import Callable
 from typing import Any
 
 from fastapi import FastAPI, Request
@@ -108,9 +109,16 @@ def install_error_handlers(app: FastAPI) -> None:
 class BodyLimit:
     """ASGI middleware: a request body over `max_bytes` is a 413 before the app parses it."""
 
-    def __init__(self, app, max_bytes: int = DEFAULT_MAX_BODY_BYTES) -> None:
+    def __init__(
+        self,
+        app,
+        max_bytes: int = DEFAULT_MAX_BODY_BYTES,
+        shape_for_path: Callable[[str, str], dict[str, Any] | None] | None = None,
+    ) -> None:
+        """`shape_for_path(path, message)`: another API's 413 body for its paths, else None."""
         self.app = app
         self.max_bytes = max_bytes
+        self.shape_for_path = shape_for_path
 
     async def __call__(self, scope, receive, send) -> None:
         if scope["type"] != "http":
@@ -118,7 +126,7 @@ class BodyLimit:
             return
         declared = dict(scope.get("headers") or []).get(b"content-length", b"")
         if declared.isdigit() and int(declared) > self.max_bytes:
-            await self._too_large(send, int(declared))
+            await self._too_large(scope, send, int(declared))
             return
         messages, size = [], 0
         while True:  # buffer the body (the app reads it whole anyway), counting bytes
@@ -128,7 +136,7 @@ class BodyLimit:
                 break
             size += len(message.get("body", b""))
             if size > self.max_bytes:
-                await self._too_large(send, size)
+                await self._too_large(scope, send, size)
                 return
             if not message.get("more_body"):
                 break
@@ -139,13 +147,15 @@ class BodyLimit:
 
         await self.app(scope, replayed, send)
 
-    async def _too_large(self, send, size: int) -> None:
+    async def _too_large(self, scope, send, size: int) -> None:
         message = (
             f"request body of {size} bytes is over the limit of {self.max_bytes} bytes "
             f"({self.max_bytes // 2**20} MiB)"
         )
         body = {"error": {"message": message, "type": "invalid_request_error", "param": None,
                           "code": "request_too_large"}}  # fmt: skip
+        if self.shape_for_path is not None:
+            body = self.shape_for_path(scope.get("path", ""), message) or body
         payload = json.dumps(body).encode()
         headers = [
             (b"content-type", b"application/json"),

@@ -1,14 +1,15 @@
 """The OpenAI-compatible HTTP API over a generate backend (an engine core, or the router).
 
 Endpoints: `/v1/completions`, `/v1/chat/completions` (SSE with `stream: true`), `/v1/models`,
-`/health`. Bodies are typed models (openai_schema.py), so `/openapi.json` documents them and
-bad input is a 400 naming the field (openai_errors.py); a body over `max_body_bytes` is a 413.
-The conversation id (for the prefix cache's retention and the router's pins) comes from the
-`X-Conversation-Id` header, else the body's `conversation_id`, else `user`. Usage reports
-reused prompt tokens in `prompt_tokens_details.cached_tokens`, plus the engine's
-`ttft_seconds` and `mean_itl_seconds`. A chat request with `tools` gets the calls in the
-model's text back as `tool_calls` when the app knows the checkpoint's call syntax
-(`tool_family`, openai_tools.py).
+`/health`, and Anthropic's `/v1/messages` (anthropic_http.py). Bodies are typed models
+(openai_schema.py), so `/openapi.json` documents them and bad input is a 400 naming the field
+(openai_errors.py); a body over `max_body_bytes` is a 413.
+The conversation id (for the prefix cache's retention and the router's pins) comes from
+session_identity.py (headers, `prompt_cache_key`, `conversation_id`, else the chat's opening;
+never `user`). Usage reports reused prompt tokens in `prompt_tokens_details.cached_tokens`,
+`cache_write_tokens` (what it wrote there, docs/api.md), `ttft_seconds`, `mean_itl_seconds`.
+A chat request with `tools` gets the calls in the model's text back as `tool_calls` when the
+app knows the checkpoint's call syntax (`tool_family`, openai_tools.py).
 """
 
 from __future__ import annotations
@@ -20,6 +21,8 @@ from typing import Any
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, StreamingResponse
 
+from .anthropic_errors import too_large_body
+from .anthropic_http import add_messages_routes
 from .detokenizer import StopText, StreamDetokenizer
 from .engine_request import SampleOutput, Usage
 from .http_backends import BackendRequest, GenerateBackend
@@ -48,7 +51,7 @@ def build_app(
     """
     app = FastAPI(title="kvfleet", docs_url=None, redoc_url=None)
     install_error_handlers(app)
-    app.add_middleware(BodyLimit, max_bytes=max_body_bytes)
+    app.add_middleware(BodyLimit, max_bytes=max_body_bytes, shape_for_path=too_large_body)
 
     @app.get("/health")
     async def health() -> JSONResponse:
@@ -75,6 +78,7 @@ def build_app(
         family = parsing_family(tool_family, body.tools, body.tool_choice)
         return await _respond(backend, request, body, prompt, chat=True, family=family)
 
+    add_messages_routes(app, backend)  # the Anthropic Messages API (anthropic_http.py)
     return app
 
 

@@ -14,12 +14,12 @@ from fastapi import Request
 from .chat_template import render_chat
 from .engine_request import InvalidRequestError
 from .http_backends import BackendRequest, GenerateBackend
-from .openai_schema import MAX_ID_CHARS, ChatCompletionRequest, CompletionRequest
+from .openai_schema import ChatCompletionRequest, CompletionRequest
 from .openai_tools import check_tool_choice, check_tools
 from .request_inputs import branch_hints_of, make_sampling
+from .session_identity import PrefixParts, conversation_of
 from .tokenizer import stop_ids_of
 
-CONVERSATION_HEADER = "x-conversation-id"
 Body = CompletionRequest | ChatCompletionRequest
 
 
@@ -88,6 +88,20 @@ def system_end_hint(
     return (len(head),) if 0 < len(head) < len(prompt) and prompt[: len(head)] == head else ()
 
 
+def chat_opening(body: ChatCompletionRequest) -> PrefixParts:
+    """What every turn of this chat resends unchanged: tools, system messages, first user
+    message (the prefix identity when the client names no conversation)."""
+    system = [_plain(m.content) for m in body.messages if m.role in SYSTEM_ROLES]
+    first_user = next((_plain(m.content) for m in body.messages if m.role == "user"), None)
+    tenant = f"{body.user or ''}|{body.cache_salt or ''}"
+    return PrefixParts(body.tools, system, first_user, tenant)
+
+
+def _plain(content: object) -> object:
+    """Message content as JSON values (text parts are models)."""
+    return [p.model_dump() for p in content] if isinstance(content, list) else content
+
+
 def top_logprobs(body: Body) -> int | None:
     """How many top alternatives per token (None: no logprobs at all)."""
     if isinstance(body, CompletionRequest):
@@ -125,11 +139,12 @@ def backend_request(
         repetition_penalty=body.repetition_penalty,
         logprobs=top_logprobs(body),
     )
-    conversation = request.headers.get(CONVERSATION_HEADER) or body.conversation_id or body.user
-    if conversation and len(conversation) > MAX_ID_CHARS:
-        raise InvalidRequestError(
-            "X-Conversation-Id", f"{len(conversation)} chars > limit {MAX_ID_CHARS}"
-        )
+    conversation = conversation_of(
+        request.headers,
+        prompt_cache_key=body.prompt_cache_key,
+        conversation_id=body.conversation_id,
+        prefix=chat_opening(body) if chat else None,
+    )
     if body.branch_hints is not None:
         hints = branch_hints_of(body.branch_hints, len(prompt))
     else:

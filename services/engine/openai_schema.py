@@ -3,7 +3,7 @@
 Field names are OpenAI's. Every string refuses lone surrogates (they cannot be tokenized),
 every float refuses NaN/Infinity, token ids fit the proto's uint32, counts fit its int32.
 kvfleet extensions: `stop_token_ids`, `ignore_eos`, `conversation_id`, `repetition_penalty`,
-`cache_salt`.
+`cache_salt`, `branch_hints`.
 """
 
 from __future__ import annotations
@@ -60,8 +60,15 @@ class _Common(BaseModel):
     presence_penalty: Annotated[float | None, Finite, Field(ge=-2, le=2)] = None
     frequency_penalty: Annotated[float | None, Finite, Field(ge=-2, le=2)] = None
     repetition_penalty: Annotated[float | None, Finite, Field(gt=0, le=10)] = None
-    user: ShortText | None = Field(None, description="also the conversation id when no other")
+    user: ShortText | None = Field(
+        None, description="the tenant: never the conversation (docs/api.md, identity order)"
+    )
     conversation_id: ShortText | None = None
+    prompt_cache_key: ShortText | None = Field(
+        None, description="names the conversation when no header does (docs/api.md)"
+    )
+    # Accepted for OpenAI clients; retention follows the engine's reuse policy, not this.
+    prompt_cache_retention: Literal["in_memory", "24h"] | None = None
     cache_salt: ShortText | None = Field(
         None, description="requests share cached prompt blocks only with the same salt"
     )

@@ -122,7 +122,11 @@ def usage_body(usages: dict[int, Usage]) -> dict[str, Any] | None:
         "prompt_tokens": first.prompt_tokens,
         "completion_tokens": completion,
         "total_tokens": first.prompt_tokens + completion,
-        "prompt_tokens_details": {"cached_tokens": first.cached_tokens},
+        # cache_write_tokens (kvfleet): prompt tokens this request wrote to the prefix cache.
+        "prompt_tokens_details": {
+            "cached_tokens": first.cached_tokens,
+            "cache_write_tokens": first.cache_write_tokens,
+        },
         "ttft_seconds": first.ttft_seconds,
         "mean_itl_seconds": first.mean_itl_seconds,
     }

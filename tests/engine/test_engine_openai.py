@@ -36,6 +36,10 @@ def test_completion_reports_cached_tokens_on_the_second_turn(client):
     assert first.usage.completion_tokens == 5 and first.choices[0].finish_reason == "length"
     assert first.usage.prompt_tokens_details.cached_tokens == 0
     assert again.usage.prompt_tokens_details.cached_tokens == 128
+    # cache_write_tokens: the prompt's whole pages (16 tokens) past the reused ones.
+    pages = [u.prompt_tokens // 16 * 16 for u in (first.usage, again.usage)]
+    assert first.usage.prompt_tokens_details.cache_write_tokens == pages[0]
+    assert again.usage.prompt_tokens_details.cache_write_tokens == pages[1] - 128
 
 
 def test_streamed_completion_matches_the_plain_one_and_ends_with_usage(client):

@@ -89,6 +89,9 @@ def test_two_turn_chat_through_the_router_reuses_the_first_turn(fleet):
         chunks = list(stream)
     assert first.usage.prompt_tokens_details.cached_tokens == 0
     assert chunks[-1].usage.prompt_tokens_details.cached_tokens > 0
+    # What the rank wrote crosses the router's gRPC (Usage.cache_write_tokens).
+    written = first.usage.prompt_tokens_details.cache_write_tokens
+    assert written == first.usage.prompt_tokens // 16 * 16 > 0
     assert "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
 
 
