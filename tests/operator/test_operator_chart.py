@@ -55,6 +55,14 @@ def test_rendered_chart_is_valid_kubernetes(name):
     assert ("kvfleet.dev", "KVFleet") in crds
 
 
+@pytest.mark.parametrize("version", ["1.20.2", "1.31.0"])
+def test_the_chart_installs_on_every_kubernetes_it_is_tested_on(version):
+    """`helm install` refuses a cluster below the chart's kubeVersion: the floor must admit the
+    API server the end-to-end tests run on (v1.20) as well as current ones."""
+    rendered = helm("template", "t", str(CHART_DIR), "--kube-version", version)
+    assert any(doc["kind"] == "Deployment" for doc in documents(rendered))
+
+
 def test_every_values_reference_exists():
     """A `.Values.x.y` in a template that values.yaml lacks is a typo lint cannot see."""
     values = yaml.safe_load((CHART_DIR / "values.yaml").read_text())
