@@ -11,7 +11,7 @@ ENV PYTHONDONTWRITEBYTECODE=1 PYTHONUNBUFFERED=1 PIP_NO_CACHE_DIR=1
 RUN apt-get update && apt-get install -y --no-install-recommends python3.12 python3.12-venv \
     && rm -rf /var/lib/apt/lists/* && python3.12 -m venv /opt/venv
 ENV PATH=/opt/venv/bin:$PATH
-COPY pyproject.toml README.md /src/
+COPY pyproject.toml setup.py README.md /src/
 COPY docker/constraints.txt docker/flash-attn.txt /src/docker/
 COPY kvstore /src/kvstore
 COPY services /src/services

@@ -7,7 +7,7 @@
 # non-root user and runs `kvfleet operator --help` (docs/deploy.md).
 FROM python:3.11-slim
 ENV PYTHONDONTWRITEBYTECODE=1 PYTHONUNBUFFERED=1 PIP_NO_CACHE_DIR=1
-COPY pyproject.toml README.md /src/
+COPY pyproject.toml setup.py README.md /src/
 COPY docker/constraints.txt /src/docker/
 COPY kvstore /src/kvstore
 COPY services /src/services
