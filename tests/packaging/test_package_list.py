@@ -44,11 +44,12 @@ def folder_of(package: str, package_dir: dict[str, str]) -> Path:
 
 
 def source_folders(package_dir: dict[str, str]) -> dict[Path, str]:
-    """Every folder under the roots that is a package: it has an __init__.py or a .py file."""
+    """Every folder under the roots that is a package: it holds a .py file (an __init__.py or,
+    like operator/, only modules)."""
     found = {}
     for name, folder in package_dir.items():
         root = ROOT / folder
-        for path in [*root.rglob("__init__.py"), *root.rglob("*.py")]:
+        for path in root.rglob("*.py"):
             relative = path.parent.relative_to(root)
             if "__pycache__" not in relative.parts:
                 found[path.parent] = ".".join([name, *relative.parts])
