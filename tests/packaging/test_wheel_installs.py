@@ -8,6 +8,7 @@ crash on start. Minutes: three venvs, one with torch.
 
 from __future__ import annotations
 
+import shutil
 import subprocess
 import zipfile
 from pathlib import Path
@@ -92,14 +93,24 @@ def operator_imports(kvfleet: Path, work: Path) -> None:
 STARTS = {"router": start_router, "engine": start_engine, "operator": operator_imports}
 
 
+@pytest.fixture
+def venv_path(tmp_path: Path):
+    """Where the test's venv goes; removed afterwards (with torch it is GBs, and pytest keeps
+    its last runs' folders), the commands' logs beside it kept."""
+    yield tmp_path / "venv"
+    shutil.rmtree(tmp_path / "venv", ignore_errors=True)
+
+
 @pytest.mark.parametrize("extra", sorted(STARTS))
-def test_fresh_install_of_each_extra_starts(extra: str, wheel: Path, tmp_path: Path) -> None:
+def test_fresh_install_of_each_extra_starts(
+    extra: str, wheel: Path, venv_path: Path, tmp_path: Path
+) -> None:
     """If this fails, the image installing `kvfleet[extra]` would not start: a module missing
     from the wheel, a dependency missing from the extra, or a command that crashes."""
-    bin_dir = fresh_venv(tmp_path / "venv", f"{wheel}[{extra}]")
+    bin_dir = fresh_venv(venv_path, f"{wheel}[{extra}]")
     where = run([str(bin_dir / "python"), "-c", "import kvfleet.services as s; print(s.__file__)"],
                 tmp_path)  # fmt: skip
-    assert where.startswith(str(tmp_path / "venv")), where  # the wheel, not the checkout
+    assert where.startswith(str(venv_path)), where  # the wheel, not the checkout
     kvfleet = bin_dir / "kvfleet"
     assert "usage: kvfleet" in run([str(kvfleet), "--help"], tmp_path)
     assert f"usage: kvfleet {extra}" in run([str(kvfleet), extra, "--help"], tmp_path)
