@@ -15,7 +15,12 @@ trap 'chmod -R u+w "$work"; rm -rf "$work"' EXIT
 chmod 755 "$work"
 log="$work/pip.log"
 "$PYTHON" -m venv "$work/build"
-"$work/build/bin/pip" wheel -q --no-deps -w "$work/wheels" . 2>> "$log" || { cat "$log"; exit 1; }
+# Build from a copy of what the images copy: a build in the tree reuses its build/ folder, whose
+# stale files would hide a package the configuration drops.
+mkdir "$work/src"
+cp -r pyproject.toml setup.py README.md kvstore services operator proto "$work/src"
+"$work/build/bin/pip" wheel -q --no-deps -w "$work/wheels" "$work/src" 2>> "$log" \
+  || { cat "$log"; exit 1; }
 wheel=$(ls "$work"/wheels/kvfleet-*.whl)
 as_nobody() { setpriv --reuid=65534 --regid=65534 --clear-groups env HOME=/tmp "$@"; }
 declare -A serves=(

@@ -5,9 +5,11 @@
 # NOTE: no Docker daemon runs where kvfleet is developed and tested, so no image is built here or
 # in CI; bench/readonly_install_check.sh does this install on a read-only site-packages as a
 # non-root user and runs `kvfleet operator --help` (docs/deploy.md).
-FROM python:3.11-slim
+# The exact interpreter the test suite runs on (a floating 3.11-slim tag would change under a
+# rebuild); bump it deliberately.
+FROM python:3.11.7-slim-bookworm
 ENV PYTHONDONTWRITEBYTECODE=1 PYTHONUNBUFFERED=1 PIP_NO_CACHE_DIR=1
-COPY pyproject.toml README.md /src/
+COPY pyproject.toml setup.py README.md /src/
 COPY docker/constraints.txt /src/docker/
 COPY kvstore /src/kvstore
 COPY services /src/services
