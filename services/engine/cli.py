@@ -8,7 +8,7 @@ import os
 import signal
 import threading
 
-from .tool_calls import PARSER_FLAG_CHOICES
+from .tool_calls import add_tool_call_parser_flag
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -66,13 +66,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     )
     parser.add_argument("--model", default=None, help="preset name (tiny, 1b, 8b)")
     parser.add_argument("--model-path", default=None, help="local checkpoint directory")
-    parser.add_argument(
-        "--tool-call-parser",
-        choices=PARSER_FLAG_CHOICES,
-        default="auto",
-        help="tool-call syntax parsed from chat answers: auto (from the chat template, else "
-        "the architecture), none (calls stay text), or a family",
-    )
+    add_tool_call_parser_flag(parser)
     parser.add_argument("--max-batch-size", type=int, default=None, help="slots (sequences)")
     parser.add_argument(
         "--max-num-batched-tokens", type=int, default=None, help="step token budget"

@@ -30,6 +30,7 @@ calls stay content, never an error.
 
 from __future__ import annotations
 
+import argparse
 import json
 import secrets
 import string
@@ -42,6 +43,17 @@ from .tool_parsers import TAKES, ParsedCall, Tools
 
 FAMILIES = tuple(TAKES)
 PARSER_FLAG_CHOICES = ("auto", "none", *FAMILIES)
+
+
+def add_tool_call_parser_flag(parser: argparse.ArgumentParser) -> None:
+    """`--tool-call-parser`, the same on every command that serves chat (engine, router, up)."""
+    parser.add_argument(
+        "--tool-call-parser",
+        choices=PARSER_FLAG_CHOICES,
+        default="auto",
+        help="tool-call syntax parsed from chat answers: auto (from the chat template, else "
+        "the architecture), none (calls stay text), or a family",
+    )
 
 
 @dataclass(frozen=True)

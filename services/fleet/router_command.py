@@ -6,20 +6,14 @@ from __future__ import annotations
 
 import argparse
 
-from ..engine.tool_calls import PARSER_FLAG_CHOICES
+from ..engine.tool_calls import add_tool_call_parser_flag
 from ..router import cli as router_cli
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
     """Add the `router` subcommand, serving the OpenAI API next to gRPC."""
     parser = router_cli.register(subparsers)
-    parser.add_argument(
-        "--tool-call-parser",
-        choices=PARSER_FLAG_CHOICES,
-        default="auto",
-        help="tool-call syntax parsed from chat answers: auto (from the chat template, else "
-        "the architecture), none (calls stay text), or a family",
-    )
+    add_tool_call_parser_flag(parser)
     parser.set_defaults(func=run)
 
 

@@ -19,7 +19,7 @@ import sys
 import threading
 from pathlib import Path
 
-from ..engine.tool_calls import PARSER_FLAG_CHOICES
+from ..engine.tool_calls import add_tool_call_parser_flag
 
 # Step token budget when --max-num-batched-tokens is not given: the model forward on CPU is
 # slow per token, the cost model is not (it prices chunks of the simulator's default size).
@@ -50,13 +50,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         help="a local Hugging Face model directory (config.json, safetensors, tokenizer); "
         "`kvfleet model-dir --arch ARCH DIR` writes a tiny one",
     )
-    parser.add_argument(
-        "--tool-call-parser",
-        choices=PARSER_FLAG_CHOICES,
-        default="auto",
-        help="tool-call syntax parsed from chat answers: auto (from the chat template, else "
-        "the architecture), none (calls stay text), or a family",
-    )
+    add_tool_call_parser_flag(parser)
     parser.add_argument(
         "--compute-backend",
         choices=("torch", "sim"),
