@@ -6,6 +6,7 @@ It is served on the router's rank port, behind the fleet secret (see fleet_secre
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 from functools import partial
 
 import grpc
@@ -27,8 +28,16 @@ ROLES = {
 class RankRegistryServicer(router_pb2_grpc.RankRegistryServicer):
     """Engine-facing registry: register, heartbeat, KV events."""
 
-    def __init__(self, runtime: RouterRuntime, heartbeat_timeout_seconds: float) -> None:
+    def __init__(
+        self,
+        runtime: RouterRuntime,
+        heartbeat_timeout_seconds: float,
+        on_start: Callable[[RankInfo], None] = lambda _info: None,
+    ) -> None:
+        """`on_start` hears of a rank that registers while not live (it started, or restarted
+        at an address the router may still hold a broken channel to)."""
         self._runtime = runtime
+        self._on_start = on_start
         self._timeout = heartbeat_timeout_seconds
         self._interval = heartbeat_timeout_seconds / 3
 
@@ -53,6 +62,8 @@ class RankRegistryServicer(router_pb2_grpc.RankRegistryServicer):
                 grpc.StatusCode.FAILED_PRECONDITION,
                 f"rank_id: {info.rank_id!r} is live at {live}; not re-pointed to {info.address}",
             )
+        if live is None:
+            self._on_start(info)
         self._runtime.register(info)
         log.info(
             "rank %s registered at %s with %d slots",

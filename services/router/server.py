@@ -213,7 +213,11 @@ def create_server(
         RouterServicer(runtime, channels, config.limits, clock, watch, config.max_call_seconds),
         grpc_server,
     )
-    registry = RankRegistryServicer(runtime, config.admission.heartbeat_timeout_seconds)
+    registry = RankRegistryServicer(
+        runtime,
+        config.admission.heartbeat_timeout_seconds,
+        on_start=lambda info: channels.renew(info.address),
+    )
     rank_server = None
     if config.rank_address is None:
         router_pb2_grpc.add_RankRegistryServicer_to_server(registry, grpc_server)

@@ -44,6 +44,11 @@ class TruncatedStream(Exception):
     """An engine closed the stream before every sample finished."""
 
 
+# Each channel keeps its own connections: gRPC otherwise shares them between channels to one
+# address, and a renewed channel would inherit the dead connection's reconnect backoff.
+ENGINE_CHANNEL_OPTIONS = (*GRPC_MESSAGE_OPTIONS, ("grpc.use_local_subchannel_pool", 1))
+
+
 class EngineChannels:
     """One gRPC channel per engine address, reused by every forwarded request."""
 
@@ -55,10 +60,21 @@ class EngineChannels:
     def stub(self, address: str) -> engine_pb2_grpc.EngineStub:
         with self._lock:
             if address not in self._stubs:
-                channel = grpc.insecure_channel(address, options=GRPC_MESSAGE_OPTIONS)
+                channel = grpc.insecure_channel(address, options=ENGINE_CHANNEL_OPTIONS)
                 self._channels.append(channel)
                 self._stubs[address] = engine_pb2_grpc.EngineStub(channel)
             return self._stubs[address]
+
+    def renew(self, address: str) -> None:
+        """A fresh channel for the next call to `address` (a rank that started again there).
+
+        The old channel saw the rank die and waits out gRPC's reconnect backoff, failing every
+        call with "connection refused" meanwhile: the restarted rank would be removed again
+        seconds after it registered. The old channel is not closed here (a stream of the old
+        process may still end on it); `close` ends it with the others.
+        """
+        with self._lock:
+            self._stubs.pop(address, None)
 
     def close(self) -> None:
         with self._lock:

@@ -27,6 +27,7 @@ class FakeEngine(engine_pb2_grpc.EngineServicer):
         max_batch_size: int,
         delay: float = 0.0,
         role: int = common_pb2.RANK_ROLE_BOTH,
+        port: int = 0,
     ) -> None:
         self.rank_id = rank_id
         self.role = role
@@ -50,7 +51,7 @@ class FakeEngine(engine_pb2_grpc.EngineServicer):
         self._stop = threading.Event()
         self._server = PooledServer(32, f"fake-{rank_id}")
         engine_pb2_grpc.add_EngineServicer_to_server(self, self._server)
-        self.port = self._server.add_insecure_port("127.0.0.1:0")
+        self.port = self._server.add_insecure_port(f"127.0.0.1:{port}")
         self.address = f"127.0.0.1:{self.port}"
         self._server.start()
         self._heartbeats: threading.Thread | None = None
