@@ -28,6 +28,7 @@ from collections.abc import Callable, Mapping, Sequence
 
 from .block_pool import NULL_PAGE, BlockPool
 from .config import KVStoreConfig
+from .hashing import SequenceHashes
 from .life_cycles import LifeCycle
 from .request_state import RequestState
 from .results import PrefixMatch
@@ -196,10 +197,10 @@ def computed_blocks(
     return picked
 
 
-def disk_blocks(match: PrefixMatch, hashes: Sequence[int]) -> list[tuple[str, int]]:
-    """The (life cycle, block id) of every matched block that only the disk tier holds."""
+def disk_blocks(match: PrefixMatch, hashes: Sequence[int]) -> list[tuple[str, int, int]]:
+    """The (life cycle, block id, index) of every matched block that only the disk tier holds."""
     return [
-        (name, hashes[index])
+        (name, hashes[index], index)
         for name, where in match.locations.items()
         for index, tier in enumerate(where)
         if tier == DISK
@@ -207,13 +208,14 @@ def disk_blocks(match: PrefixMatch, hashes: Sequence[int]) -> list[tuple[str, in
 
 
 def staged_match(
-    match: Callable[[], PrefixMatch], tiers: KVTiers, hashes: Sequence[int]
+    match: Callable[[], PrefixMatch], tiers: KVTiers, sequence: SequenceHashes
 ) -> tuple[PrefixMatch, dict[str, list[StagedBlock]]]:
-    """Match and stage its host/disk blocks; a bad disk file drops out and we match again."""
+    """Match and stage its host/disk blocks; a bad disk file (or another block's under a
+    colliding id) drops out and we match again."""
     while True:  # each retry has forgotten at least one disk block, so this ends
         current = match()
         try:
-            return current, tiers.stage(current, hashes)
+            return current, tiers.stage(current, sequence.hashes, sequence.contents)
         except StaleMatchError:
             continue
 
@@ -232,7 +234,7 @@ def admit_match(
     Raises ValueError (nothing taken) when the match shrank and no longer fits.
     """
     tiers.land_prefetched()
-    current, staged = staged_match(match, tiers, state.sequence.hashes)
+    current, staged = staged_match(match, tiers, state.sequence)
     try:
         if not fits(current):
             raise ValueError(f"request {state.request_id!r}: its match shrank and no longer fits")

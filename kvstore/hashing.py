@@ -3,6 +3,11 @@
 A block's id is `xxh3_64(tokens of the block, seed=parent id)`; the first block's parent is the
 root id of the request's extra key (model, adapter, tenant salt). xxh3 is stable across processes
 and platforms, so the disk tier and KV events from other ranks can compare ids directly.
+
+Ids are 64 bits (the proto's uint64) and are not checked against tokens on a rank's own device
+and host. The shared disk tier, reached by every pod, does check: a block file stores
+`block_contents` (parent id and tokens) and a read compares them, so an id collision anywhere
+in the fleet is a miss there, never another prompt's KV.
 """
 
 from __future__ import annotations
@@ -23,6 +28,11 @@ ONE_TOKEN = struct.Struct("<I")
 def root_hash(extra_key: bytes = b"") -> int:
     """The parent id of a sequence's first block, salted by the extra key."""
     return xxhash.xxh3_64_intdigest(b"kvfleet/block-root/" + extra_key)
+
+
+def block_contents(parent: int, block: bytes | memoryview) -> bytes:
+    """What a block id stands for: its parent id (8 bytes, little-endian) and its packed tokens."""
+    return parent.to_bytes(8, "little") + block
 
 
 def pack_tokens(token_ids: Sequence[int] | np.ndarray) -> bytes:
@@ -70,6 +80,12 @@ class SequenceHashes:
     def hashes(self) -> list[int]:
         """Ids of the full blocks, in token order (read-only by convention)."""
         return self._hashes
+
+    def contents(self, index: int) -> bytes:
+        """`block_contents` of full block `index` (what its disk file is checked against)."""
+        block_bytes = self.block_size * TOKEN_BYTES
+        parent = self._hashes[index - 1] if index else self.root
+        return block_contents(parent, self._buffer[index * block_bytes : (index + 1) * block_bytes])
 
     def extend(self, token_ids: Sequence[int] | np.ndarray) -> None:
         """Append tokens and hash every block they complete."""

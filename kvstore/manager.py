@@ -262,6 +262,7 @@ class KVCacheManager:
         num_hashed = min(num_computed_tokens, state.sequence.num_tokens) // self.config.block_size
         every_block = self.config.reuse_policy.commits_every_block
         commit_computed(state, self.pools, self.life_cycles, num_hashed, every_block)
+        self._remember_contents(state, num_hashed)
         self._release_slid_out(state)
 
     def finish_context(self, request_id: str) -> tuple[DropPlan, ...]:
@@ -275,7 +276,9 @@ class KVCacheManager:
 
     def finish_request(self, request_id: str) -> None:
         """Release every page the request holds (at its end or on cancel) and forget it."""
-        release_tables(self._state(request_id), self.pools)
+        state = self._state(request_id)
+        release_tables(state, self.pools)
+        self.tiers.forget(state.sequence.hashes[: state.contents_known])
         del self._requests[request_id]
 
     def prefetch(self, waiting_request_ids: Sequence[str]) -> int:
@@ -286,11 +289,17 @@ class KVCacheManager:
         """
         self.tiers.land_prefetched()
         keys: list[tuple[str, int]] = []
+        contents: dict[int, bytes] = {}
         for request_id in waiting_request_ids[: self.tiers.disk_prefetch_num_reqs]:
             state = self._state(request_id)
-            if not state.admitted:
-                keys.extend(disk_blocks(self.match(request_id), state.sequence.hashes))
-        return self.tiers.prefetch(keys)
+            if state.admitted:
+                continue
+            sequence = state.sequence
+            for name, block_hash, index in disk_blocks(self.match(request_id), sequence.hashes):
+                keys.append((name, block_hash))
+                if self.tiers.keeps_contents:
+                    contents[block_hash] = sequence.contents(index)
+        return self.tiers.prefetch(keys, contents)
 
     def land_prefetched(self) -> int:
         """Put finished background disk reads on the host tier; returns how many landed."""
@@ -355,6 +364,16 @@ class KVCacheManager:
             return self._requests[request_id]
         except KeyError:
             raise UnknownRequestError(request_id) from None
+
+    def _remember_contents(self, state: RequestState, num_blocks: int) -> None:
+        """Give the tiers the contents of the request's blocks up to `num_blocks` (committed or
+        reused: any of them may be written to the shared disk later)."""
+        if not self.tiers.keeps_contents:
+            return
+        sequence = state.sequence
+        for index in range(state.contents_known, num_blocks):
+            self.tiers.remember(sequence.hashes[index], partial(sequence.contents, index))
+        state.contents_known = max(state.contents_known, num_blocks)
 
     def _on_device(self, life_cycle: str, block_hash: int) -> bool:
         return self.pools[life_cycle].lookup(block_hash) is not None

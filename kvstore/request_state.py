@@ -36,6 +36,7 @@ class RequestState:
     next_release: dict[str, int] = field(default_factory=dict)
     commit_blocks: dict[str, frozenset[int]] = field(default_factory=dict)
     keep: dict[str, frozenset[int]] = field(default_factory=dict)
+    contents_known: int = 0  # blocks whose contents the tiers were given (disk file checks)
 
     @classmethod
     def for_prompt(

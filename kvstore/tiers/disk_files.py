@@ -1,7 +1,7 @@
 """Block files in a directory that many engine processes share (no torch, no index).
 
 One file per block, content-addressed: `<root>/<life cycle>/<hh>/<hash:016x>.kvb`. A file is a
-header, the life cycle's layout fingerprint and the payload:
+header, the life cycle's layout fingerprint, the block's contents and the payload:
 
 | bytes | field                                                                  |
 |-------|------------------------------------------------------------------------|
@@ -10,9 +10,15 @@ header, the life cycle's layout fingerprint and the payload:
 | 2     | fingerprint length F                                                   |
 | 8     | block hash                                                             |
 | 8     | payload length N                                                       |
-| 16    | tag: keyed BLAKE3 of the header's fields above, the fingerprint, the payload |
+| 4     | contents length C                                                      |
+| 16    | tag: keyed BLAKE3 of the fields above, the fingerprint, the contents, the payload |
 | F     | layout fingerprint (life cycle, page shape, dtype)                     |
+| C     | contents: what the block id stands for (`hashing.block_contents`: parent id, tokens) |
 | N     | payload                                                                |
+
+The 64-bit block id names the file, and every pod of the fleet writes and reads these files: a
+read passes the contents it expects and a file with other contents (an id collision) is a miss,
+so a collision costs a recompute, never another prompt's KV served fleet-wide.
 
 The tag's key is the fleet's (`disk_key.py`), so a file written by anyone without it (forged,
 or another fleet's) fails its check like a damaged one. Writes go to a unique temp file in the
@@ -38,8 +44,8 @@ from .disk_key import disk_key
 log = logging.getLogger(__name__)
 
 MAGIC = b"KVFB"
-FORMAT_VERSION = 2
-FIELDS = struct.Struct("<4sHHQQ")  # what the tag covers, with the fingerprint and payload
+FORMAT_VERSION = 3  # 3: the block's contents, checked on read
+FIELDS = struct.Struct("<4sHHQQI")  # what the tag covers, with fingerprint, contents, payload
 TAG_BYTES = 16
 HEADER = struct.Struct(f"<{FIELDS.size}s{TAG_BYTES}s")
 MISSING = "no file"  # `check_into`'s reason when there is nothing to read
@@ -62,10 +68,10 @@ class DiskFiles:
             self._key = disk_key(self.root)
         return self._key
 
-    def tag(self, fields: bytes, fingerprint: bytes, payload: memoryview) -> bytes:
+    def tag(self, fields: bytes, fingerprint: bytes, contents: bytes, payload: memoryview) -> bytes:
         """The keyed BLAKE3 of one file's authenticated parts."""
         hasher = blake3.blake3(key=self.key, max_threads=blake3.blake3.AUTO)
-        for part in (fields, fingerprint, payload):
+        for part in (fields, fingerprint, contents, payload):
             hasher.update(part)
         return hasher.digest(TAG_BYTES)
 
@@ -88,15 +94,23 @@ class DiskFiles:
         """True if a file for the block exists now (it may still fail its checks on read)."""
         return self.path(life_cycle, block_hash).is_file()
 
-    def write(self, life_cycle: str, block_hash: int, payload: memoryview | bytes | None) -> None:
-        """Store the block atomically; raises OSError (full disk, read-only volume...)."""
+    def write(
+        self,
+        life_cycle: str,
+        block_hash: int,
+        payload: memoryview | bytes | None,
+        contents: bytes = b"",
+    ) -> None:
+        """Store the block and its `contents` atomically; raises OSError (full disk...)."""
         if payload is None:
             raise ValueError("a block file needs the block's bytes (byte-less tiers keep none)")
         path = self.path(life_cycle, block_hash)
         fingerprint = self.fingerprints[life_cycle]
         data = memoryview(payload).cast("B")
-        fields = FIELDS.pack(MAGIC, FORMAT_VERSION, len(fingerprint), block_hash, len(data))
-        header = HEADER.pack(fields, self.tag(fields, fingerprint, data))
+        fields = FIELDS.pack(
+            MAGIC, FORMAT_VERSION, len(fingerprint), block_hash, len(data), len(contents)
+        )
+        header = HEADER.pack(fields, self.tag(fields, fingerprint, contents, data))
         try:
             fd, temp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.stem}.", suffix=".tmp")
         except FileNotFoundError:  # first block in this folder (or the volume was wiped)
@@ -106,28 +120,35 @@ class DiskFiles:
             with os.fdopen(fd, "wb") as out:
                 out.write(header)
                 out.write(fingerprint)
+                out.write(contents)
                 out.write(data)
             os.replace(temp, path)
         except BaseException:
             Path(temp).unlink(missing_ok=True)
             raise
 
-    def read_into(self, life_cycle: str, block_hash: int, out: memoryview | None) -> bool:
-        """Fill `out` with the block's payload; False on a miss (a bad file is logged, removed)."""
-        problem = self.check_into(life_cycle, block_hash, out)
+    def read_into(
+        self, life_cycle: str, block_hash: int, out: memoryview | None, contents: bytes = b""
+    ) -> bool:
+        """Fill `out` with the payload of the block with these `contents`; False on a miss (a
+        bad file, or another block's under a colliding id, is logged and removed)."""
+        problem = self.check_into(life_cycle, block_hash, out, contents)
         if problem is None:
             return True
         if problem != MISSING:
             self.discard(life_cycle, block_hash, problem)
         return False
 
-    def check_into(self, life_cycle: str, block_hash: int, out: memoryview | None) -> str | None:
-        """Fill `out` with the block's payload; why it could not (`MISSING`: no file), or None.
-        Leaves a bad file where it is (the caller decides, on its own thread)."""
+    def check_into(
+        self, life_cycle: str, block_hash: int, out: memoryview | None, contents: bytes = b""
+    ) -> str | None:
+        """Fill `out` with the payload of the block with these `contents`; why it could not
+        (`MISSING`: no file), or None. Leaves a bad file where it is (the caller decides, on
+        its own thread)."""
         path = self.path(life_cycle, block_hash)
         try:
             with open(path, "rb") as source:
-                return self._read_checked(source, life_cycle, block_hash, out)
+                return self._read_checked(source, life_cycle, block_hash, out, contents)
         except FileNotFoundError:
             return MISSING
         except OSError as error:
@@ -148,30 +169,34 @@ class DiskFiles:
             log.warning("disk tier: cannot remove block %016x: %s", block_hash, error)
 
     def _read_checked(
-        self, source, life_cycle: str, block_hash: int, out: memoryview | None
+        self, source, life_cycle: str, block_hash: int, out: memoryview | None, contents: bytes
     ) -> str | None:
         """Read and check one open file into `out`; the reason it is bad, or None."""
         raw = source.read(HEADER.size)
         if len(raw) != HEADER.size:
             return f"truncated header ({len(raw)} of {HEADER.size} bytes)"
         fields, tag = HEADER.unpack(raw)
-        magic, version, fp_len, stored_hash, length = FIELDS.unpack(fields)
+        magic, version, fp_len, stored_hash, length, contents_len = FIELDS.unpack(fields)
         if magic != MAGIC or version != FORMAT_VERSION:
             return f"foreign format (magic {magic!r}, version {version})"
         expected_fp = self.fingerprints[life_cycle]
         fingerprint = source.read(fp_len)
         if fingerprint != expected_fp or stored_hash != block_hash:
             return f"foreign block ({fingerprint!r}, {stored_hash:#x}) != ({expected_fp!r})"
+        stored_contents = source.read(contents_len)
+        if stored_contents != contents:
+            return "another block's contents under this id (an id collision, or a foreign file)"
         target = memoryview(bytearray(length)) if out is None else memoryview(out).cast("B")
         if length != len(target):
             return f"payload of {length} bytes, the layout needs {len(target)}"
         size = os.fstat(source.fileno()).st_size
-        if size != HEADER.size + fp_len + length:
-            return f"file of {size} bytes, header says {HEADER.size + fp_len + length}"
+        expected_size = HEADER.size + fp_len + contents_len + length
+        if size != expected_size:
+            return f"file of {size} bytes, header says {expected_size}"
         got = source.readinto(target)
         if got != length:
             return f"payload of {got} bytes, header says {length}"
-        if not hmac.compare_digest(self.tag(fields, fingerprint, target), tag):
+        if not hmac.compare_digest(self.tag(fields, fingerprint, contents, target), tag):
             return "tag mismatch (damaged, or not written with this fleet's key)"
         return None
 
@@ -183,10 +208,10 @@ class NoDiskFiles:
         """Nothing is found beyond the index."""
         return False
 
-    def write(self, life_cycle: str, block_hash: int, payload) -> None:
+    def write(self, life_cycle: str, block_hash: int, payload, contents: bytes = b"") -> None:
         """Nothing to store."""
 
-    def read_into(self, life_cycle: str, block_hash: int, out) -> bool:
+    def read_into(self, life_cycle: str, block_hash: int, out, contents: bytes = b"") -> bool:
         """The index said the block is there; with no bytes that is all there is."""
         return True
 

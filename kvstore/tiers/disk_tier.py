@@ -76,9 +76,14 @@ class DiskTier:
         return slot is not None
 
     def store(
-        self, life_cycle: str, block_hash: int, payload: Callable[[], memoryview | None]
+        self,
+        life_cycle: str,
+        block_hash: int,
+        payload: Callable[[], memoryview | None],
+        contents: bytes = b"",
     ) -> bool:
-        """Write the block unless it is there already; True if bytes were written.
+        """Write the block (with its `contents`) unless it is there already; True if bytes were
+        written.
 
         Raises OSError when the volume refuses the write (full, read-only).
         """
@@ -88,15 +93,18 @@ class DiskTier:
         if self.files.contains(life_cycle, block_hash):
             return False  # another rank wrote it: content-addressed, so these very bytes
         try:
-            self.files.write(life_cycle, block_hash, payload())
+            self.files.write(life_cycle, block_hash, payload(), contents)
         except OSError:
             self.index.remove(life_cycle, block_hash)
             raise
         return True
 
-    def read(self, life_cycle: str, block_hash: int, out: memoryview | None) -> bool:
-        """Read the block into `out` and pin it until the onboarding ends; False on a miss."""
-        if self.files.read_into(life_cycle, block_hash, out):
+    def read(
+        self, life_cycle: str, block_hash: int, out: memoryview | None, contents: bytes = b""
+    ) -> bool:
+        """Read the block with these `contents` into `out` and pin it until the onboarding
+        ends; False on a miss."""
+        if self.files.read_into(life_cycle, block_hash, out, contents):
             if self.keep(life_cycle, block_hash):
                 self.index.pin(life_cycle, block_hash)
             return True

@@ -35,9 +35,10 @@ class Prefetcher:
         self._files = files
         self._page_bytes = dict(page_bytes)
         self._jobs: queue.Queue[BlockKey | None] = queue.Queue(max_queued_blocks)
-        self._done: queue.Queue[tuple[BlockKey, ReadResult]] = queue.Queue()
+        self._done: queue.Queue[tuple[BlockKey, ReadResult, bytes]] = queue.Queue()
         self._lock = threading.Lock()
         self._wanted: set[BlockKey] = set()  # queued or being read, not cancelled
+        self._contents: dict[BlockKey, bytes] = {}  # what each file must hold (disk_files.py)
         self._idle = threading.Condition(self._lock)
         self._busy = 0
         # NOTE: started on the first submit, so a manager that never prefetches has no thread.
@@ -48,8 +49,9 @@ class Prefetcher:
         with self._lock:
             return frozenset(self._wanted)
 
-    def submit(self, key: BlockKey) -> bool:
-        """Queue one block; False if it is already in flight or the queue is full."""
+    def submit(self, key: BlockKey, contents: bytes = b"") -> bool:
+        """Queue one block, whose file must hold `contents`; False if it is already in flight
+        or the queue is full."""
         with self._lock:
             if key in self._wanted:
                 return False
@@ -60,6 +62,7 @@ class Prefetcher:
             except queue.Full:
                 return False
             self._wanted.add(key)
+            self._contents[key] = contents
             self._busy += 1
             return True
 
@@ -68,8 +71,8 @@ class Prefetcher:
         with self._lock:
             self._wanted.difference_update(keys)
 
-    def completed(self) -> list[tuple[BlockKey, ReadResult]]:
-        """Finished reads since the last call."""
+    def completed(self) -> list[tuple[BlockKey, ReadResult, bytes]]:
+        """Finished reads since the last call, each with the contents its file held."""
         results = []
         while True:
             try:
@@ -94,9 +97,10 @@ class Prefetcher:
         while (key := self._jobs.get()) is not None:
             result: ReadResult = self._read(key) if self._still_wanted(key) else (None, "cancelled")
             with self._lock:
+                contents = self._contents.pop(key, b"")
                 if key in self._wanted:
                     self._wanted.discard(key)
-                    self._done.put((key, result))
+                    self._done.put((key, result, contents))
                 self._busy -= 1
                 self._idle.notify_all()
 
@@ -108,5 +112,7 @@ class Prefetcher:
         buffer = bytearray(self._page_bytes.get(key[0], 0))
         if isinstance(self._files, NoDiskFiles):
             return buffer, None
-        problem = self._files.check_into(key[0], key[1], memoryview(buffer))
+        with self._lock:
+            contents = self._contents.get(key, b"")
+        problem = self._files.check_into(key[0], key[1], memoryview(buffer), contents)
         return (buffer, None) if problem is None else (None, problem)

@@ -15,6 +15,11 @@ that writes an index. The order of work for each kind of move:
 KV events describe the rank: a block is *stored* when it becomes findable on this rank's device
 or host and *removed* when it leaves both. The shared disk is no rank's: every rank reaches it
 alike, so it says nothing about where to route.
+
+Block files are checked against the block's contents (parent id and tokens, disk_files.py), so a
+disk tier with files keeps the contents of every block this rank may still write: given by the
+manager as blocks are committed (`remember`), kept while the block is on device or host or on
+its way to disk, forgotten after. A block whose contents are not known is not written.
 """
 
 from __future__ import annotations
@@ -81,6 +86,9 @@ class KVTiers:
         self._to_disk: list[tuple[str, int, int]] = []  # (life cycle, hash, host slot)
         self._listener: KVEventListener = ignore_event
         self._on_device: Callable[[str, int], bool] = lambda life_cycle, block_hash: False
+        # Block id -> `hashing.block_contents`, only where files are checked against them.
+        self.keeps_contents = isinstance(files, DiskFiles)
+        self._contents: dict[int, bytes] = {}
 
     @classmethod
     def device_only(cls, life_cycles: Sequence[str]) -> KVTiers:
@@ -109,6 +117,34 @@ class KVTiers:
             return HOST
         return DISK if self.disk.has(life_cycle, block_hash) else None
 
+    # -- block contents (what a block file is checked against) -----------------------------
+
+    def remember(self, block_hash: int, contents: Callable[[], bytes]) -> None:
+        """Keep a committed block's contents for its disk file (built only when needed)."""
+        if self.keeps_contents and block_hash not in self._contents:
+            self._contents[block_hash] = contents()
+
+    def forget(self, block_hashes: Sequence[int]) -> None:
+        """Drop the contents of these blocks unless one of this rank's tiers still holds them
+        (or writes them to disk at the next `flush`)."""
+        if not self._contents:
+            return
+        pending = {block_hash for _, block_hash, _ in self._to_disk}
+        for block_hash in block_hashes:
+            if block_hash in pending or self._held(block_hash):
+                continue
+            self._contents.pop(block_hash, None)
+
+    def num_contents(self) -> int:
+        """Blocks whose contents are kept (bounded by the blocks on device and host)."""
+        return len(self._contents)
+
+    def _held(self, block_hash: int) -> bool:
+        return any(
+            self._on_device(name, block_hash) or self.host.lookup(name, block_hash) is not None
+            for name in self.host.capacity
+        )
+
     # -- device evictions (offload) --------------------------------------------------------
 
     def on_device_evict(self, life_cycle: str, page: int, block_hash: int) -> None:
@@ -126,6 +162,7 @@ class KVTiers:
         to_disk, self._to_disk = self._to_disk, []
         for life_cycle, block_hash, slot in to_disk:
             self._store_on_disk(life_cycle, block_hash, self.bytes.host_row(life_cycle, slot), HOST)
+        self.forget([block_hash for _, block_hash, _ in to_disk])
         pending, self._pending = self._pending, []
         self._pending_slots.clear()
         by_life_cycle: dict[str, list[tuple[int, int]]] = {}
@@ -138,8 +175,14 @@ class KVTiers:
 
     # -- onboarding (admit) ----------------------------------------------------------------
 
-    def stage(self, match: PrefixMatch, hashes: Sequence[int]) -> dict[str, list[StagedBlock]]:
-        """Pin the match's host blocks and read its disk blocks into rows.
+    def stage(
+        self,
+        match: PrefixMatch,
+        hashes: Sequence[int],
+        contents: Callable[[int], bytes] = lambda index: b"",
+    ) -> dict[str, list[StagedBlock]]:
+        """Pin the match's host blocks and read its disk blocks into rows; `contents(i)` is
+        what block i's file must hold (`SequenceHashes.contents`).
 
         Returns the staged blocks per life cycle in position order, or raises
         `StaleMatchError` after forgetting the disk blocks whose files were missing or failed
@@ -163,9 +206,11 @@ class KVTiers:
                     row = self.bytes.host_row(name, slot)
                 else:
                     row = disk_rows[(index, block_hash)]
-                    if not self.disk.read(name, block_hash, self.bytes.payload(row)):
+                    expected = contents(index) if self.keeps_contents else b""
+                    if not self.disk.read(name, block_hash, self.bytes.payload(row), expected):
                         bad += 1
                         continue
+                    self.remember(block_hash, lambda expected=expected: expected)
                 rows.append(StagedBlock(index, block_hash, tier, row))
             self.metrics[DEVICE].copy_seconds += time.perf_counter() - started
             staged[name] = rows
@@ -201,8 +246,11 @@ class KVTiers:
 
     # -- prefetch --------------------------------------------------------------------------
 
-    def prefetch(self, keys: Sequence[BlockKey]) -> int:
+    def prefetch(
+        self, keys: Sequence[BlockKey], contents: Mapping[int, bytes] | None = None
+    ) -> int:
         """Read these disk blocks to host in the background, in order; cancel the others.
+        `contents[block hash]` is what its file must hold (empty where files keep none).
 
         Returns how many new reads were queued (the queue is bounded; the rest wait for the
         next call).
@@ -214,7 +262,7 @@ class KVTiers:
         for key in wanted:
             if key in in_flight or self.host.lookup(*key) is not None:
                 continue
-            if not self._prefetcher.submit(key):
+            if not self._prefetcher.submit(key, (contents or {}).get(key[1], b"")):
                 break
             queued += 1
         return queued
@@ -222,7 +270,7 @@ class KVTiers:
     def land_prefetched(self) -> int:
         """Put finished background reads on the host tier; returns how many landed."""
         landed = 0
-        for (name, block_hash), (data, problem) in self._prefetcher.completed():
+        for (name, block_hash), (data, problem), contents in self._prefetcher.completed():
             if data is None:
                 if problem != MISSING and isinstance(self.disk.files, DiskFiles):
                     self.disk.files.discard(name, block_hash, problem or "unreadable")
@@ -237,6 +285,7 @@ class KVTiers:
             self.flush()  # evicted host blocks reach disk before the slot is overwritten
             started = time.perf_counter()
             self.bytes.fill_row(self.bytes.host_row(name, slot), data)
+            self.remember(block_hash, lambda contents=contents: contents)
             self._count_move(DISK, HOST, name, 1, started)
             self.disk.keep(name, block_hash)
             self._listener(KVEvent(KVEventKind.STORED, name, block_hash))
@@ -302,6 +351,8 @@ class KVTiers:
         # NOTE: a block still (or already) on host stays findable on this rank either way.
         if self.host.lookup(event.life_cycle, event.block_hash) is None:
             self._listener(event)
+            if event.kind == KVEventKind.REMOVED:
+                self.forget([event.block_hash])
 
     def _host_insert(self, life_cycle: str, block_hash: int) -> int | None:
         slot, evicted = self.host.insert(life_cycle, block_hash)
@@ -320,8 +371,13 @@ class KVTiers:
         if not self.disk.writes.ready():
             return False
         started = time.perf_counter()
+        contents = self._contents.get(block_hash, b"")
+        if self.keeps_contents and not contents:
+            return False  # a file nobody could check: a recompute later is the safe loss
         try:
-            written = self.disk.store(life_cycle, block_hash, lambda: self.bytes.payload(row))
+            written = self.disk.store(
+                life_cycle, block_hash, lambda: self.bytes.payload(row), contents
+            )
         except OSError as error:
             self.metrics[DISK].errors += 1
             pause = self.disk.writes.failed()

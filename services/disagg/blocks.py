@@ -32,6 +32,9 @@ class KVBlock:
     index: int
     block_hash: int
     data: bytes
+    # What its shared disk file is checked against (`SequenceHashes.contents`); empty for the
+    # partial last block, whose file is the request's own.
+    contents: bytes = b""
 
     @property
     def crc32(self) -> int:

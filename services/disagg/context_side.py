@@ -30,11 +30,16 @@ class HeldPrefixMismatch(ValueError):
     """The receiver's held prefix is not a prefix of the parked request's prompt."""
 
 
-def prompt_hashes(prompt: tuple[int, ...], block_size: int) -> list[int]:
-    """Chained hashes of the prompt's full blocks, as the manager computes them."""
+def prompt_sequence(prompt: tuple[int, ...], block_size: int) -> SequenceHashes:
+    """The prompt's chained hashes, as the manager computes them, and its blocks' contents."""
     sequence = SequenceHashes(block_size)
     sequence.extend(prompt)
-    return sequence.hashes
+    return sequence
+
+
+def prompt_hashes(prompt: tuple[int, ...], block_size: int) -> list[int]:
+    """Chained hashes of the prompt's full blocks, as the manager computes them."""
+    return prompt_sequence(prompt, block_size).hashes
 
 
 def select_blocks(manager, key: str, hashes: list[int], prompt_len: int, first: int):
@@ -57,6 +62,11 @@ def select_blocks(manager, key: str, hashes: list[int], prompt_len: int, first: 
                 rows.append((index, block_hash, page))
         picked[name] = rows
     return picked
+
+
+def _contents(sequence: SequenceHashes, index: int, block_hash: int) -> bytes:
+    """A full block's contents for its shared disk file; none for the partial last block."""
+    return b"" if block_hash == NO_HASH else sequence.contents(index)
 
 
 class ContextSide:
@@ -88,8 +98,8 @@ class ContextSide:
         if self._writer is None:
             handle.put(output)
             return
-        hashes = prompt_hashes(hold.prompt, self.block_size)
-        blocks = self._gather(hold, hashes, 0, skip=self.disk.has)
+        sequence = prompt_sequence(hold.prompt, self.block_size)
+        blocks = self._gather(hold, sequence, 0, skip=self.disk.has)
         self._writer.submit(self._write_through, hold.request_id, blocks, handle, output)
 
     def export(self, request_id: str, held_hashes: tuple[int, ...]) -> list[KVBlock]:
@@ -100,7 +110,8 @@ class ContextSide:
                 f"request {request_id!r} holds no KV here (not parked, pulled already, or "
                 f"released after {self.hold_seconds:g} s)"
             )
-        hashes = prompt_hashes(hold.prompt, self.block_size)
+        sequence = prompt_sequence(hold.prompt, self.block_size)
+        hashes = sequence.hashes
         held = len(held_hashes)
         if tuple(hashes[:held]) != tuple(held_hashes):
             self.holds.park(hold)
@@ -108,7 +119,7 @@ class ContextSide:
                 f"request {request_id!r}: the receiver's {held} held blocks are not a prefix of "
                 f"this prompt's {len(hashes)} full blocks"
             )
-        blocks = self._gather(hold, hashes, held)
+        blocks = self._gather(hold, sequence, held)
         self.core.manager.finish_request(hold.key)
         self.metrics.blocks.labels("sent", "grpc").inc(len(blocks))
         self.metrics.bytes.labels("sent", "grpc").inc(sum(len(b.data) for b in blocks))
@@ -141,9 +152,10 @@ class ContextSide:
             for name in self.core.manager.life_cycles:
                 self.disk.forget(hold.request_id, name, len(hold.prompt) // self.block_size)
 
-    def _gather(self, hold: Hold, hashes: list[int], first: int, skip=None) -> list[KVBlock]:
+    def _gather(self, hold: Hold, sequence: SequenceHashes, first: int, skip=None) -> list[KVBlock]:
         """Blocks `first..` of the held request, read from its pages; `skip(lc, hash)` leaves
         some out before any byte is read."""
+        hashes = sequence.hashes
         picked = select_blocks(self.core.manager, hold.key, hashes, len(hold.prompt), first)
         cache = self.core.compute.cache
         blocks = []
@@ -152,7 +164,7 @@ class ContextSide:
                 rows = [row for row in rows if not skip(name, row[1])]
             data = read_pages(cache, name, [page for _, _, page in rows])
             blocks.extend(
-                KVBlock(name, index, block_hash, raw)
+                KVBlock(name, index, block_hash, raw, _contents(sequence, index, block_hash))
                 for (index, block_hash, _), raw in zip(rows, data, strict=True)
             )
         return blocks

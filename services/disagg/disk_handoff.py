@@ -44,7 +44,7 @@ class DiskHandoff:
         written = 0
         for block in blocks:
             key = block.block_hash or tail_key(request_id, block.index)
-            self.files.write(block.life_cycle, key, block.data)
+            self.files.write(block.life_cycle, key, block.data, block.contents)
             written += len(block.data)
         return written
 
@@ -55,7 +55,8 @@ class DiskHandoff:
             for index, block_hash in wanted:
                 key = block_hash or tail_key(request.request_id, index)
                 out = bytearray(self.page_bytes[life_cycle])
-                if not self.files.read_into(life_cycle, key, memoryview(out)):
+                contents = request.contents.get(index, b"") if block_hash else b""
+                if not self.files.read_into(life_cycle, key, memoryview(out), contents):
                     continue
                 if block_hash == NO_HASH:
                     self.files.remove(life_cycle, key)

@@ -21,7 +21,7 @@ from dataclasses import dataclass
 
 from ...kvstore.block_pool import NULL_PAGE
 from .blocks import NO_HASH, CorruptBlockError, KVBlock, install_blocks, kv_layout
-from .context_side import prompt_hashes
+from .context_side import prompt_sequence
 from .transport_types import FetchRequest, HandoffTransport, TransportError
 
 log = logging.getLogger(__name__)
@@ -52,6 +52,7 @@ class Reservation:
     page_tables: dict[str, tuple[int, ...]]
     tokens: tuple[int, ...]
     skipped_bytes: int
+    contents: dict[int, bytes]  # full wanted blocks: what their shared disk files must hold
 
 
 class GenerationSide:
@@ -75,6 +76,7 @@ class GenerationSide:
             reservation.held_hashes,
             reservation.wanted,
             self.timeout_seconds,
+            reservation.contents,
         )
         try:
             return self._fetch_and_install(request, reservation)
@@ -138,7 +140,8 @@ class GenerationSide:
         # pages from what it did reuse, and those blocks arrive by hand-off too.
         reused = manager.admit_computed(sequence.key).num_reused_tokens
         k = reused // manager.config.block_size
-        hashes = prompt_hashes(call.prompt_token_ids, manager.config.block_size)
+        prompt = prompt_sequence(call.prompt_token_ids, manager.config.block_size)
+        hashes = prompt.hashes
         tables = {name: manager.page_table(sequence.key, name) for name in manager.life_cycles}
         # Held: on this rank's device, or onboarded from its host/disk tier by admission.
         held = {name: sum(p != NULL_PAGE for p in table[:k]) for name, table in tables.items()}
@@ -170,6 +173,12 @@ class GenerationSide:
             tables,
             handoff_tokens,
             skipped_bytes,
+            {
+                index: prompt.contents(index)
+                for rows in wanted.values()
+                for index, block_hash in rows
+                if block_hash != NO_HASH
+            },
         )
 
     def _room(self, key: str) -> bool:

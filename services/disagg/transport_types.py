@@ -23,7 +23,8 @@ class FetchRequest:
     """What the receiver asks for: blocks after the prefix it holds, per life cycle.
 
     `wanted[lc]` lists `(index, block_hash)` of every block the receiver would take (hash 0:
-    the partial last block); `held_hashes` are the chained hashes of the prefix it holds.
+    the partial last block); `held_hashes` are the chained hashes of the prefix it holds;
+    `contents[index]` is what a full block's shared disk file must hold (disk_files.py).
     """
 
     request_id: str
@@ -31,6 +32,7 @@ class FetchRequest:
     held_hashes: tuple[int, ...]
     wanted: Mapping[str, tuple[tuple[int, int], ...]]
     timeout_seconds: float
+    contents: Mapping[int, bytes] = field(default_factory=dict)
 
 
 class HandoffTransport(Protocol):

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Discriminator, Field, Tag
+from pydantic import BaseModel, ConfigDict, Discriminator, Field, StrictBool, Tag
 
 from .openai_schema import Finite, ShortText, StopText, Text
 from .request_inputs import MAX_STOP_STRINGS
@@ -127,7 +127,7 @@ class MessagesRequest(CountTokensRequest):
 
     max_tokens: Annotated[int, Field(ge=1, lt=2**31)]
     stop_sequences: Annotated[list[StopText], Field(max_length=MAX_STOP_STRINGS)] | None = None
-    stream: bool = False
+    stream: StrictBool = False  # strict: "yes" is a 400 naming the field, not a guess
     temperature: Annotated[float | None, Finite, Field(ge=0, le=1)] = None
     top_p: Annotated[float | None, Finite, Field(gt=0, le=1)] = None
     top_k: Annotated[int | None, Field(ge=0)] = None

@@ -196,6 +196,14 @@ class EngineCore:
                 "num_samples",
                 f"{call.num_samples} not in 1..max_batch_size {self.config.max_batch_size}",
             )
+        short = self._pool_shortfall(total)
+        if short is not None:
+            raise InvalidRequestError("prompt", f"{total} tokens need {short}")
+        if call.request_id in self._handles:
+            raise InvalidRequestError("request_id", f"{call.request_id!r} is already running")
+
+    def _pool_shortfall(self, total: int) -> str | None:
+        """Which pool cannot hold one request of `total` tokens alone (None: all can)."""
         # NOTE: what one request holds per pool at its peak, by the same rule pool sizing uses: a
         # window pool holds the window plus a chunk (and checkpoints), not the whole sequence.
         store = self.manager.config
@@ -209,12 +217,21 @@ class EngineCore:
         need = peak_demand(alone, store.life_cycles, store.block_size)
         for name, pool in self.manager.pools.items():
             if need[name] > pool.num_usable:
-                raise InvalidRequestError(
-                    "prompt",
-                    f"{total} tokens need {need[name]} pages > pool {name!r} of {pool.num_usable}",
-                )
-        if call.request_id in self._handles:
-            raise InvalidRequestError("request_id", f"{call.request_id!r} is already running")
+                return f"{need[name]} pages > pool {name!r} of {pool.num_usable}"
+        return None
+
+    def max_request_tokens(self) -> int:
+        """The longest request (prompt + output) that validates here: the model's context, or
+        less where the pools cannot hold a whole context for one request (a default
+        `max_tokens` must not ask for more)."""
+        low, high = 0, self.model_config.max_position
+        while low < high:  # the pools' demand grows with the length: bisect the first refusal
+            middle = (low + high + 1) // 2
+            if self._pool_shortfall(middle) is None:
+                low = middle
+            else:
+                high = middle - 1
+        return low
 
     # -- the core thread ---------------------------------------------------------------------------
 

@@ -63,6 +63,8 @@ class GenerateBackend(Protocol):
     tokenizer: Tokenizer
     model_names: tuple[str, ...]
     model_card: Mapping[str, int]
+    # The longest request (prompt + output) the backend takes; None: unknown.
+    max_request_tokens: int | None
 
     def generate(self, request: BackendRequest) -> AsyncIterator[SampleOutput]:
         """Outputs until every sample finished; InvalidRequestError for bad input."""
@@ -77,6 +79,7 @@ class EngineBackend:
         self.tokenizer = tokenizer
         self.model_names = model_names
         self.model_card = model_card(core.model_config)
+        self.max_request_tokens: int | None = core.max_request_tokens()
 
     async def generate(self, request: BackendRequest) -> AsyncIterator[SampleOutput]:
         stops = request.sampling.stop
@@ -128,10 +131,14 @@ class RouterBackend:
         tokenizer: Tokenizer,
         model_names: tuple[str, ...],
         card: Mapping[str, int] | None = None,
+        max_request_tokens: int | None = None,
     ):
+        """`max_request_tokens`: the ranks' longest request (`EngineCore.max_request_tokens`);
+        None: the card's context, else unknown."""
         self.tokenizer = tokenizer
         self.model_names = model_names
         self.model_card = dict(card or {})
+        self.max_request_tokens = max_request_tokens or self.model_card.get("max_model_len")
         self._channel = grpc.insecure_channel(router_address, options=GRPC_MESSAGE_OPTIONS)
         self._stub = router_pb2_grpc.RouterStub(self._channel)
 

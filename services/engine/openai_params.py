@@ -111,6 +111,21 @@ def top_logprobs(body: Body) -> int | None:
     return (body.top_logprobs or 0) if body.logprobs else None
 
 
+def context_room(backend: GenerateBackend, prompt: list[int]) -> int | None:
+    """A chat's default `max_tokens`: what the context leaves after the prompt, so a reply runs
+    to its end (OpenAI's chat semantics). The context is the backend's longest request (the
+    model's, or less where the KV pools hold less). None where the backend does not know it (a
+    router front started without the model card): the legacy default of 16 applies."""
+    context = backend.max_request_tokens
+    if context is None:
+        return None
+    if len(prompt) >= context:
+        raise InvalidRequestError(
+            "prompt", f"{len(prompt)} tokens leave no room in the model's context of {context}"
+        )
+    return context - len(prompt)
+
+
 def backend_request(
     backend: GenerateBackend, request: Request, body: Body, prompt: list[int]
 ) -> BackendRequest:
@@ -124,6 +139,10 @@ def backend_request(
         raise InvalidRequestError("prompt", "empty prompt")
     chat = isinstance(body, ChatCompletionRequest)
     max_tokens = body.max_completion_tokens if chat else None
+    if max_tokens is None:
+        max_tokens = body.max_tokens
+    if max_tokens is None and chat:
+        max_tokens = context_room(backend, prompt)
     stop_ids = list(body.stop_token_ids or [])
     if not body.ignore_eos:
         stop_ids.extend(stop_ids_of(backend.tokenizer))  # every eos of generation_config
@@ -131,7 +150,7 @@ def backend_request(
         temperature=body.temperature,
         top_p=body.top_p,
         seed=body.seed,
-        max_tokens=max_tokens if max_tokens is not None else body.max_tokens,
+        max_tokens=max_tokens,
         stop_token_ids=stop_ids,
         stop=body.stop_strings(),
         presence_penalty=body.presence_penalty,

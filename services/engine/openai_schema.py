@@ -1,7 +1,9 @@
 """The OpenAI request bodies as typed models: what FastAPI validates and publishes in OpenAPI.
 
-Field names are OpenAI's. Every string refuses lone surrogates (they cannot be tokenized),
-every float refuses NaN/Infinity, token ids fit the proto's uint32, counts fit its int32.
+Field names are OpenAI's. Flags are strict booleans: `"yes"` or `1` is a 400 naming the field,
+not a guess at what the client meant. Every string refuses lone surrogates (they cannot be
+tokenized), every float refuses NaN/Infinity, token ids fit the proto's uint32, counts fit
+its int32.
 kvfleet extensions: `stop_token_ids`, `ignore_eos`, `conversation_id`, `repetition_penalty`,
 `cache_salt`, `branch_hints`.
 """
@@ -10,7 +12,7 @@ from __future__ import annotations
 
 from typing import Annotated, Any, Literal
 
-from pydantic import AfterValidator, BaseModel, ConfigDict, Field
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, StrictBool
 
 from .request_inputs import MAX_BRANCH_HINTS, MAX_STOP_CHARS, MAX_STOP_STRINGS
 from .sampling_params import MAX_TOP_LOGPROBS
@@ -38,7 +40,7 @@ Finite = Field(allow_inf_nan=False)
 class StreamOptions(BaseModel):
     """`stream_options`: `include_usage` adds a last chunk with the usage."""
 
-    include_usage: bool = False
+    include_usage: StrictBool = False
 
 
 class _Common(BaseModel):
@@ -52,11 +54,11 @@ class _Common(BaseModel):
     temperature: Annotated[float | None, Finite, Field(ge=0, le=100)] = None
     top_p: Annotated[float | None, Finite, Field(gt=0, le=1)] = None
     seed: Annotated[int | None, Field(ge=0, lt=2**63)] = None
-    stream: bool = False
+    stream: StrictBool = False
     stream_options: StreamOptions | None = None
     stop: StopText | Annotated[list[StopText], Field(max_length=MAX_STOP_STRINGS)] | None = None
     stop_token_ids: Annotated[list[TokenId], Field(max_length=1024)] | None = None
-    ignore_eos: bool = False
+    ignore_eos: StrictBool = False
     presence_penalty: Annotated[float | None, Finite, Field(ge=-2, le=2)] = None
     frequency_penalty: Annotated[float | None, Finite, Field(ge=-2, le=2)] = None
     repetition_penalty: Annotated[float | None, Finite, Field(gt=0, le=10)] = None
@@ -101,7 +103,7 @@ class CompletionRequest(_Common):
         | Annotated[list[Annotated[list[TokenId], Field(min_length=1)]], Field(max_length=1)]
     ) = Field(description="one prompt: text or token ids (a list of one of either is also one)")
     logprobs: Annotated[int | None, Field(ge=0, le=MAX_TOP_LOGPROBS)] = None
-    echo: bool = False
+    echo: StrictBool = False
     suffix: Text | None = None
     best_of: Annotated[int | None, Field(ge=1, le=MAX_SAMPLES)] = None
 
@@ -130,5 +132,5 @@ class ChatCompletionRequest(_Common):
 
     messages: Annotated[list[ChatMessage], Field(min_length=1)]
     max_completion_tokens: Annotated[int | None, Field(ge=1, lt=2**31)] = None
-    logprobs: bool = False
+    logprobs: StrictBool = False
     top_logprobs: Annotated[int | None, Field(ge=0, le=MAX_TOP_LOGPROBS)] = None

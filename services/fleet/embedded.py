@@ -96,7 +96,7 @@ class EmbeddedFleet:
         family = resolve_tool_family(c.tool_call_parser, template, c.engine.model_path)
         self.http = RouterFront(
             self.router_address, first.tokenizer, first.model_names, card, c.host, c.http_port,
-            tool_family=family,
+            tool_family=family, max_request_tokens=first.core.max_request_tokens(),
         ).start()  # fmt: skip
         if c.metrics_port is not None:
             ranks = {rank.addresses.rank_id: rank.metrics.registry for rank in self.ranks}

@@ -42,11 +42,15 @@ class RouterFront:
         port: int = 8000,
         tls: tuple[str, str] | None = None,
         tool_family: str | None = None,
+        max_request_tokens: int | None = None,
     ) -> None:
         """`router_address` is plain gRPC (the router's loopback port when its client port
         serves TLS); `tls=(certificate chain, key)` serves HTTPS; `tool_family` is the
-        engines' tool-call syntax (tool_calls.py; None: calls stay text)."""
-        self.backend = RouterBackend(router_address, tokenizer, model_names, card)
+        engines' tool-call syntax (tool_calls.py; None: calls stay text); `max_request_tokens` the
+        ranks' longest request (a chat's default `max_tokens` stays inside it)."""
+        self.backend = RouterBackend(
+            router_address, tokenizer, model_names, card, max_request_tokens
+        )
         self._health_channel = grpc.insecure_channel(router_address)
         self._health = health_pb2_grpc.HealthStub(self._health_channel)
         self.tool_family = tool_family

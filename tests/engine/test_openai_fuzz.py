@@ -18,6 +18,8 @@ from kvfleet.services.fleet.embedded import EmbeddedFleet, FleetConfig
 from schemathesis import GenerationMode
 
 pytestmark = pytest.mark.slow  # the slow lane (README: the test commands)
+# A chat without max_tokens runs to the context's end: a short context keeps each case short.
+FUZZ_CONFIG = TEST_CONFIG.with_changes(max_model_len=256)
 
 FUZZ = settings(
     max_examples=70,
@@ -30,7 +32,7 @@ FUZZ = settings(
 
 @pytest.fixture(scope="module")
 def rank_url():
-    rank = EngineRank(TEST_CONFIG, RankAddresses(http_port=0, rank_id="fuzz-rank")).start()
+    rank = EngineRank(FUZZ_CONFIG, RankAddresses(http_port=0, rank_id="fuzz-rank")).start()
     yield f"http://127.0.0.1:{rank.http_port}"
     rank.core.check_integrity()
     rank.stop(grace=0.5)
@@ -38,7 +40,7 @@ def rank_url():
 
 @pytest.fixture(scope="module")
 def fleet_url():
-    fleet = EmbeddedFleet(FleetConfig(TEST_CONFIG, num_ranks=1, redis_url=None)).start()
+    fleet = EmbeddedFleet(FleetConfig(FUZZ_CONFIG, num_ranks=1, redis_url=None)).start()
     yield fleet.http_base_url.removesuffix("/v1")
     fleet.stop()
 

@@ -10,7 +10,7 @@ import pytest
 import torch
 from engine_testkit import TEST_CONFIG, greedy, make_core, run_call, shared_compute, tokens_of
 from kvfleet.services.engine.batch import ForwardBatch, SequenceChunk
-from kvfleet.services.engine.detokenizer import StopText
+from kvfleet.services.engine.detokenizer import StopText, first_stop
 from kvfleet.services.engine.engine_request import GenerateCall
 from kvfleet.services.engine.generation import lone_sequence_pages
 from kvfleet.services.engine.kv_cache import PagedKVCache
@@ -148,3 +148,13 @@ def test_streamed_text_holds_back_what_may_start_a_stop_string():
     assert pieces == ["hello ", "", "</ex", " then ", ""]
     assert stops.feed(0, "d> tail", True) == "" and 0 in stops.stopped
     assert StopText(("ab",)).feed(0, "xa", True) == "xa"  # the end releases what was held
+
+
+def test_overlapping_stop_strings_cut_where_the_first_starts():
+    """Of overlapping stops the earliest start wins, whichever is listed first or ends first:
+    cutting at a later one leaks the start of the earlier stop string to the client."""
+    assert first_stop("xab", ("b", "ab")) == first_stop("xab", ("ab", "b")) == 1
+    assert StopText(("b", "ab")).feed(0, "xab", False) == "x"
+    stops = StopText(("b", "ab"))
+    assert [stops.feed(0, piece, False) for piece in "xab"] == ["x", "", ""]
+    assert 0 in stops.stopped

@@ -93,6 +93,7 @@ class RecordingBackend:
         self.tokenizer = ByteTokenizer()
         self.model_names = ("kvfleet",)
         self.model_card: dict[str, int] = {}
+        self.max_request_tokens = None
         self.calls: list = []
 
     async def generate(self, request):

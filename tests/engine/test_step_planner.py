@@ -176,22 +176,63 @@ class OneByOne(Scheduler):
         return None
 
 
+class Counted(Scheduler):
+    """The scheduler recording, per step, whether its whole-batch decode plan answered."""
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.shortcut_steps: list[bool] = []
+
+    def _grow_all(self, budget):
+        chunks = super()._grow_all(budget)
+        self.shortcut_steps.append(chunks is not None)
+        return chunks
+
+
+def plan_run(kind, steps: int):
+    """Each step's chunks, and whether the step was a whole-batch decode by the one-by-one
+    rule, for a 20-token prompt prefilled in chunks (budget 8) beside two decoding sequences,
+    under page pressure (8 pages of 4 tokens), one sequence finishing midway."""
+    scheduler = kind(make_manager(), max_batch_size=4, token_budget=8)
+    sequences = add_sequences(scheduler, ("a", 5), ("b", 3), ("long", 20))
+    manager = scheduler.manager
+    plan, decode_steps = [], []
+    for step in range(steps):
+        running = list(scheduler.running)
+        left = [s.num_tokens - manager.progress(s.key).num_computed_tokens for s in running]
+        preemptions = scheduler.preemptions
+        chunks = scheduler.schedule()
+        plan.append([(c.sequence.key, c.start, c.new_tokens, dict(c.page_ids)) for c in chunks])
+        counts = {c.sequence.key: c.count for c in chunks}
+        # The shortcut's case: every running sequence has one token left and gets it without
+        # a preemption (so they all fit together).
+        decode_steps.append(
+            bool(running)
+            and all(n == 1 for n in left)
+            and scheduler.preemptions == preemptions
+            and all(counts.get(s.key) == 1 for s in running)
+        )
+        run_chunks(scheduler, chunks)
+        if step == 9:
+            scheduler.remove(sequences[1])
+    return scheduler, plan, decode_steps
+
+
 def test_whole_batch_decode_plans_what_one_by_one_plans():
     """Same steps, chunks, pages and preemptions with and without the one-call decode plan,
-    through page pressure (8 pages for three growing sequences) and a finished sequence."""
-    plans = []
-    for kind in (Scheduler, OneByOne):
-        scheduler = kind(make_manager(), max_batch_size=4, token_budget=16)
-        sequences = add_sequences(scheduler, ("a", 5), ("b", 3), ("c", 6))
-        steps = []
-        for step in range(14):
-            chunks = scheduler.schedule()
-            steps.append(
-                [(c.sequence.key, c.start, c.new_tokens, dict(c.page_ids)) for c in chunks]
-            )
-            run_chunks(scheduler, chunks)
-            if step == 6:
-                scheduler.remove(sequences[1])
-        plans.append((steps, scheduler.preemptions))
-    assert plans[0] == plans[1]
-    assert plans[0][1] > 0  # the pressure path ran too
+    through a chunked prefill beside decodes, page pressure and a finished sequence; and the
+    plan is taken in exactly the steps where every running sequence decodes and fits (a
+    shortcut that never answers would plan the same, only slower)."""
+    general, general_plan, decode_steps = plan_run(OneByOne, 24)
+    fast, fast_plan, _ = plan_run(Counted, 24)
+    assert fast_plan == general_plan
+    assert fast.preemptions == general.preemptions > 0  # the pressure path ran too
+
+    def continued_prefill_beside_decodes(step) -> bool:
+        sizes = {key: (start, len(new)) for key, start, new, _ in step}
+        start, count = sizes.get("long#0", (0, 0))
+        return start > 0 and count > 1 and any(n == 1 for _, n in sizes.values())
+
+    assert any(map(continued_prefill_beside_decodes, general_plan))
+    assert fast.shortcut_steps == decode_steps
+    assert 3 <= sum(decode_steps) < len(decode_steps)

@@ -54,10 +54,10 @@ class GatedFiles(DiskFiles):
         super().__init__(root, {"full": b"full/test"})
         self.gate, self.reading = threading.Event(), threading.Event()
 
-    def check_into(self, life_cycle, block_hash, out):
+    def check_into(self, life_cycle, block_hash, out, contents=b""):
         self.reading.set()
         assert self.gate.wait(10)
-        return super().check_into(life_cycle, block_hash, out)
+        return super().check_into(life_cycle, block_hash, out, contents)
 
 
 def test_cancelled_reads_are_discarded(tmp_path):
@@ -85,7 +85,7 @@ def test_the_queue_is_bounded(tmp_path):
     assert not prefetcher.submit(("full", 3))
     files.gate.set()
     assert prefetcher.wait_idle(10)
-    assert [key for key, _ in prefetcher.completed()] == [("full", 1), ("full", 2)]
+    assert [key for key, *_ in prefetcher.completed()] == [("full", 1), ("full", 2)]
     prefetcher.close()
 
 
