@@ -46,6 +46,10 @@ from .sequence import Sequence
 log = logging.getLogger(__name__)
 
 IDLE_WAIT_SECONDS = 0.05
+# A call run on the core thread (disagg reservations, integrity checks) waits this long for a
+# busy core, checking every CORE_CALL_POLL_SECONDS whether the core stopped meanwhile.
+CORE_CALL_TIMEOUT_SECONDS = 60.0
+CORE_CALL_POLL_SECONDS = 0.2
 RETAINED_RECOUNT_SECONDS = 0.5
 KVEventSink = Callable[[list[BlockEvent]], None]
 
@@ -137,8 +141,14 @@ class EngineCore:
             self._draining_mark = draining
             self._commands.put(lambda: self.drain.set_draining(draining))
 
-    def call_on_core(self, fn: Callable[[], Any], timeout: float = 10.0) -> Any:
-        """Run `fn` on the core thread between steps and return its result."""
+    def call_on_core(
+        self, fn: Callable[[], Any], timeout: float = CORE_CALL_TIMEOUT_SECONDS
+    ) -> Any:
+        """Run `fn` on the core thread between steps and return its result.
+
+        Waits while the core is busy (a long step on a loaded host is not a failure); raises
+        EngineStoppedError at once when the core stops, TimeoutError after `timeout` seconds.
+        """
         done: queue.Queue[tuple[bool, Any]] = queue.Queue()
 
         def run() -> None:
@@ -148,7 +158,18 @@ class EngineCore:
                 done.put((False, error))
 
         self._commands.put(run)
-        ok, value = done.get(timeout=timeout)
+        deadline = time.monotonic() + timeout
+        while True:
+            try:
+                ok, value = done.get(timeout=CORE_CALL_POLL_SECONDS)
+                break
+            except queue.Empty:
+                if self._stop.is_set():
+                    raise EngineStoppedError("engine stopped before the call ran") from None
+                if time.monotonic() > deadline:
+                    raise TimeoutError(
+                        f"the engine core did not run a call in {timeout:g} s"
+                    ) from None
         if not ok:
             raise value
         return value
