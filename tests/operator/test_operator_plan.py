@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from kvfleet.operator.children import CHILD_RESOURCES, render_children
 from kvfleet.operator.names import FleetRef
-from kvfleet.operator.plan import merge_diff, plan_children
+from kvfleet.operator.plan import contained, drift_patch, merge_diff, plan_children
 from kvfleet.operator.spec import parse_spec
 
 FLEET = FleetRef("f", "ns", "uid")
@@ -60,3 +60,17 @@ def test_switching_to_external_redis_deletes_managed_redis():
         ("networkpolicies", "f-redis"),
         ("services", "f-redis"),
     ]
+
+
+def test_quantities_compare_by_value_and_only_in_resource_maps():
+    """`1024Mi` stored as `1Gi` (or a GPU count 1 as "1") is no drift; a real change of a
+    quantity is; and text outside requests/limits is never read as a quantity."""
+    resources = {"requests": {"memory": "1024Mi", "cpu": "1000m"}, "limits": {"gpu": 1}}
+    stored = {"requests": {"memory": "1Gi", "cpu": "1"}, "limits": {"gpu": "1"}}
+    assert contained({"resources": resources}, {"resources": stored})
+    assert drift_patch({"resources": resources}, {"resources": stored}) == {}
+    grown = {"requests": {"memory": "2Gi", "cpu": "1"}, "limits": {"gpu": "1"}}
+    assert drift_patch({"resources": resources}, {"resources": grown}) == {
+        "resources": {"requests": {"memory": "1024Mi"}}
+    }
+    assert not contained({"env": {"value": "1000m"}}, {"env": {"value": "1"}})

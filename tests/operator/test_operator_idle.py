@@ -1,0 +1,43 @@
+"""An idle fleet costs the API server reads only: no PATCH, PUT, POST or Event once converged.
+
+Lists are served as a real API server serves them (items without apiVersion/kind, quantities
+in canonical form), so a comparison that reads text instead of meaning shows up here.
+"""
+
+from __future__ import annotations
+
+import copy
+
+from apiserver_like import serve_lists_like_apiserver
+from fleet_tools import condition, mark_workloads_ready, writes
+from kvfleet.operator.children import CHILD_RESOURCES
+from operator_testkit import eventually
+from test_operator_handlers import BASE_SPEC, FLEET_PATH, fleet_body, send
+
+IDLE_TICKS = 5
+# Quantities the server rewrites: 1000m is stored as 1 (and the managed Redis's 1024Mi as 1Gi,
+# the GPU count 1 as "1").
+SPEC = copy.deepcopy(BASE_SPEC)
+SPEC["pools"]["context"]["resources"] = {"requests": {"cpu": "1000m"}}
+
+
+def ticks(k8s) -> int:
+    """Passes the operator has made: each lists the NetworkPolicies once."""
+    return sum(
+        1
+        for r in list(k8s)
+        if r.method.value == "GET" and r.resource and r.resource.plural == "networkpolicies"
+    )
+
+
+async def test_a_converged_idle_fleet_writes_nothing(k8s, operator):
+    """Each tick would re-patch every child (and post an Event) if a live child that means
+    what the manifest says were taken for drift."""
+    serve_lists_like_apiserver(k8s, {r.plural for r in CHILD_RESOURCES.values()})
+    await send(k8s, "POST", FLEET_PATH, fleet_body("idle", SPEC, uid="uid-idle"))
+    await eventually(lambda: condition(k8s, "idle", "Ready"))
+    await mark_workloads_ready(k8s, "idle")
+    await eventually(lambda: condition(k8s, "idle", "Ready")["status"] == "True")
+    start, first_tick = len(list(k8s)), ticks(k8s)
+    await eventually(lambda: ticks(k8s) >= first_tick + IDLE_TICKS)
+    assert writes(list(k8s)[start:]) == []
