@@ -42,9 +42,9 @@ def condition(k8s, fleet: str, type_: str) -> dict | None:
 
 
 def writes(requests: list) -> list[str]:
-    """`METHOD plural/name` of every request that would change something on the server."""
+    """`METHOD plural/name {body}` of every request that would change something on the server."""
     return [
-        f"{r.method.value} {r.resource.plural if r.resource else r.path}/{r.name}"
+        f"{r.method.value} {r.resource.plural if r.resource else r.path}/{r.name} {r.data}"
         for r in requests
         if r.method.value in ("POST", "PUT", "PATCH", "DELETE")
     ]

@@ -15,6 +15,10 @@ from operator_testkit import eventually
 from test_operator_handlers import BASE_SPEC, FLEET_PATH, fleet_body, send
 
 IDLE_TICKS = 5
+# kmock never bumps resourceVersion and its watch repeats what its list returned, so kopf may
+# replay the fleet's creation once (writing its status again), on a loaded machine even after
+# Ready. A fleet that writes on every tick never has a quiet window; a replay only delays one.
+WINDOWS = 4
 # Quantities the server rewrites: 1000m is stored as 1 (and the managed Redis's 1024Mi as 1Gi,
 # the GPU count 1 as "1").
 SPEC = copy.deepcopy(BASE_SPEC)
@@ -38,6 +42,11 @@ async def test_a_converged_idle_fleet_writes_nothing(k8s, operator):
     await eventually(lambda: condition(k8s, "idle", "Ready"))
     await mark_workloads_ready(k8s, "idle")
     await eventually(lambda: condition(k8s, "idle", "Ready")["status"] == "True")
-    start, first_tick = len(list(k8s)), ticks(k8s)
-    await eventually(lambda: ticks(k8s) >= first_tick + IDLE_TICKS)
-    assert writes(list(k8s)[start:]) == []
+    seen = []
+    for _ in range(WINDOWS):
+        start, first_tick = len(list(k8s)), ticks(k8s)
+        await eventually(lambda until=first_tick + IDLE_TICKS: ticks(k8s) >= until)
+        seen.append(writes(list(k8s)[start:]))
+        if not seen[-1]:
+            break
+    assert seen[-1] == [], f"every window of {IDLE_TICKS} ticks wrote: {seen}"
