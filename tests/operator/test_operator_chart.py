@@ -135,7 +135,7 @@ def test_rendered_children_are_valid_kubernetes():
             kubernetes_validate.validate(child, KUBERNETES_VERSION, strict=True)
     kinds = {child["kind"] for child in children}
     assert {"Secret", "NetworkPolicy", "PodDisruptionBudget", "StatefulSet", "KVFleetPool"} <= kinds
-    assert len(children) == 18
+    assert len(children) == 19
 
 
 def test_replicas_elect_a_leader_through_peering():

@@ -31,8 +31,9 @@ def test_unchanged_fleet_plans_nothing():
 
 
 def test_replica_change_patches_only_replicas():
-    """A pool resize must be one patch of that StatefulSet's replicas (and its annotation)."""
-    before = render_children(FLEET, SPEC, {"context": 1, "generation": 1})
+    """A pool resize must be one patch of that StatefulSet's replicas (and its annotation);
+    from one rank up its budget changes too (test_operator_disruption.py)."""
+    before = render_children(FLEET, SPEC, {"context": 1, "generation": 2})
     after = render_children(FLEET, SPEC, {"context": 1, "generation": 3})
     [action] = plan_children(after, applied(before))
     assert (action.verb, action.resource, action.name) == ("patch", STS, "f-generation")
@@ -58,6 +59,7 @@ def test_switching_to_external_redis_deletes_managed_redis():
     assert sorted(deletes) == [
         ("deployments", "f-redis"),
         ("networkpolicies", "f-redis"),
+        ("poddisruptionbudgets", "f-redis"),
         ("services", "f-redis"),
     ]
 
