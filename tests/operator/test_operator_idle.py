@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import copy
 
+import pytest
 from apiserver_like import serve_lists_like_apiserver
 from fleet_tools import condition, mark_workloads_ready, writes
 from kvfleet.operator.children import CHILD_RESOURCES
@@ -34,6 +35,7 @@ def ticks(k8s) -> int:
     )
 
 
+@pytest.mark.slow  # about 8 s on a loaded machine: a fleet, Ready, then at least 5 quiet ticks
 async def test_a_converged_idle_fleet_writes_nothing(k8s, operator):
     """Each tick would re-patch every child (and post an Event) if a live child that means
     what the manifest says were taken for drift."""
