@@ -207,15 +207,10 @@ def delete_fleet(body: kopf.Body, memo: kopf.Memo, logger, **_: Any) -> None:
     """Delete every child now rather than waiting for the garbage collector."""
     fleet = fleet_ref(body)
     delete_children(memo.kube, fleet, logger)
-    key = (fleet.namespace, fleet.name, fleet.uid)
-    per_fleet_memos = (
-        memo.readers,
-        memo.histories,
-        memo.last_autoscale,
-        memo.generations,
-        memo.reported,
-    )
-    for per_fleet in per_fleet_memos:
+    key = fleet_key(fleet)
+    for per_fleet in (
+        memo.readers, memo.histories, memo.last_autoscale, memo.generations, memo.reported
+    ):  # fmt: skip
         per_fleet.pop(key, None)
 
 
