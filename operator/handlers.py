@@ -27,7 +27,7 @@ from .pool_sizes import size_pools
 from .readiness import pool_reports, readiness, report_pool_objects
 from .reconcile import delete_children, mark_draining, rank_names, reconcile
 from .scaling_state import effective_replicas, policy_for, state_from_status, state_to_status
-from .spec import FleetSpec, SpecError, parse_spec
+from .spec import FleetSpec, SpecError, parse_fleet
 
 FINALIZER = f"{GROUP}/cleanup"
 # How often each fleet's pools are looked at (readiness, autoscaling); the spec's
@@ -49,6 +49,7 @@ def configure(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) -> Non
     memo.last_autoscale = {}
     memo.locks = defaultdict(threading.Lock)
     memo.generations = {}
+    memo.reported = {}  # the spec problem last reported per fleet
 
 
 def fleet_ref(body: kopf.Body) -> FleetRef:
@@ -58,17 +59,23 @@ def fleet_ref(body: kopf.Body) -> FleetRef:
     )
 
 
+def fleet_key(fleet: FleetRef) -> tuple[str, str, str]:
+    """The key of a fleet's entries in the memo."""
+    return (fleet.namespace, fleet.name, fleet.uid)
+
+
 def _conditions(status: kopf.Status) -> list[dict]:
     return [dict(condition) for condition in status.get("conditions", [])]
 
 
 def _parse_or_report(
-    body: kopf.Body, spec: kopf.Spec, status: kopf.Status, patch: kopf.Patch
+    body: kopf.Body, spec: kopf.Spec, status: kopf.Status, patch: kopf.Patch, memo: kopf.Memo
 ) -> FleetSpec:
-    """The parsed spec; on a bad spec, record it as conditions and an Event and stop for good."""
+    """The parsed spec; on a bad spec (or a name too long for its children), record it as
+    conditions and a Warning Event naming the fields, and stop until the spec changes."""
     generation = body.metadata.get("generation")
     try:
-        parsed = parse_spec(dict(spec))
+        parsed = parse_fleet(body.metadata.name, dict(spec))
     except SpecError as exc:
         now = now_rfc3339()
         conditions = set_condition(
@@ -79,8 +86,14 @@ def _parse_or_report(
         )
         patch.status["conditions"] = conditions
         patch.status["observedGeneration"] = generation
-        kopf.warn(body, reason="InvalidSpec", message=str(exc))
+        # kopf may run the handler again for the same spec (a replayed watch event carries
+        # the body from before the status write): one Warning per distinct problem.
+        key = fleet_key(fleet_ref(body))
+        if str(exc) not in (_condition_message(status, "SpecValid"), memo.reported.get(key)):
+            kopf.warn(body, reason="InvalidSpec", message=str(exc))
+        memo.reported[key] = str(exc)
         raise kopf.PermanentError(f"invalid spec: {exc}") from None
+    memo.reported.pop(fleet_key(fleet_ref(body)), None)
     conditions = set_condition(
         _conditions(status), "SpecValid", True, "Valid", "", generation, now_rfc3339()
     )
@@ -101,7 +114,7 @@ def reconcile_fleet(
     **_: Any,
 ) -> None:
     """Make the children match the spec at once on every spec change."""
-    parsed = _parse_or_report(body, spec, status, patch)
+    parsed = _parse_or_report(body, spec, status, patch, memo)
     autoscaled = effective_replicas(parsed, status) if parsed.autoscaling.enabled else None
     converge(body, parsed, status, patch, memo, autoscaled, logger)
 
@@ -194,8 +207,10 @@ def delete_fleet(body: kopf.Body, memo: kopf.Memo, logger, **_: Any) -> None:
     """Delete every child now rather than waiting for the garbage collector."""
     fleet = fleet_ref(body)
     delete_children(memo.kube, fleet, logger)
-    key = (fleet.namespace, fleet.name, fleet.uid)
-    for per_fleet in (memo.readers, memo.histories, memo.last_autoscale, memo.generations):
+    key = fleet_key(fleet)
+    for per_fleet in (
+        memo.readers, memo.histories, memo.last_autoscale, memo.generations, memo.reported
+    ):  # fmt: skip
         per_fleet.pop(key, None)
 
 
@@ -216,7 +231,7 @@ def _tick(
 ) -> None:
     """Autoscale when it is on, then converge: drift is repaired within one tick."""
     try:
-        parsed = parse_spec(dict(spec))
+        parsed = parse_fleet(body.metadata.name, dict(spec))
     except SpecError:
         return  # already reported by the reconcile handler
     autoscaled = None

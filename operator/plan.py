@@ -16,6 +16,7 @@ from typing import Any, Literal
 
 from .children import Resource, resource_of
 from .names import GROUP
+from .quantities import QUANTITY_MAPS, same_quantity
 from .render_scaling import without_scaler_owned
 from .render_secret import with_new_secret
 
@@ -55,14 +56,18 @@ def _empty(value: Any) -> bool:
     return value is None or value == {} or value == []
 
 
-def contained(desired: Any, live: Any) -> bool:
+def contained(desired: Any, live: Any, quantities: bool = False) -> bool:
     """Whether `live` holds everything `desired` says (server defaults in `live` are fine;
-    an empty map or list in `desired` matches a field the server dropped)."""
+    an empty map or list in `desired` matches a field the server dropped). `quantities`:
+    `desired` is a `requests`/`limits` map or a value in one, compared by value (the server
+    rewrites their text)."""
     if isinstance(desired, dict):
         if not isinstance(live, dict):
             return _empty(desired) and live is None
         return all(
-            contained(value, live.get(key)) if key in live else _empty(value)
+            contained(value, live[key], quantities or key in QUANTITY_MAPS)
+            if key in live
+            else _empty(value)
             for key, value in desired.items()
         )
     if isinstance(desired, list):
@@ -73,21 +78,24 @@ def contained(desired: Any, live: Any) -> bool:
             and len(desired) == len(live)
             and all(contained(d, item) for d, item in zip(desired, live, strict=True))
         )
-    return desired == live
+    return desired == live or (quantities and same_quantity(desired, live))
 
 
-def drift_patch(desired: dict[str, Any], live: dict[str, Any]) -> dict[str, Any]:
-    """The merge patch that puts back every field of `desired` that `live` lost or changed."""
+def drift_patch(
+    desired: dict[str, Any], live: dict[str, Any], quantities: bool = False
+) -> dict[str, Any]:
+    """The merge patch that puts back every field of `desired` that `live` lost or changed
+    (`quantities`: `desired` is a requests/limits map, see `contained`)."""
     patch: dict[str, Any] = {}
     for key, value in desired.items():
         current = live.get(key)
         if key not in live and _empty(value):
             continue
         if isinstance(value, dict) and isinstance(current, dict):
-            nested = drift_patch(value, current)
+            nested = drift_patch(value, current, key in QUANTITY_MAPS)
             if nested:
                 patch[key] = nested
-        elif not contained(value, current):
+        elif not contained(value, current, quantities):
             patch[key] = value
     return patch
 

@@ -1,5 +1,8 @@
-"""A fleet's readiness, from the live objects only: a child that is missing, not yet observed
-by its controller, or short of ready pods keeps Ready False (never "all ready" on nothing)."""
+"""A fleet's readiness, from the live objects only. Ready is False while a child is missing,
+a workload's controller has not seen its latest spec, a rollout is under way (pods of the old
+template still serve), a workload is short of ready pods, or an engine pool (a StatefulSet:
+only enabled pools have one) has no ready pod at all, even when scaled to 0 on purpose: a
+fleet without one of its pools cannot serve. Never "all ready" on nothing."""
 
 from __future__ import annotations
 
@@ -34,13 +37,40 @@ class Readiness:
     message: str
 
 
-def _workload_gap(live: dict) -> str | None:
-    """Why a live Deployment/StatefulSet is not ready yet, or None when it is."""
+@dataclass(frozen=True)
+class Gap:
+    """Why one workload is not ready; `empty`: an engine pool with no pod wanted at all."""
+
+    message: str
+    empty: bool = False
+
+
+def _rollout_gap(kind: str, wanted: int, status: dict) -> str | None:
+    """A rollout under way: pods not yet on the newest template, or (StatefulSets) the
+    controller's current revision not yet the update revision."""
+    updated = int(status.get("updatedReplicas", 0))
+    if updated < wanted:
+        return f"rolling out ({updated}/{wanted} updated)"
+    current, update = status.get("currentRevision"), status.get("updateRevision")
+    if kind == "StatefulSet" and current != update:
+        return f"rolling out (revision {current} -> {update})"
+    return None
+
+
+def workload_gap(kind: str, live: dict) -> Gap | None:
+    """Why a live Deployment/StatefulSet is not ready, or None when it is."""
     meta, spec, status = live["metadata"], live.get("spec", {}), live.get("status", {})
     if status.get("observedGeneration", 0) < meta.get("generation", 1):
-        return "not yet observed"
+        return Gap("not yet observed")
     wanted, ready = int(spec.get("replicas", 1)), int(status.get("readyReplicas", 0))
-    return None if ready >= wanted else f"{ready}/{wanted} ready"
+    rollout = _rollout_gap(kind, wanted, status)
+    if rollout:
+        return Gap(rollout)
+    if ready < wanted:
+        return Gap(f"{ready}/{wanted} ready")
+    if kind == "StatefulSet" and ready == 0:
+        return Gap("has no replica (scaled to 0)", empty=True)
+    return None
 
 
 def pool_reports(fleet: FleetRef, spec: FleetSpec, outcome: Outcome) -> dict[str, PoolReport]:
@@ -60,7 +90,7 @@ def readiness(outcome: Outcome) -> Readiness:
     """Ready only when every desired child exists and every workload has its pods ready."""
     if outcome.conflicts:
         return Readiness(False, "Conflict", "; ".join(outcome.conflicts))
-    missing, waiting = [], []
+    missing, waiting, empty = [], [], []
     for manifest in outcome.desired:
         name = manifest["metadata"]["name"]
         live = outcome.live.get((resource_of(manifest), name))
@@ -68,13 +98,15 @@ def readiness(outcome: Outcome) -> Readiness:
         if live is None:
             missing.append(label)
         elif manifest["kind"] in WORKLOAD_KINDS:
-            gap = _workload_gap(live)
+            gap = workload_gap(manifest["kind"], live)
             if gap:
-                waiting.append(f"{label} {gap}")
+                (empty if gap.empty else waiting).append(f"{label} {gap.message}")
     if missing:
         return Readiness(False, "Progressing", "missing " + ", ".join(missing))
     if waiting:
         return Readiness(False, "Progressing", "waiting for " + ", ".join(waiting))
+    if empty:
+        return Readiness(False, "PoolEmpty", ", ".join(empty))
     return Readiness(True, "Ready", "every child exists and every pod is ready")
 
 

@@ -29,13 +29,18 @@ class Outcome:
 
 
 def live_children(kube: KubeApi, fleet: FleetRef) -> dict[tuple[Resource, str], dict]:
-    """Every live child of `fleet` (by label and owner uid), keyed by (resource, name)."""
+    """Every live child of `fleet` (by label and owner uid), keyed by (resource, name).
+
+    A real API server leaves `apiVersion` and `kind` out of list items (the list names them
+    once); they are put back, as kubectl does, or every child would differ from its manifest.
+    """
     found: dict[tuple[Resource, str], dict] = {}
-    for resource in CHILD_RESOURCES.values():
+    for (api_version, kind), resource in CHILD_RESOURCES.items():
         for item in kube.list(resource, fleet.namespace, {FLEET_LABEL: fleet.name[:63]}):
             owners = item.get("metadata", {}).get("ownerReferences", [])
             if any(owner.get("uid") == fleet.uid for owner in owners):
-                found[(resource, item["metadata"]["name"])] = item
+                typed = {**item, "apiVersion": api_version, "kind": kind}
+                found[(resource, item["metadata"]["name"])] = typed
     return found
 
 

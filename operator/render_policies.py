@@ -3,8 +3,8 @@
 NetworkPolicies: only the fleet's routers and engines reach its managed Redis; only its
 routers (and its own engines, for the KV hand-off between pools) reach the engines' gRPC.
 The engines' HTTP and metrics ports and the router stay open to clients and scrapers.
-PodDisruptionBudgets: a drain or node upgrade evicts one rank of a pool (and one router) at a
-time, each leaving through its SIGTERM drain.
+PodDisruptionBudgets: a drain or node upgrade evicts one pod of a component at a time, each
+leaving through its SIGTERM drain; see `disruption_rule` for the single-pod cases.
 """
 
 from __future__ import annotations
@@ -68,19 +68,42 @@ def render_network_policies(
     return policies
 
 
-def _budget(fleet: FleetRef, suffix: str, component: str) -> dict:
+def disruption_rule(replicas: int, costly_restart: bool) -> dict[str, int]:
+    """How many pods of a component an eviction may take: one at a time, except the only pod
+    of a component whose restart is costly, which may not be evicted at all.
+
+    `maxUnavailable: 1` over a single pod allows evicting it, so it protects nothing. An
+    engine pool's only rank is protected (`minAvailable: 1`): evicting it stops the pool (the
+    generation pool: the fleet) for a model load and loses its retained KV; a node drain waits
+    until the pool is scaled to two, or the budget is overridden. A single router or the
+    managed Redis may be evicted: a router restarts in seconds after draining its streams, and
+    the routers ride out a Redis restart on their local mirrors and write the pins back
+    (services/router/failover_store.py), so neither is worth holding up node maintenance.
+    """
+    if replicas <= 1 and costly_restart:
+        return {"minAvailable": 1}
+    return {"maxUnavailable": 1}
+
+
+def _budget(fleet: FleetRef, suffix: str, component: str, rule: dict[str, int]) -> dict:
     return {
         "apiVersion": PDB_API_VERSION,
         "kind": "PodDisruptionBudget",
         "metadata": fleet.metadata(suffix, component),
-        "spec": {"maxUnavailable": 1, "selector": {"matchLabels": fleet.selector(component)}},
+        "spec": {**rule, "selector": {"matchLabels": fleet.selector(component)}},
     }
 
 
 def render_disruption_budgets(
     fleet: FleetRef, spec: FleetSpec, replicas: dict[str, int]
 ) -> list[dict]:
-    """One budget per pool and one for the routers: at most one pod of each away at once."""
-    budgets = [_budget(fleet, "router", "router")]
-    budgets += [_budget(fleet, name, f"engine-{name}") for name in spec.enabled_pools()]
+    """One budget per pool, one for the routers, one for the managed Redis."""
+    router_rule = disruption_rule(spec.routing.replicas, costly_restart=False)
+    budgets = [_budget(fleet, "router", "router", router_rule)]
+    if spec.redis.mode == "managed":
+        budgets.append(_budget(fleet, "redis", "redis", disruption_rule(1, costly_restart=False)))
+    budgets += [
+        _budget(fleet, name, f"engine-{name}", disruption_rule(replicas[name], costly_restart=True))
+        for name in spec.enabled_pools()
+    ]
     return budgets

@@ -12,7 +12,14 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 from pydantic.alias_generators import to_camel
 
+from .spec_checks import name_problems, port_problems, resource_problems, size_problems
+
 POOL_NAMES: tuple[str, ...] = ("context", "generation")
+# Bounds the CRD also sets (a test keeps them equal): a typo of 10000 replicas should be
+# refused, not scheduled. Routers are few: each holds every pin in memory.
+MAX_POOL_REPLICAS = 1000
+MAX_ROUTERS = 16
+MAX_GPUS_PER_POD = 16
 
 
 class SpecError(ValueError):
@@ -46,11 +53,11 @@ class Model(_Model):
 
 class Pool(_Model):
     enabled: bool = True
-    replicas: int = Field(default=1, ge=0)
-    gpus_per_pod: int = Field(default=1, ge=0)
-    ranks_per_pod: int = Field(default=1, ge=1)
+    replicas: int = Field(default=1, ge=0, le=MAX_POOL_REPLICAS)
+    gpus_per_pod: int = Field(default=1, ge=0, le=MAX_GPUS_PER_POD)
+    ranks_per_pod: int = Field(default=1, ge=1, le=MAX_GPUS_PER_POD)
     # GPUs of one rank (tensor parallelism): the pod runs one rank of this many workers.
-    tensor_parallel: int = Field(default=1, ge=1)
+    tensor_parallel: int = Field(default=1, ge=1, le=MAX_GPUS_PER_POD)
     max_batch_size: int = Field(default=32, ge=1)
     resources: dict[str, Any] = Field(default_factory=dict)
     node_selector: dict[str, str] = Field(default_factory=dict)
@@ -76,7 +83,7 @@ class KVTiers(_Model):
 
 
 class Routing(_Model):
-    replicas: int = Field(default=1, ge=1)
+    replicas: int = Field(default=1, ge=1, le=MAX_ROUTERS)
     affinity: Literal["strict", "lenient"] = "strict"
     max_wait_passes: int = Field(default=1_000_000, ge=0)  # the time bound binds
     max_wait_seconds: float = Field(default=30.0, ge=0.0)
@@ -121,8 +128,8 @@ class Redis(_Model):
 
 
 class PoolBounds(_Model):
-    min_replicas: int = Field(default=1, ge=0)
-    max_replicas: int = Field(default=4, ge=0)
+    min_replicas: int = Field(default=1, ge=0, le=MAX_POOL_REPLICAS)
+    max_replicas: int = Field(default=4, ge=0, le=MAX_POOL_REPLICAS)
 
 
 class ScaleTargets(_Model):
@@ -156,6 +163,10 @@ class Ports(_Model):
     engine_metrics: int = Field(default=9401, ge=1, le=65535)
 
 
+# Cross-field problems travel in one ValueError through pydantic; parse_spec splits them.
+PROBLEM_SEPARATOR = "\n"
+
+
 class FleetSpec(_Model):
     """The whole spec of one fleet, defaults filled in."""
 
@@ -176,9 +187,11 @@ class FleetSpec(_Model):
             *_redis_problems(self.redis),
             *_reuse_problems(self.reuse),
             *_pool_problems(self),
+            *_quantity_problems(self),
+            *_ports_problems(self),
         ]
         if problems:
-            raise ValueError("; ".join(problems))
+            raise ValueError(PROBLEM_SEPARATOR.join(problems))
         return self
 
     def pool(self, name: str) -> Pool:
@@ -192,6 +205,31 @@ class FleetSpec(_Model):
     def enabled_pools(self) -> tuple[str, ...]:
         """Names of the pools that run, in POOL_NAMES order."""
         return tuple(name for name in POOL_NAMES if self.pool(name).enabled)
+
+
+def _quantity_problems(spec: FleetSpec) -> list[str]:
+    problems = []
+    for name in POOL_NAMES:
+        where = f"spec.pools.{name}.resources"
+        problems += resource_problems(where, spec.pool(name).resources)
+    return problems + size_problems("spec.kvTiers.disk.size", spec.kv_tiers.disk.size)
+
+
+def _ports_problems(spec: FleetSpec) -> list[str]:
+    ports = spec.ports
+    router = {
+        "routerGrpc": ports.router_grpc,
+        "routerRank": ports.router_rank,
+        "routerHttp": ports.router_http,
+        "routerMetrics": ports.router_metrics,
+    }
+    engine = {
+        "engineGrpc": ports.engine_grpc,
+        "engineHttp": ports.engine_http,
+        "engineMetrics": ports.engine_metrics,
+    }
+    ranks = max(spec.pool(name).ranks_per_pod for name in spec.enabled_pools() or POOL_NAMES)
+    return port_problems(router, engine, ranks)
 
 
 def _redis_problems(redis: Redis) -> list[str]:
@@ -274,12 +312,35 @@ def _tensor_parallel_problems(spec: FleetSpec, name: str, pool: Pool) -> list[st
 
 
 def parse_spec(raw: dict[str, Any]) -> FleetSpec:
-    """Parse a fleet's spec; raise SpecError with one line per problem and the fields at fault."""
+    """Parse a fleet's spec; raise SpecError with one line per problem, each naming the field
+    at fault from `spec.` down (`spec.pools.context.replicas: ...`)."""
     try:
         return FleetSpec.model_validate(raw)
     except ValidationError as exc:
         lines = []
         for error in exc.errors():
-            where = ".".join(str(part) for part in error["loc"]) or "spec"
-            lines.append(f"{where}: {error['msg'].removeprefix('Value error, ')}")
+            message = error["msg"].removeprefix("Value error, ")
+            if error["loc"]:
+                where = ".".join(str(part) for part in error["loc"])
+                lines.append(f"spec.{where}: {message}")
+            else:  # cross-field problems, which name their fields themselves
+                lines += [_from_spec(line) for line in message.split(PROBLEM_SEPARATOR)]
         raise SpecError("; ".join(lines)) from None
+
+
+def _from_spec(problem: str) -> str:
+    return problem if problem.startswith("spec.") else f"spec.{problem}"
+
+
+def parse_fleet(name: str, raw: dict[str, Any]) -> FleetSpec:
+    """Parse a fleet's spec and check its name (which the CRD schema cannot limit); raise
+    SpecError naming every problem of both."""
+    problems = name_problems(name)
+    try:
+        spec = parse_spec(raw)
+    except SpecError as exc:
+        problems.append(str(exc))
+        spec = None
+    if problems or spec is None:
+        raise SpecError("; ".join(problems))
+    return spec

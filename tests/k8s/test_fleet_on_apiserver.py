@@ -48,6 +48,28 @@ def patches_of(name: str) -> list[dict]:
     return [patch for target, patch in _PATCHES if target == name]
 
 
+_CHILD_WRITES: list[str] = []
+
+
+@pytest.fixture(autouse=True)
+def count_child_writes(monkeypatch):
+    """Record every write the operator's own client sends (children, pods, pool status)."""
+    from kvfleet.operator.kube import KubeApi
+
+    real = KubeApi._call
+
+    def counting(self, method, path, *args, **kwargs):
+        if method != "GET":
+            _CHILD_WRITES.append(f"{method} {path}")
+        return real(self, method, path, *args, **kwargs)
+
+    monkeypatch.setattr(KubeApi, "_call", counting)
+
+
+def child_writes_of(namespace: str) -> list[str]:
+    return [write for write in _CHILD_WRITES if f"/namespaces/{namespace}/" in write]
+
+
 @pytest.fixture
 def api(chart):
     client = chart["client"]
@@ -144,9 +166,11 @@ async def test_ready_only_when_pods_are(api, operator):
     # Settled: further ticks send no patch at all (the server would drop an equal one
     # silently, but each is still a write request per fleet per tick).
     await asyncio.sleep(2 * TICK_SECONDS)  # a tick that read the status before the last write
-    sent = len(patches_of(name))
+    sent, written = len(patches_of(name)), len(child_writes_of(namespace))
     await asyncio.sleep(QUIET_TICKS * TICK_SECONDS)
     assert patches_of(name)[sent:] == []
+    # Nor any write to a child: the server's lists and canonical quantities are no drift.
+    assert child_writes_of(namespace)[written:] == []
     pools = read_fleet(api, namespace, name)["status"]["pools"]
     assert pools == {
         "context": {"replicas": 1, "readyReplicas": 1},

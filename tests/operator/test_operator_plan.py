@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from kvfleet.operator.children import CHILD_RESOURCES, render_children
 from kvfleet.operator.names import FleetRef
-from kvfleet.operator.plan import merge_diff, plan_children
+from kvfleet.operator.plan import contained, drift_patch, merge_diff, plan_children
 from kvfleet.operator.spec import parse_spec
 
 FLEET = FleetRef("f", "ns", "uid")
@@ -31,8 +31,9 @@ def test_unchanged_fleet_plans_nothing():
 
 
 def test_replica_change_patches_only_replicas():
-    """A pool resize must be one patch of that StatefulSet's replicas (and its annotation)."""
-    before = render_children(FLEET, SPEC, {"context": 1, "generation": 1})
+    """A pool resize must be one patch of that StatefulSet's replicas (and its annotation);
+    from one rank up its budget changes too (test_operator_disruption.py)."""
+    before = render_children(FLEET, SPEC, {"context": 1, "generation": 2})
     after = render_children(FLEET, SPEC, {"context": 1, "generation": 3})
     [action] = plan_children(after, applied(before))
     assert (action.verb, action.resource, action.name) == ("patch", STS, "f-generation")
@@ -58,5 +59,20 @@ def test_switching_to_external_redis_deletes_managed_redis():
     assert sorted(deletes) == [
         ("deployments", "f-redis"),
         ("networkpolicies", "f-redis"),
+        ("poddisruptionbudgets", "f-redis"),
         ("services", "f-redis"),
     ]
+
+
+def test_quantities_compare_by_value_and_only_in_resource_maps():
+    """`1024Mi` stored as `1Gi` (or a GPU count 1 as "1") is no drift; a real change of a
+    quantity is; and text outside requests/limits is never read as a quantity."""
+    resources = {"requests": {"memory": "1024Mi", "cpu": "1000m"}, "limits": {"gpu": 1}}
+    stored = {"requests": {"memory": "1Gi", "cpu": "1"}, "limits": {"gpu": "1"}}
+    assert contained({"resources": resources}, {"resources": stored})
+    assert drift_patch({"resources": resources}, {"resources": stored}) == {}
+    grown = {"requests": {"memory": "2Gi", "cpu": "1"}, "limits": {"gpu": "1"}}
+    assert drift_patch({"resources": resources}, {"resources": grown}) == {
+        "resources": {"requests": {"memory": "1024Mi"}}
+    }
+    assert not contained({"env": {"value": "1000m"}}, {"env": {"value": "1"}})

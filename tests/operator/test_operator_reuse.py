@@ -82,7 +82,7 @@ def test_retention_options_need_per_conversation(policy):
     with pytest.raises(SpecError) as raised:
         parse_spec({"model": MODEL, "reuse": reuse})
     assert str(raised.value) == (
-        "spec: reuse.keepRoot=true, keepBranchPoints=1: only policy per_conversation keeps turns"
+        "spec.reuse.keepRoot=true, keepBranchPoints=1: only policy per_conversation keeps turns"
         f" (got {policy})"
     )
 

@@ -57,6 +57,8 @@ def changed_value(path: str, schema: dict, given: Any = None) -> Any:
     if kind == "string":
         return "redis://other:6379/0" if path == "redis.url" else "other-value"
     if kind == "object":
+        if path.endswith((".requests", ".limits")):
+            return {"cpu": "3"}
         return {"requests": {"cpu": "3"}} if path.endswith("resources") else {"k": "v"}
     if kind == "array":
         return [{"key": "k", "operator": "Exists"}]
@@ -118,3 +120,15 @@ def _drop_none(node: Any) -> Any:
     if isinstance(node, dict):
         return {k: _drop_none(v) for k, v in node.items() if v is not None}
     return node
+
+
+BOUNDED = [(path, schema) for path, schema in SPEC_LEAVES if "maximum" in schema]
+
+
+@pytest.mark.parametrize(("path", "schema"), BOUNDED, ids=[p for p, _ in BOUNDED])
+def test_every_crd_maximum_is_the_operators_too(path, schema):
+    """Where the CRD has no say (an old CRD, a test double) the operator must refuse the same
+    values, naming the field."""
+    too_big = schema["maximum"] + 1
+    with pytest.raises(SpecError, match=rf"spec\.{path}: "):
+        parse_spec(with_value(BASE, path, too_big))
