@@ -9,11 +9,26 @@ from __future__ import annotations
 
 from .target_types import Target, TargetFactory, TargetOptions, TargetUnavailable
 
+HTTP_APIS = ("completions", "chat", "anthropic")
+
 
 def _open_http(spec: str, options: TargetOptions) -> Target:
+    """The http target of `options.api`: token ids to /v1/completions, or the same content as
+    a text chat to /v1/chat/completions or Anthropic's /v1/messages."""
+    common = {"model": options.model, "timeout_s": options.request_timeout_s}
+    if options.api == "chat":
+        from .chat_target import OpenAIChatTarget
+
+        return OpenAIChatTarget(spec, **common)
+    if options.api == "anthropic":
+        from .messages_target import AnthropicMessagesTarget
+
+        return AnthropicMessagesTarget(spec, session=options.anthropic_session, **common)
+    if options.api != "completions":
+        raise TargetUnavailable(f"--api {options.api!r}: not one of {HTTP_APIS}")
     from .http_target import OpenAICompletionsTarget
 
-    return OpenAICompletionsTarget(spec, model=options.model, timeout_s=options.request_timeout_s)
+    return OpenAICompletionsTarget(spec, **common)
 
 
 def _open_grpc(spec: str, options: TargetOptions) -> Target:
