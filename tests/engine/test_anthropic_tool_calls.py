@@ -109,6 +109,7 @@ def test_tool_choice_none_leaves_the_text_alone(served, stream):
     assert '"name": "get_weather"' in reply.content[0].text
 
 
+# A call cut off inside its arguments: there is no JSON object to hand the client.
 MALFORMED = (
     'Let me check.\n<tool_call>\n{"name": "get_weather", "arguments": {"city":\n</tool_call>'
 )
