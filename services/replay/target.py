@@ -65,10 +65,14 @@ def target_scheme(spec: str) -> str:
 
 def open_target(spec: str, options: TargetOptions | None = None) -> Target:
     """Open the target a spec names."""
-    factory = TARGET_FACTORIES.get(target_scheme(spec))
+    options = options or TargetOptions()
+    scheme = target_scheme(spec)
+    factory = TARGET_FACTORIES.get(scheme)
     if factory is None:
         raise TargetUnavailable(
-            f"target {spec!r}: unknown scheme {target_scheme(spec)!r}; known: "
-            f"{sorted(TARGET_FACTORIES)}"
+            f"target {spec!r}: unknown scheme {scheme!r}; known: {sorted(TARGET_FACTORIES)}"
         )
-    return factory(spec, options or TargetOptions())
+    if options.api != "completions" and scheme not in ("http", "https"):
+        # Only an HTTP server has those APIs; replaying token ids instead would mislabel the run.
+        raise TargetUnavailable(f"target {spec!r}: --api {options.api} needs an http:// target")
+    return factory(spec, options)

@@ -26,6 +26,8 @@ from kvfleet.services.replay.chat_text import chat_text, token_text
 from kvfleet.services.replay.claude_code import read_claude_code
 from kvfleet.services.replay.messages_target import AnthropicMessagesTarget
 from kvfleet.services.replay.prompt_layout import layout_of, shared_end
+from kvfleet.services.replay.target import open_target
+from kvfleet.services.replay.target_types import TargetOptions, TargetUnavailable
 from kvfleet.services.replay.tokens import TokenSynthesizer
 from replay_paths import CLAUDE_CODE
 
@@ -98,6 +100,13 @@ def model_dir(path: Path) -> Path:
     write_model_dir(path, preset("8b"))
     (path / "chat_template.jinja").write_text(CHAT_TEMPLATE)
     return path
+
+
+def test_the_chat_apis_need_an_http_target():
+    """If this fails, `--api anthropic` against a simulator replays token ids and labels the
+    run as the agent path."""
+    with pytest.raises(TargetUnavailable, match="needs an http:// target"):
+        open_target("sim", TargetOptions(api="anthropic"))
 
 
 def sim_fleet(path: Path) -> EmbeddedFleet:
