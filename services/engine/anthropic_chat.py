@@ -69,7 +69,7 @@ def chat_input(body: CountTokensRequest, cut: Cut | None = None) -> ChatInput:
             previous_calls = {b.id for b in blocks if isinstance(b, ToolUseBlock)}
     if not messages:  # a template needs a message: an empty user turn opens the first one
         messages.append({"role": "user", "content": ""})
-    return ChatInput(messages, [_tool(tool) for tool in tools] or None)
+    return ChatInput(messages, [openai_tool(tool) for tool in tools] or None)
 
 
 def _system_texts(system: str | Sequence[TextBlock]) -> list[str]:
@@ -82,7 +82,7 @@ def _blocks(message: Message) -> list[Any]:
     return list(message.content)
 
 
-def _tool(tool: Any) -> dict[str, Any]:
+def openai_tool(tool: Any) -> dict[str, Any]:
     """Anthropic's tool as the OpenAI function tool that chat templates read."""
     function: dict[str, Any] = {"name": tool.name, "parameters": tool.input_schema}
     if tool.description is not None:

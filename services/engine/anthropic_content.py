@@ -1,19 +1,23 @@
 """The assistant's content blocks: its text, and the tool calls in it as `tool_use` blocks.
 
-Tool-call parsing of the model's output is not here: `parse_output` and `OutputPieces` are the
-seam where services/engine/tool_calls.py (`parse_tool_calls`, `ToolCallStream`) plugs in; until
-it does, the whole output is one text block. Everything after the seam (block shapes, the
-stream's content_block_start / delta / stop events, stop_reason `tool_use`) already handles
-tool calls.
+The calls are parsed from the model's text by services/engine/tool_calls.py in the family the
+app knows (`tool_family` of build_app); `parse_output` splits a whole output, `OutputPieces` a
+streamed one. Without a family, or when the request offered no tools (or `tool_choice` is
+`none`), the whole output is one text block. A malformed call stays text: the parser never
+turns what it cannot read into a call.
 """
 
 from __future__ import annotations
 
 import json
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
 from .anthropic_shapes import event
+from .tool_calls import ContentDelta, ToolCallStream, parse_tool_calls
+
+ANTHROPIC_ID_PREFIX = "toolu_"
 
 
 @dataclass(frozen=True)
@@ -25,23 +29,65 @@ class ToolUse:
     arguments: str
 
 
-def parse_output(text: str, tools_offered: bool) -> tuple[str, list[ToolUse]]:
-    """SEAM: the text that is not a call, and the calls (tool_calls.parse_tool_calls)."""
-    del tools_offered  # the parser runs only when the request offered tools
-    return text, []
+@dataclass(frozen=True)
+class ToolParsing:
+    """How a request's output is parsed: the family's syntax, and the request's tools as
+    OpenAI function tools (qwen3_coder types its parameter values by their schemas)."""
+
+    family: str
+    tools: Sequence[dict[str, Any]]
+
+
+def tool_use_id(call_id: str, family: str) -> str:
+    """Anthropic's `toolu_` id for a parsed call. Mistral keeps its own 9 alphanumerics: its
+    chat templates refuse any other id when the call comes back in the next turn."""
+    if family == "mistral":
+        return call_id
+    return ANTHROPIC_ID_PREFIX + call_id.removeprefix("call_")
+
+
+def parse_output(text: str, parsing: ToolParsing | None) -> tuple[str, list[ToolUse]]:
+    """The text that is not a call, and the calls (all text when `parsing` is None)."""
+    if parsing is None:
+        return text, []
+    content, calls = parse_tool_calls(text, parsing.family, tools=parsing.tools)
+    uses = [ToolUse(tool_use_id(c.id, parsing.family), c.name, c.arguments) for c in calls]
+    return content, uses
 
 
 class OutputPieces:
-    """SEAM: the streamed output split into text and calls (tool_calls.ToolCallStream)."""
+    """The streamed output split into text and whole calls (tool_calls.ToolCallStream holds
+    back text that may start a call until it is decided)."""
 
-    def __init__(self, tools_offered: bool) -> None:
-        self.tools_offered = tools_offered
+    def __init__(self, parsing: ToolParsing | None) -> None:
+        self.parsing = parsing
+        self._stream = (
+            ToolCallStream(parsing.family, tools=parsing.tools) if parsing is not None else None
+        )
+        self._started: tuple[str, str] | None = None  # (id, name) of the call being sent
 
     def feed(self, text: str) -> list[str | ToolUse]:
-        return [text] if text else []
+        if self._stream is None:
+            return [text] if text else []
+        return self._pieces(self._stream.feed(text) if text else [])
 
     def finish(self) -> list[str | ToolUse]:
-        return []
+        return self._pieces(self._stream.finish()) if self._stream is not None else []
+
+    def _pieces(self, events: list) -> list[str | ToolUse]:
+        # The stream sends a call only once it is whole: a first delta with id and name, then
+        # one with all its arguments; a tool_use block is sent as one start, delta and stop.
+        pieces: list[str | ToolUse] = []
+        for item in events:
+            if isinstance(item, ContentDelta):
+                pieces.append(item.text)
+            elif item.id is not None:
+                self._started = (tool_use_id(item.id, self.parsing.family), item.name)
+            elif self._started is not None:
+                call_id, name = self._started
+                pieces.append(ToolUse(call_id, name, item.arguments))
+                self._started = None
+        return pieces
 
 
 def content_blocks(text: str, calls: list[ToolUse]) -> list[dict[str, Any]]:

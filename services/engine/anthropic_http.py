@@ -7,6 +7,8 @@ A stream sends Anthropic's events: `message_start`, `ping`, per block `content_b
 `message_delta` (stop_reason, stop_sequence, the usage) and `message_stop`; a failure after
 the stream started is an `error` event. The usage in `message_start` has the prompt's size
 only: the engine reports reuse with the last token, so `message_delta` carries the full usage.
+With `tools` (and a `tool_choice` other than `none`) on an app that knows the model's tool-call
+syntax, the calls in the output come back as `tool_use` blocks and stop_reason `tool_use`.
 """
 
 from __future__ import annotations
@@ -17,7 +19,14 @@ from fastapi import APIRouter, FastAPI, Request
 from fastapi.responses import StreamingResponse
 from starlette.exceptions import HTTPException
 
-from .anthropic_content import BlockEvents, OutputPieces, content_blocks, parse_output
+from .anthropic_chat import openai_tool
+from .anthropic_content import (
+    BlockEvents,
+    OutputPieces,
+    ToolParsing,
+    content_blocks,
+    parse_output,
+)
 from .anthropic_errors import AnthropicRoute, sse_error
 from .anthropic_params import PreparedMessages, check_model, messages_prompt, prepare
 from .anthropic_schema import CountTokensRequest, MessagesRequest
@@ -25,10 +34,15 @@ from .anthropic_shapes import event, matched_stop, message_body, stop_reason_of,
 from .detokenizer import StopText, StreamDetokenizer, first_stop
 from .engine_request import SampleOutput, Usage
 from .http_backends import GenerateBackend
+from .tokenizer import Tokenizer
+from .tool_markers import tool_text_tokenizer
 
 
-def add_messages_routes(app: FastAPI, backend: GenerateBackend) -> None:
-    """Mount the Messages routes on `app` (errors in Anthropic's shape on these routes only)."""
+def add_messages_routes(
+    app: FastAPI, backend: GenerateBackend, tool_family: str | None = None
+) -> None:
+    """Mount the Messages routes on `app` (errors in Anthropic's shape on these routes only);
+    `tool_family`: the model's tool-call syntax (tool_calls.py), None: calls stay text."""
     router = APIRouter(route_class=AnthropicRoute)
 
     @router.post("/v1/messages")
@@ -37,12 +51,14 @@ def add_messages_routes(app: FastAPI, backend: GenerateBackend) -> None:
         stream = backend.generate(prepared.call)
         # Pull the first output before answering, so bad input is a 4xx, not a broken stream.
         first = await anext(stream, None)
+        parsing = tool_parsing(tool_family, body)
+        tokenizer = output_tokenizer(backend, parsing)
         if body.stream:
-            events = _sse(backend, body, prepared, first, stream, request)
+            events = _sse(tokenizer, body, prepared, parsing, first, stream, request)
             return StreamingResponse(events, media_type="text/event-stream")
         outputs = [first] if first is not None else []
         outputs += [output async for output in stream]
-        return _whole(backend, body, prepared, outputs)
+        return _whole(tokenizer, body, prepared, parsing, outputs)
 
     @router.post("/v1/messages/count_tokens")
     async def count_tokens(body: CountTokensRequest):
@@ -60,24 +76,39 @@ def add_messages_routes(app: FastAPI, backend: GenerateBackend) -> None:
     app.include_router(router)
 
 
-def _tools_offered(body: MessagesRequest) -> bool:
-    return bool(body.tools) and (body.tool_choice is None or body.tool_choice.type != "none")
+def tool_parsing(family: str | None, body: MessagesRequest) -> ToolParsing | None:
+    """How this request's output is parsed for calls; None: it is all text (no family, no
+    tools offered, or `tool_choice` `none`: the client asked for text)."""
+    if family is None or not body.tools:
+        return None
+    if body.tool_choice is not None and body.tool_choice.type == "none":
+        return None
+    return ToolParsing(family, [openai_tool(tool) for tool in body.tools])
+
+
+def output_tokenizer(backend: GenerateBackend, parsing: ToolParsing | None) -> Tokenizer:
+    """The tokenizer the output is decoded with: parsed text keeps the family's call markers
+    that are special tokens (decoding for the client drops those)."""
+    if parsing is None:
+        return backend.tokenizer
+    return tool_text_tokenizer(backend.tokenizer, parsing.family)
 
 
 def _whole(
-    backend: GenerateBackend,
+    tokenizer: Tokenizer,
     body: MessagesRequest,
     prepared: PreparedMessages,
+    parsing: ToolParsing | None,
     outputs: list[SampleOutput],
 ) -> dict:
     tokens = [token for output in outputs for token in output.token_ids]
     last = outputs[-1] if outputs else None
-    text = backend.tokenizer.decode(tokens)
+    text = tokenizer.decode(tokens)
     stops = prepared.call.sampling.stop
     stop_sequence = matched_stop(text, stops) if stops else None
     if stop_sequence is not None:
         text = text[: first_stop(text, stops)]
-    text, calls = parse_output(text, _tools_offered(body))
+    text, calls = parse_output(text, parsing)
     reason = stop_reason_of(last.finish_reason if last else None, stop_sequence, bool(calls))
     usage = usage_body(last.usage if last else None, prepared.breakpoints)
     return message_body(
@@ -91,9 +122,10 @@ def _whole(
 
 
 async def _sse(
-    backend: GenerateBackend,
+    tokenizer: Tokenizer,
     body: MessagesRequest,
     prepared: PreparedMessages,
+    parsing: ToolParsing | None,
     first: SampleOutput | None,
     rest: AsyncIterator[SampleOutput],
     request: Request,
@@ -105,9 +137,9 @@ async def _sse(
         "cache_read_input_tokens": 0,
         "output_tokens": 0,
     }
-    detokenizer = StreamDetokenizer(backend.tokenizer)
+    detokenizer = StreamDetokenizer(tokenizer)
     stops = StopText(call.sampling.stop)
-    pieces, blocks = OutputPieces(_tools_offered(body)), BlockEvents()
+    pieces, blocks = OutputPieces(parsing), BlockEvents()
     said, usage, finish_reason = "", None, None
 
     def lines_of(output: SampleOutput) -> list[str]:

@@ -78,7 +78,7 @@ def build_app(
         family = parsing_family(tool_family, body.tools, body.tool_choice)
         return await _respond(backend, request, body, prompt, chat=True, family=family)
 
-    add_messages_routes(app, backend)  # the Anthropic Messages API (anthropic_http.py)
+    add_messages_routes(app, backend, tool_family)  # the Anthropic Messages API
     return app
 
 

@@ -91,6 +91,8 @@ class _SessionBuilder:
                     shared_prefix_blocks=shared_blocks,
                     shared_namespace=shared_namespace if shared_blocks else "",
                     branch_hints=tuple(h for h in segment_ends if h <= int(request["in"])),
+                    tool_tokens=tool_tokens,
+                    system_tokens=tool_and_system - tool_tokens,
                 )
             )
             turn_count += 1

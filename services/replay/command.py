@@ -58,6 +58,21 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         help=f"token ids are below it (default: the target's, else {DEFAULT_VOCAB_SIZE})",
     )
     parser.add_argument("--model", default="kvfleet", help="model name sent to the target")
+    parser.add_argument(
+        "--api",
+        choices=("completions", "chat", "anthropic"),
+        default="completions",
+        help="what an http target is sent: token ids to /v1/completions (default), or the same "
+        "content as a text chat to /v1/chat/completions (with X-Conversation-Id) or to "
+        "Anthropic's /v1/messages (Claude Code's cache_control, no conversation header)",
+    )
+    parser.add_argument(
+        "--anthropic-session",
+        choices=("metadata", "prefix"),
+        default="metadata",
+        help="with --api anthropic: name the session in metadata.user_id as Claude Code does "
+        "(default), or send nothing and leave it to the server's prefix identity",
+    )
     parser.add_argument("--request-timeout", type=float, default=600.0, help="seconds")
     parser.add_argument(
         "--shared-system-prefix",
@@ -87,6 +102,8 @@ def replay_config(args: argparse.Namespace) -> dict[str, Any]:
         "limit": args.limit,
         "vocab_size": args.vocab_size,
         "model": args.model,
+        "api": args.api,
+        "anthropic_session": args.anthropic_session,
         "request_timeout_s": args.request_timeout,
         "shared_system_prefix": args.shared_system_prefix,
     }
@@ -160,7 +177,10 @@ async def _replay(args: argparse.Namespace, arms: list[str]) -> list[Any]:
     from .target_types import TargetOptions
     from .tokens import TokenSynthesizer
 
-    targets = [open_target(s, TargetOptions(args.model, args.request_timeout)) for s in args.target]
+    target_options = TargetOptions(
+        args.model, args.request_timeout, args.api, args.anthropic_session
+    )
+    targets = [open_target(spec, target_options) for spec in args.target]
     try:
         infos = [await target.describe() for target in targets]
         conversations, max_model_len = _workload(args, infos)

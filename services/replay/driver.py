@@ -17,6 +17,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from .model import Conversation, Turn
+from .prompt_layout import PromptLayout, layout_of, shared_end
 from .records import RequestRecord
 from .target_types import Target, TargetError
 from .tokens import TokenSynthesizer
@@ -120,6 +121,7 @@ class LoadDriver:
         scale = self.options.time_scale
         previous_finish = clock.now()
         children: list[asyncio.Task[None]] = []
+        shared_ends: list[int] = []  # of the turns sent so far: later turns' message starts
         for step in conversation.steps:
             if isinstance(step, Turn):
                 due = previous_finish + step.think_time_s * scale
@@ -129,7 +131,9 @@ class LoadDriver:
                 await clock.sleep(due - clock.now())
                 if self._stopped():
                     break
-                await self._send(conversation.conversation_id, step)
+                layout = layout_of(step, shared_ends)
+                await self._send(conversation.conversation_id, step, layout)
+                shared_ends.append(shared_end(step))
                 previous_finish = clock.now()
                 continue
             for delay_s, child in step.children:
@@ -144,13 +148,13 @@ class LoadDriver:
         await clock.sleep(start - clock.now())
         await self._conversation(conversation)
 
-    async def _send(self, conversation_id: str, turn: Turn) -> None:
+    async def _send(self, conversation_id: str, turn: Turn, layout: PromptLayout) -> None:
         clock = self.target.clock
         tokens = self.synthesizer.turn_tokens(conversation_id, turn)
         arrival = clock.now()
         try:
             generation = await self.target.generate(
-                conversation_id, tokens, max(1, turn.output_tokens), turn.branch_hints
+                conversation_id, tokens, max(1, turn.output_tokens), turn.branch_hints, layout
             )
         except (TargetError, OSError, TimeoutError) as error:
             record = RequestRecord(

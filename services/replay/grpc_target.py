@@ -12,6 +12,7 @@ from collections.abc import Sequence
 import grpc
 
 from ...proto import common_pb2, router_pb2, router_pb2_grpc
+from .prompt_layout import PromptLayout
 from .records import Generation
 from .target_types import TargetError, TargetInfo, WallClock
 
@@ -57,6 +58,7 @@ class RouterGenerateTarget:
         tokens: list[int],
         max_tokens: int,
         branch_hints: Sequence[int] = (),
+        layout: PromptLayout | None = None,  # token ids need no layout
     ) -> Generation:
         """Stream one generation and time its chunks."""
         if max_tokens < 1:

@@ -1,4 +1,6 @@
-"""The `http://HOST:PORT` target: OpenAI `/v1/completions` with streaming.
+"""The `http://HOST:PORT` target: OpenAI `/v1/completions` with streaming (`--api completions`,
+the default; `--api chat` and `--api anthropic` send the same content as a text chat:
+chat_target.py, messages_target.py, on the `HttpTarget` base here).
 
 The base URL may end in `/v1` (what `kvfleet up` and most servers print) or not.
 
@@ -12,19 +14,20 @@ chunk (`stream_options.include_usage`). The conversation id goes in `user` and i
 from __future__ import annotations
 
 import json
-from collections.abc import Sequence
+from collections.abc import AsyncIterator, Sequence
 from typing import Any
 
 import httpx
 
+from .prompt_layout import PromptLayout
 from .records import Generation
 from .target_types import TargetError, TargetInfo, WallClock
 
 CONVERSATION_HEADER = "X-Conversation-Id"
 
 
-class OpenAICompletionsTarget:
-    """Streams completions from an OpenAI-compatible server."""
+class HttpTarget:
+    """What every HTTP target shares: the connection pool, `/v1/models`, streamed posts."""
 
     def __init__(
         self,
@@ -63,6 +66,31 @@ class OpenAICompletionsTarget:
             raise TargetError(f"model {self.model!r} (--model) is not served here; known: {known}")
         return TargetInfo(_positive(entry.get("vocab_size")), _positive(entry.get("max_model_len")))
 
+    async def stream_events(
+        self, path: str, body: dict[str, Any], headers: dict[str, str]
+    ) -> AsyncIterator[dict[str, Any]]:
+        """POST `body` and yield the JSON payload of each server-sent event; TargetError when
+        the server refuses or the connection fails."""
+        try:
+            async with self._client.stream("POST", path, json=body, headers=headers) as response:
+                if response.status_code != 200:
+                    detail = (await response.aread()).decode(errors="replace")[:300]
+                    raise TargetError(f"HTTP {response.status_code} from {path}: {detail}")
+                async for line in response.aiter_lines():
+                    chunk = _event(line)
+                    if chunk is not None:
+                        yield chunk
+        except httpx.HTTPError as error:
+            raise TargetError(f"{path} request failed: {error!r}") from error
+
+    async def aclose(self) -> None:
+        """Close the connection pool."""
+        await self._client.aclose()
+
+
+class OpenAICompletionsTarget(HttpTarget):
+    """Streams completions from an OpenAI-compatible server, the prompt as token ids."""
+
     def request_body(
         self,
         conversation_id: str,
@@ -91,6 +119,7 @@ class OpenAICompletionsTarget:
         tokens: list[int],
         max_tokens: int,
         branch_hints: Sequence[int] = (),
+        layout: PromptLayout | None = None,  # token ids need no layout
     ) -> Generation:
         """Stream one completion and time its chunks."""
         if max_tokens < 1:
@@ -99,29 +128,12 @@ class OpenAICompletionsTarget:
         headers = {CONVERSATION_HEADER: conversation_id}
         token_times: list[float] = []
         usage: dict[str, Any] | None = None
-        try:
-            async with self._client.stream(
-                "POST", "/v1/completions", json=body, headers=headers
-            ) as response:
-                if response.status_code != 200:
-                    detail = (await response.aread()).decode(errors="replace")[:300]
-                    raise TargetError(f"HTTP {response.status_code} from completions: {detail}")
-                async for line in response.aiter_lines():
-                    chunk = _event(line)
-                    if chunk is None:
-                        continue
-                    if chunk.get("choices"):
-                        token_times.append(self.clock.now())
-                    if chunk.get("usage"):
-                        usage = chunk["usage"]
-        except httpx.HTTPError as error:
-            raise TargetError(f"completions request failed: {error!r}") from error
-        finish = self.clock.now()
-        return _generation(usage, len(tokens), token_times, finish)
-
-    async def aclose(self) -> None:
-        """Close the connection pool."""
-        await self._client.aclose()
+        async for chunk in self.stream_events("/v1/completions", body, headers):
+            if chunk.get("choices"):
+                token_times.append(self.clock.now())
+            if chunk.get("usage"):
+                usage = chunk["usage"]
+        return openai_generation(usage, len(tokens), token_times, self.clock.now())
 
 
 def server_root(base_url: str) -> str:
@@ -147,7 +159,7 @@ def _event(line: str) -> dict[str, Any] | None:
         raise TargetError(f"bad stream chunk {payload[:120]!r}") from error
 
 
-def _generation(
+def openai_generation(
     usage: dict[str, Any] | None, sent_tokens: int, token_times: list[float], finish: float
 ) -> Generation:
     if usage is None:

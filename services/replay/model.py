@@ -23,6 +23,8 @@ class Turn:
     (ids 0, 1, 2... by position), which models a prompt prefix shared across sessions.
     `branch_hints`: prompt positions (tokens) where later turns are likely to branch off, the
     ends of the tools and of the system prompt (what an engine's chat template knows).
+    `tool_tokens` and `system_tokens`: the sizes of those two leading parts (0 when the trace
+    does not say), which chat targets send as tools and a system prompt.
     """
 
     index: int
@@ -36,6 +38,8 @@ class Turn:
     shared_prefix_blocks: int = 0
     shared_namespace: str = ""
     branch_hints: tuple[int, ...] = ()
+    tool_tokens: int = 0
+    system_tokens: int = 0
 
     def __post_init__(self) -> None:
         if self.input_tokens < 1 or self.output_tokens < 0:

@@ -11,6 +11,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
+from .prompt_layout import PromptLayout
 from .records import Generation
 from .sim_clock import VirtualClock
 from .sim_config import SimConfig, load_sim_config, parse_sim_spec
@@ -36,6 +37,7 @@ class SimTarget:
         tokens: list[int],
         max_tokens: int,
         branch_hints: Sequence[int] = (),
+        layout: PromptLayout | None = None,  # token ids need no layout
     ) -> Generation:
         """Run one request through router admission and its rank; raise TargetError on failure."""
         request = await self.fleet.generate(conversation_id, tokens, max_tokens, branch_hints)

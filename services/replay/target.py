@@ -9,11 +9,26 @@ from __future__ import annotations
 
 from .target_types import Target, TargetFactory, TargetOptions, TargetUnavailable
 
+HTTP_APIS = ("completions", "chat", "anthropic")
+
 
 def _open_http(spec: str, options: TargetOptions) -> Target:
+    """The http target of `options.api`: token ids to /v1/completions, or the same content as
+    a text chat to /v1/chat/completions or Anthropic's /v1/messages."""
+    common = {"model": options.model, "timeout_s": options.request_timeout_s}
+    if options.api == "chat":
+        from .chat_target import OpenAIChatTarget
+
+        return OpenAIChatTarget(spec, **common)
+    if options.api == "anthropic":
+        from .messages_target import AnthropicMessagesTarget
+
+        return AnthropicMessagesTarget(spec, session=options.anthropic_session, **common)
+    if options.api != "completions":
+        raise TargetUnavailable(f"--api {options.api!r}: not one of {HTTP_APIS}")
     from .http_target import OpenAICompletionsTarget
 
-    return OpenAICompletionsTarget(spec, model=options.model, timeout_s=options.request_timeout_s)
+    return OpenAICompletionsTarget(spec, **common)
 
 
 def _open_grpc(spec: str, options: TargetOptions) -> Target:
@@ -50,10 +65,14 @@ def target_scheme(spec: str) -> str:
 
 def open_target(spec: str, options: TargetOptions | None = None) -> Target:
     """Open the target a spec names."""
-    factory = TARGET_FACTORIES.get(target_scheme(spec))
+    options = options or TargetOptions()
+    scheme = target_scheme(spec)
+    factory = TARGET_FACTORIES.get(scheme)
     if factory is None:
         raise TargetUnavailable(
-            f"target {spec!r}: unknown scheme {target_scheme(spec)!r}; known: "
-            f"{sorted(TARGET_FACTORIES)}"
+            f"target {spec!r}: unknown scheme {scheme!r}; known: {sorted(TARGET_FACTORIES)}"
         )
-    return factory(spec, options or TargetOptions())
+    if options.api != "completions" and scheme not in ("http", "https"):
+        # Only an HTTP server has those APIs; replaying token ids instead would mislabel the run.
+        raise TargetUnavailable(f"target {spec!r}: --api {options.api} needs an http:// target")
+    return factory(spec, options)

@@ -12,6 +12,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
+from .prompt_layout import PromptLayout
 from .records import Generation
 
 
@@ -71,9 +72,12 @@ class Target(Protocol):
         tokens: list[int],
         max_tokens: int,
         branch_hints: Sequence[int] = (),
+        layout: PromptLayout | None = None,
     ) -> Generation:
         """Generate `max_tokens` tokens after `tokens` (`branch_hints`: prompt positions where
-        later turns are likely to branch off); raise TargetError on failure."""
+        later turns are likely to branch off; `layout`: where its tools, system prompt and
+        messages begin, which only targets that send text chats read); raise TargetError on
+        failure."""
         ...
 
     async def aclose(self) -> None:
@@ -95,6 +99,8 @@ class TargetOptions:
 
     model: str = "kvfleet"
     request_timeout_s: float = 600.0
+    api: str = "completions"  # of an http target: completions, chat or anthropic (HTTP_APIS)
+    anthropic_session: str = "metadata"  # how /v1/messages names the session (SESSION_SOURCES)
 
 
 TargetFactory = Callable[[str, TargetOptions], Target]
