@@ -24,6 +24,7 @@ from kvfleet.services.engine.model_dir import byte_tokenizer_json
 from kvfleet.services.engine.openai_http import build_app
 from kvfleet.services.engine.sampling_params import SamplingParams
 from kvfleet.services.engine.tokenizer import load_model_tokenizer
+from tool_call_kit import ScriptedCompute
 
 SPECIALS = ("<|endoftext|>", "<|im_start|>", "<|im_end|>")
 TEMPLATE = """{%- for message in messages %}
@@ -32,19 +33,6 @@ TEMPLATE = """{%- for message in messages %}
 {%- if add_generation_prompt %}{{- '<|im_start|>assistant\\n' }}{%- endif %}"""
 CONTEXT = 128  # max_model_len: a chat without max_tokens may run to it
 MESSAGES = [{"role": "user", "content": "hi"}]
-
-
-class ScriptedCompute(SimCompute):
-    """The sim backend answering every sample with `script`, token by token, then `after`."""
-
-    def __init__(self, config: EngineConfig, after: int) -> None:
-        super().__init__(config)
-        self.script: list[int] = []
-        self.after = after
-
-    def token_for(self, chunk) -> int:
-        done = len(chunk.sequence.output)
-        return self.script[done] if done < len(self.script) else self.after
 
 
 @pytest.fixture(scope="module")

@@ -88,16 +88,17 @@ ANSWERS = {
 
 
 class ScriptedCompute(SimCompute):
-    """The sim backend answering every request with `script`, token by token, then eos."""
+    """The sim backend answering every sample with `script`, token by token, then `after`
+    (the EOS id, or any token to see what a request does past its script)."""
 
-    def __init__(self, config: EngineConfig, eos: int) -> None:
+    def __init__(self, config: EngineConfig, after: int) -> None:
         super().__init__(config)
         self.script: list[int] = []
-        self.eos = eos
+        self.after = after
 
     def token_for(self, chunk) -> int:
         done = len(chunk.sequence.output)
-        return self.script[done] if done < len(self.script) else self.eos
+        return self.script[done] if done < len(self.script) else self.after
 
 
 def write_tool_tokenizer(tmp_path_factory):
