@@ -30,9 +30,9 @@ def root_hash(extra_key: bytes = b"") -> int:
     return xxhash.xxh3_64_intdigest(b"kvfleet/block-root/" + extra_key)
 
 
-def block_contents(parent: int, block: bytes | memoryview) -> bytes:
+def block_contents(parent: int, block: bytes | bytearray | memoryview) -> bytes:
     """What a block id stands for: its parent id (8 bytes, little-endian) and its packed tokens."""
-    return parent.to_bytes(8, "little") + block
+    return parent.to_bytes(8, "little") + bytes(block)
 
 
 def pack_tokens(token_ids: Sequence[int] | np.ndarray) -> bytes:

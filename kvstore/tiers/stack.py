@@ -24,6 +24,7 @@ its way to disk, forgotten after. A block whose contents are not known is not wr
 
 from __future__ import annotations
 
+import functools
 import logging
 import time
 from collections import Counter
@@ -210,7 +211,7 @@ class KVTiers:
                     if not self.disk.read(name, block_hash, self.bytes.payload(row), expected):
                         bad += 1
                         continue
-                    self.remember(block_hash, lambda expected=expected: expected)
+                    self.remember(block_hash, functools.partial(bytes, expected))
                 rows.append(StagedBlock(index, block_hash, tier, row))
             self.metrics[DEVICE].copy_seconds += time.perf_counter() - started
             staged[name] = rows
@@ -285,7 +286,7 @@ class KVTiers:
             self.flush()  # evicted host blocks reach disk before the slot is overwritten
             started = time.perf_counter()
             self.bytes.fill_row(self.bytes.host_row(name, slot), data)
-            self.remember(block_hash, lambda contents=contents: contents)
+            self.remember(block_hash, functools.partial(bytes, contents))
             self._count_move(DISK, HOST, name, 1, started)
             self.disk.keep(name, block_hash)
             self._listener(KVEvent(KVEventKind.STORED, name, block_hash))
