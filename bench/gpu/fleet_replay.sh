@@ -4,8 +4,14 @@
 # through the router's OpenAI front. Two device calls made back to back (flash-attn travels as
 # two archives, see ../shared/gpu/README.md; the machine stays warm ~30 s between calls).
 # The device copies the lead's checkout, so this worktree travels as an ignored folder of it:
-#   here:   bash bench/gpu/fleet_replay.sh pack <checkout>/.gpuwt [--sessions DIR] [--count N]
-#           (copies the tree, the sessions, part2 and the wheels; part1 goes to <checkout>/.gpufa)
+#   here:   ../shared/gpu/prepare-flash-attn.sh <checkout>/.gpufa, and in <checkout>/.whl the
+#           wheels the image lacks, fetched with the device README's `pip download` line:
+#           grpcio==1.85.1 protobuf==7.36.2 grpcio-health-checking==1.85.1
+#           grpcio-reflection==1.85.1 redis==8.1.0 pydantic==2.14.3 pydantic-core==2.50.4
+#           annotated-types typing-inspection typing-extensions fastapi==0.163.2 starlette
+#           opentelemetry-api uvicorn==0.54.0 blake3==1.0.11 (all in <checkout>/.git/info/exclude)
+#           bash bench/gpu/fleet_replay.sh pack <checkout>/.gpuwt [--sessions DIR] [--count N]
+#           (copies the tree, the sessions, part2 and the wheels into the ignored .gpuwt)
 #   call 1, carry [".gpufa/part1.tar.xz"]:  mkdir -p /tmp/fa && tar -C /tmp/fa -xJf .gpufa/part1.tar.xz
 #   call 2, carry [".gpuwt"]:               cd .gpuwt && bash bench/gpu/fleet_replay.sh run [args]
 # `run` passes its arguments to fleet_replay.py and writes $OUT/<arm>.json, $OUT/fleet.json and
