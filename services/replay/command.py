@@ -52,6 +52,19 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     )
     parser.add_argument("--limit", type=int, default=None, help="replay the first N conversations")
     parser.add_argument(
+        "--max-turns",
+        type=int,
+        default=None,
+        help="replay each conversation's first N turns (after the context filter)",
+    )
+    parser.add_argument(
+        "--max-tokens",
+        type=int,
+        default=None,
+        help="cap every turn's output at this many tokens (after the context filter, which "
+        "still counts the trace's output)",
+    )
+    parser.add_argument(
         "--vocab-size",
         type=int,
         default=None,
@@ -100,6 +113,8 @@ def replay_config(args: argparse.Namespace) -> dict[str, Any]:
         "seed": args.seed,
         "max_model_len": args.max_model_len,
         "limit": args.limit,
+        "max_tokens": getattr(args, "max_tokens", None),
+        "max_turns": getattr(args, "max_turns", None),
         "vocab_size": args.vocab_size,
         "model": args.model,
         "api": args.api,
@@ -217,7 +232,13 @@ def _workload(args: argparse.Namespace, infos: list[Any]) -> tuple[list[Any], in
 
     The tightest context of the targets applies to every arm, so arms replay the same turns.
     """
-    from .readers import ReadOptions, filter_max_model_len, read_traces
+    from .readers import (
+        ReadOptions,
+        cap_output_tokens,
+        filter_max_model_len,
+        first_turns,
+        read_traces,
+    )
 
     conversations = read_traces(args.traces, ReadOptions(args.shared_system_prefix))
     reported = [info.max_model_len for info in infos if info.max_model_len]
@@ -238,4 +259,8 @@ def _workload(args: argparse.Namespace, infos: list[Any]) -> tuple[list[Any], in
             print(f"kvfleet replay: {dropped} ({source}) and are left out", file=sys.stderr)
     if args.limit is not None:
         conversations = conversations[: args.limit]
+    if getattr(args, "max_turns", None) is not None:
+        conversations = first_turns(conversations, args.max_turns)
+    if getattr(args, "max_tokens", None) is not None:
+        conversations = cap_output_tokens(conversations, args.max_tokens)
     return conversations, max_model_len

@@ -92,6 +92,50 @@ def _filtered(conversation: Conversation, max_model_len: int) -> Conversation | 
     return replace(conversation, steps=tuple(steps))
 
 
+def first_turns(conversations: Iterable[Conversation], count: int) -> list[Conversation]:
+    """Each conversation's first `count` turns (sub-agents spawned before the last one kept, each
+    cut alike), so a bounded run replays every session's start instead of one long session's
+    tail while the others are done."""
+    if count < 1:
+        raise ValueError(f"turns per conversation {count} must be >= 1")
+    return [_first(c, count) for c in conversations]
+
+
+def _first(conversation: Conversation, count: int) -> Conversation:
+    steps: list[Turn | SubAgentSpawn] = []
+    kept = 0
+    for step in conversation.steps:
+        if kept == count:
+            break
+        if isinstance(step, Turn):
+            kept += 1
+            steps.append(step)
+        else:
+            children = tuple((delay, _first(child, count)) for delay, child in step.children)
+            steps.append(SubAgentSpawn(children=children))
+    return replace(conversation, steps=tuple(steps))
+
+
+def cap_output_tokens(conversations: Iterable[Conversation], cap: int) -> list[Conversation]:
+    """Every turn's output cut to at most `cap` tokens (sub-agents too). Prompts keep the
+    trace's lengths, so prefix reuse is untouched; decode time, which reuse does not depend
+    on, shrinks, so a bounded run replays more turns."""
+    if cap < 1:
+        raise ValueError(f"max output tokens {cap} must be >= 1")
+    return [_capped(c, cap) for c in conversations]
+
+
+def _capped(conversation: Conversation, cap: int) -> Conversation:
+    steps: list[Turn | SubAgentSpawn] = []
+    for step in conversation.steps:
+        if isinstance(step, Turn):
+            steps.append(replace(step, output_tokens=min(step.output_tokens, cap)))
+        else:
+            children = tuple((delay, _capped(child, cap)) for delay, child in step.children)
+            steps.append(SubAgentSpawn(children=children))
+    return replace(conversation, steps=tuple(steps))
+
+
 def trace_order(conversations: Iterable[Conversation]) -> Iterator[tuple[str, Turn]]:
     """Every turn of every conversation (sub-agents included) as (conversation id, turn), in
     trace arrival order; ties keep reading order."""

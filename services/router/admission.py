@@ -79,7 +79,11 @@ def open_for_placement(ranks: dict[str, RankSlots]) -> dict[str, RankSlots]:
 
 
 # Placement of a pinned request that stops waiting for its home, per affinity policy.
-RELEASED_PLACEMENT = {"strict": Placement.FALLBACK, "lenient": Placement.AWAY}
+RELEASED_PLACEMENT = {
+    "strict": Placement.FALLBACK,
+    "lenient": Placement.AWAY,
+    "none": Placement.NEW,
+}
 
 
 class AdmissionQueue:
@@ -228,7 +232,7 @@ class AdmissionQueue:
             if request.explicit_rank is not None:
                 explicit.append(request)
                 continue
-            home = pins.get(request.conversation_id)
+            home = pins.get(request.conversation_id) if state.affinity.keeps_home else None
             if home not in state.ranks:
                 others.append((request, None))
             elif state.affinity.still_pinned(

@@ -90,9 +90,10 @@ def register(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
     )
     parser.add_argument(
         "--affinity",
-        choices=("strict", "lenient"),
+        choices=("strict", "lenient", "none"),
         default="strict",
-        help="strict: a pinned turn waits (bounded) for its rank; lenient: any free rank",
+        help="strict: a pinned turn waits (bounded) for its rank; lenient: any free rank; "
+        "none: pins ignored (every turn placed as new)",
     )
     parser.add_argument(
         "--max-wait-passes",
@@ -108,9 +109,9 @@ def register(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
     )
     parser.add_argument(
         "--placement",
-        choices=("load", "prefix"),
+        choices=("load", "prefix", "round_robin"),
         default="load",
-        help="how new conversations are placed",
+        help="how new conversations are placed (round_robin: ranks in turn, a baseline)",
     )
     parser.add_argument(
         "--pin-ttl-seconds", type=float, default=3600.0, help="a conversation's pin lifetime"

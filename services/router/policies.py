@@ -26,6 +26,7 @@ class WaitBound:
 
 class AffinityPolicy(Protocol):
     name: str
+    keeps_home: bool  # False: the pin is not even a preference (placed as a new request)
 
     def waits_for_home(self, request: PendingRequest, waited: float, bound: WaitBound) -> bool:
         """Whether a pinned request whose home rank is full keeps waiting for it."""
@@ -40,6 +41,7 @@ class StrictAffinity:
     """A pinned request waits for its home rank until the bound in passes or seconds."""
 
     name = "strict"
+    keeps_home = True
 
     def waits_for_home(self, request: PendingRequest, waited: float, bound: WaitBound) -> bool:
         return request.deferrals < bound.max_passes and waited < bound.max_seconds
@@ -55,6 +57,7 @@ class LenientAffinity:
     """A pinned request goes home only when its home has room; otherwise anywhere."""
 
     name = "lenient"
+    keeps_home = True
 
     def waits_for_home(self, request: PendingRequest, waited: float, bound: WaitBound) -> bool:
         return False
@@ -65,8 +68,24 @@ class LenientAffinity:
         return home_has_room
 
 
+class NoAffinity:
+    """Pins are ignored: every request is placed as a new one (with round robin placement, the
+    prefix-blind router that affinity is measured against)."""
+
+    name = "none"
+    keeps_home = False
+
+    def waits_for_home(self, request: PendingRequest, waited: float, bound: WaitBound) -> bool:
+        return False
+
+    def still_pinned(
+        self, request: PendingRequest, waited: float, bound: WaitBound, home_has_room: bool
+    ) -> bool:
+        return False
+
+
 AFFINITY_POLICIES: dict[str, AffinityPolicy] = {
-    policy.name: policy for policy in (StrictAffinity(), LenientAffinity())
+    policy.name: policy for policy in (StrictAffinity(), LenientAffinity(), NoAffinity())
 }
 
 
@@ -108,7 +127,25 @@ class PrefixPlacement:
         return sorted(candidates, key=lambda slots: (-overlap(slots), *_load_key(slots)))
 
 
+class RoundRobinPlacement:
+    """Ranks in turn by id, blind to prefix and load: the baseline of routers that ignore the
+    KV cache. The turn advances once per placement asked for."""
+
+    def __init__(self, index: PrefixIndex | None = None) -> None:
+        del index
+        self._turn = 0
+
+    def order(self, request: PendingRequest, candidates: list[RankSlots]) -> list[RankSlots]:
+        ranked = sorted(candidates, key=lambda slots: slots.info.rank_id)
+        if not ranked:
+            return ranked
+        start = self._turn % len(ranked)
+        self._turn += 1
+        return ranked[start:] + ranked[:start]
+
+
 PLACEMENT_POLICIES: dict[str, Callable[[PrefixIndex], PlacementPolicy]] = {
     "load": LoadPlacement,
     "prefix": PrefixPlacement,
+    "round_robin": RoundRobinPlacement,
 }

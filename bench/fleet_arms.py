@@ -1,0 +1,33 @@
+"""The arms a fleet replay compares, each as the router flags, engine settings and simulator
+overrides that give it, so the hardware fleet (fleet_replay.py) and the simulator
+(fleet_sim.py) run exactly the same policies."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+
+@dataclass(frozen=True)
+class Arm:
+    router_flags: tuple[str, ...] = ()
+    engine: dict[str, object] = field(default_factory=dict)  # engine.yaml `engine:` fields
+    sim: dict[str, str] = field(default_factory=dict)  # `--target sim?k=v` fleet options
+
+
+ARMS: dict[str, Arm] = {
+    # strict affinity bounded at 30 s, per_conversation reuse of 5 turns, checkpoint: what a
+    # fleet gets when nothing is set.
+    "defaults": Arm(),
+    # the affinity the project argues against, with the retention sim_sweep.py calls t2.
+    "lenient/t2": Arm(
+        ("--affinity", "lenient"),
+        {"max_num_turns": 2},
+        {"affinity": "lenient", "max_num_turns": "2"},
+    ),
+    # a router blind to the cache: pins ignored, ranks in turn.
+    "round-robin": Arm(
+        ("--affinity", "none", "--placement", "round_robin"),
+        {},
+        {"affinity": "none", "placement": "round_robin"},
+    ),
+}

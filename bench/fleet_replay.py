@@ -1,0 +1,216 @@
+"""A real fleet on one machine: the router and N engine ranks as separate `kvfleet` processes
+sharing the GPU, one fresh fleet per arm, each replaying the same sessions through the router's
+OpenAI front with `kvfleet replay`. Writes `<out>/<arm>.json` per arm and `<out>/fleet.json`
+(sizes and the command lines), so fleet_sim.py can replay the same arms in the simulator.
+
+Run (device): bench/gpu/fleet_replay.sh; locally, for the plumbing only:
+  python bench/fleet_replay.py --compute-backend sim --sessions-count 2 --out /tmp/fr
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import time
+import urllib.request
+from pathlib import Path
+
+import yaml
+from fleet_arms import ARMS
+from fleet_sizing import kv_bytes_per_token, report_half, size_fleet
+from kvfleet.services.engine.config import preset
+
+SHARED = Path(
+    os.environ.get("KVFLEET_SHARED") or Path(__file__).resolve().parents[1] / ".." / "shared"
+)
+ROUTER_GRPC, RANK_PORT, ROUTER_HTTP, ROUTER_METRICS = 50051, 50052, 8000, 9400
+KVFLEET = [sys.executable, "-m", "kvfleet.services.cli"]
+
+
+def parse_args() -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--sessions", type=Path, default=None,
+                   help="a folder of traces in the shared format (default: the shared Claude "
+                   "Code sessions' report half)")  # fmt: skip
+    p.add_argument("--sessions-count", type=int, default=12, help="first N files of the folder")
+    p.add_argument("--arms", default=",".join(ARMS))
+    p.add_argument("--ranks", type=int, default=4)
+    p.add_argument("--slots", type=int, default=2, help="max_batch_size per rank")
+    p.add_argument("--step-tokens", type=int, default=8192, help="max_num_batched_tokens")
+    p.add_argument("--model", default="1b")
+    p.add_argument("--max-model-len", type=int, default=131072)
+    p.add_argument("--max-tokens", type=int, default=64, help="output cap per turn")
+    p.add_argument("--max-turns", type=int, default=24, help="first N turns per conversation")
+    p.add_argument("--gpu-share", type=float, default=0.5, help="of the working set, all GPUs")
+    p.add_argument("--gpu-host-share", type=float, default=0.75, help="GPUs + hosts")
+    p.add_argument("--time-scale", type=float, default=0.0)
+    p.add_argument("--stagger", type=float, default=1.0)
+    p.add_argument("--compute-backend", default="torch")
+    p.add_argument("--device", default="cuda")
+    p.add_argument("--budget-s", type=float, default=1e9,
+                   help="whole run: an arm is skipped when the last one would not fit in what "
+                   "is left, and a replay is stopped before the budget ends")  # fmt: skip
+    p.add_argument("--out", type=Path, required=True)
+    return p.parse_args()
+
+
+def session_files(args: argparse.Namespace) -> list[Path]:
+    if args.sessions is not None:
+        return sorted(args.sessions.glob("*.json*"))[: args.sessions_count]
+    folder = SHARED / "traces" / "claude_code_weka"
+    return report_half(folder, args.sessions_count, args.max_model_len)
+
+
+def get(url: str) -> str | None:
+    try:
+        with urllib.request.urlopen(url, timeout=2) as answer:
+            return answer.read().decode()
+    except OSError:
+        return None
+
+
+def wait_ready(ranks: int, procs: list[subprocess.Popen], router_log: Path, limit_s: float) -> None:
+    """Until every engine answers /health and the router has logged every rank's registration
+    (its slot gauges fill only once a pass has run)."""
+    end = time.monotonic() + limit_s
+    while time.monotonic() < end:
+        if any(p.poll() is not None for p in procs):
+            raise RuntimeError("a fleet process exited during start")
+        registered = router_log.read_text().count(" registered at ")
+        healthy = all(get(f"http://127.0.0.1:{8101 + i}/health") is not None for i in range(ranks))
+        if registered >= ranks and healthy:
+            return
+        time.sleep(1)
+    raise RuntimeError(f"fleet not ready in {limit_s:.0f} s")
+
+
+def warm_up(ranks: int, vocab: int) -> None:
+    """One long prompt per rank, then its continuation, straight to each engine, so the
+    flash-attn JIT and compiled kernels are built before the replay's clock starts (a random
+    conversation: it shares no tokens with the replay)."""
+    import concurrent.futures
+
+    def one(rank: int) -> None:
+        base = [(rank * 7919 + i * 31) % (vocab - 1) + 1 for i in range(6000)]
+        for prompt in (base[:4000], base):
+            body = json.dumps({"model": "kvfleet", "prompt": prompt, "max_tokens": 16,
+                               "ignore_eos": True, "min_tokens": 16}).encode()  # fmt: skip
+            request = urllib.request.Request(
+                f"http://127.0.0.1:{8101 + rank}/v1/completions", body,
+                {"Content-Type": "application/json"},
+            )  # fmt: skip
+            with urllib.request.urlopen(request, timeout=300) as answer:
+                answer.read()
+
+    with concurrent.futures.ThreadPoolExecutor(ranks * 2) as pool:
+        list(pool.map(one, [r for r in range(ranks) for _ in range(2)]))
+
+
+def log_file(path: Path):
+    """A process's log, left open for the child to write until it exits."""
+    return path.open("w")
+
+
+def start_fleet(args, arm, engine_yaml: Path, logs: Path) -> list[subprocess.Popen]:
+    router = [*KVFLEET, "router", "--host", "127.0.0.1", "--grpc-port", str(ROUTER_GRPC),
+              "--rank-port", str(RANK_PORT), "--http-port", str(ROUTER_HTTP),
+              "--metrics-port", str(ROUTER_METRICS), "--insecure-rank-port",
+              "--model", args.model, *arm.router_flags]  # fmt: skip
+    procs = [
+        subprocess.Popen(router, stdout=log_file(logs / "router.log"), stderr=subprocess.STDOUT)
+    ]
+    for i in range(args.ranks):
+        engine = [*KVFLEET, "engine", "--host", "127.0.0.1", "--advertise-host", "127.0.0.1",
+                  "--grpc-port", str(50061 + i), "--http-port", str(8101 + i),
+                  "--metrics-port", "-1", "--router", f"127.0.0.1:{RANK_PORT}",
+                  "--rank-id", f"rank-{i}", "--config", str(engine_yaml), "--model", args.model,
+                  "--device", args.device, "--compute-backend", args.compute_backend]  # fmt: skip
+        log = log_file(logs / f"engine{i}.log")
+        procs.append(subprocess.Popen(engine, stdout=log, stderr=subprocess.STDOUT))
+    return procs
+
+
+def stop_fleet(procs: list[subprocess.Popen]) -> None:
+    for p in procs:
+        if p.poll() is None:
+            p.terminate()
+    for p in procs:
+        try:
+            p.wait(timeout=40)
+        except subprocess.TimeoutExpired:
+            p.kill()
+
+
+def main() -> int:
+    args = parse_args()
+    args.out.mkdir(parents=True, exist_ok=True)
+    model = preset(args.model)
+    per_token = kv_bytes_per_token(model.num_layers, model.num_kv_heads, model.head_dim)
+    traces = session_files(args)
+    sizing = size_fleet(traces, args.max_model_len, args.max_turns, per_token, args.ranks,
+                        args.gpu_share, args.gpu_host_share)  # fmt: skip
+    page_tokens = 16  # the engine's shipped page size
+    gpu_pages = sizing.pages(sizing.gpu_gib_per_rank, page_tokens, per_token)
+    host_pages = sizing.pages(sizing.host_gib_per_rank, page_tokens, per_token)
+    fleet = {"sessions": [str(t) for t in traces], "ranks": args.ranks, "slots": args.slots,
+             "step_tokens": args.step_tokens, "model": args.model, "max_tokens": args.max_tokens,
+             "max_turns": args.max_turns,
+             "max_model_len": args.max_model_len, "time_scale": args.time_scale,
+             "stagger": args.stagger, "kv_bytes_per_token": per_token,
+             "working_set_tokens": sizing.working_set_tokens,
+             "working_set_gib": sizing.working_set_gib, "gpu_gib_per_rank": sizing.gpu_gib_per_rank,
+             "host_gib_per_rank": sizing.host_gib_per_rank, "gpu_pages_per_rank": gpu_pages,
+             "host_pages_per_rank": host_pages, "page_tokens": page_tokens, "arms": {}}  # fmt: skip
+    print(json.dumps({k: v for k, v in fleet.items() if k != "sessions"}), flush=True)
+    status = 0
+    begun, last_arm_s = time.monotonic(), 0.0
+    for name in args.arms.split(","):
+        left = args.budget_s - (time.monotonic() - begun)
+        if left < last_arm_s:
+            print(f"arm {name}: skipped, {left:.0f} s left, the last arm took {last_arm_s:.0f}",
+                  flush=True)  # fmt: skip
+            continue
+        arm = ARMS[name]
+        slug = name.replace("/", "_")
+        logs = args.out / slug
+        logs.mkdir(exist_ok=True)
+        engine_yaml = logs / "engine.yaml"
+        settings = {"max_batch_size": args.slots, "max_num_batched_tokens": args.step_tokens,
+                    "kv_pages": gpu_pages, "host_kv_pages": host_pages, **arm.engine}  # fmt: skip
+        engine_yaml.write_text(yaml.safe_dump({"engine": settings}))
+        started = time.monotonic()
+        procs = start_fleet(args, arm, engine_yaml, logs)
+        try:
+            wait_ready(args.ranks, procs, logs / "router.log", 300)
+            warm_up(args.ranks, model.vocab_size)
+            ready_s = time.monotonic() - started
+            replay = [*KVFLEET, "replay", *map(str, traces), "--target",
+                      f"http://127.0.0.1:{ROUTER_HTTP}/v1", "--arm", name,
+                      "--json", str(args.out / f"{slug}.json"), "--sessions", str(len(traces)),
+                      "--time-scale", str(args.time_scale), "--stagger", str(args.stagger),
+                      "--max-model-len", str(args.max_model_len), "--max-tokens",
+                      str(args.max_tokens), "--max-turns", str(args.max_turns),
+                      "--vocab-size", str(model.vocab_size),
+                      "--no-progress"]  # fmt: skip
+            # Stop in time to stop the fleet (<= 40 s) and write what was measured.
+            left = args.budget_s - (time.monotonic() - begun) - 45
+            run = subprocess.run(replay, timeout=max(left, 1))
+            status = status or run.returncode
+            fleet["arms"][name] = {"ready_s": ready_s, "replay_rc": run.returncode,
+                                   "replay_s": time.monotonic() - started - ready_s}  # fmt: skip
+        except (RuntimeError, subprocess.TimeoutExpired, OSError) as error:
+            print(f"arm {name}: {error}", flush=True)
+            fleet["arms"][name] = {"error": str(error)}
+            status = 1
+        finally:
+            stop_fleet(procs)
+            last_arm_s = time.monotonic() - started
+        (args.out / "fleet.json").write_text(json.dumps(fleet, indent=1))
+    return status
+
+
+if __name__ == "__main__":
+    sys.exit(main())
