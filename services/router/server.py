@@ -256,7 +256,9 @@ def create_server(
     server.rank_port = rank_port
     server.front_port = front_port
     if config.metrics_port is not None:
-        server.serve_metrics(config.metrics_port)
+        # On the client port's address (--host), never wider: a router bound to loopback must
+        # not publish its metrics on every interface.
+        server.serve_metrics(config.metrics_port, address.rsplit(":", 1)[0].strip("[]"))
     log.info(
         "router %s on port %d (affinity %s, placement %s, store %s)",
         config.router_id,

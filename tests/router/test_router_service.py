@@ -141,3 +141,12 @@ def test_a_handed_off_turn_without_a_client_deadline_is_served():
         for engine in engines:
             engine.kill()
         server.stop(0)
+
+
+def test_metrics_listen_on_the_routers_address_only():
+    """A router bound to loopback published /metrics on every interface (0.0.0.0)."""
+    server, _port = create_server("127.0.0.1:0", RouterConfig(metrics_port=0))
+    try:
+        assert server._metrics_http.server_address[0] == "127.0.0.1"
+    finally:
+        server.stop(0)
