@@ -38,14 +38,16 @@ class KubeApi:
         self._served: set[str] | None = None
 
     @classmethod
-    def from_environment(cls) -> KubeApi:
+    def from_environment(
+        cls, request_timeout: tuple[float, float] = REQUEST_TIMEOUT_SECONDS
+    ) -> KubeApi:
         """In a pod: the service account; elsewhere: $KUBECONFIG or ~/.kube/config."""
         configuration = kubernetes.client.Configuration()
         try:
             kubernetes.config.load_incluster_config(client_configuration=configuration)
         except kubernetes.config.ConfigException:
             kubernetes.config.load_kube_config(client_configuration=configuration)
-        return cls(configuration)
+        return cls(configuration, request_timeout)
 
     def _call(
         self,

@@ -20,6 +20,7 @@ NAMESPACE = "ns1"
 # How long the operator may take to stop by itself before the test cancels it.
 HUNG_TASK_GRACE_SECONDS = 1.0
 STOP_TIMEOUT_SECONDS = 30.0
+TEST_REQUEST_TIMEOUT_SECONDS = (2.0, 3.0)  # (connect, read) of the operator's API calls
 _NO_CODE = (lambda: None).__code__
 FLEETS = "kvfleet.dev/v1alpha1/kvfleets"
 
@@ -69,6 +70,7 @@ async def start_operator(request_timeout: float, ready_timeout: float, **watchin
     """
     import kopf
     import kvfleet.operator.handlers  # noqa: F401  (registers the handlers)
+    from kvfleet.operator.kube import KubeApi
 
     settings = kopf.OperatorSettings()
     for name, value in {"connect_timeout": 5, **watching}.items():
@@ -76,11 +78,16 @@ async def start_operator(request_timeout: float, ready_timeout: float, **watchin
     settings.networking.request_timeout = request_timeout
     settings.queueing.idle_timeout = 0.5
     settings.queueing.exit_timeout = 2
+    # The emulated API shares the test's event loop and, on a loaded machine, now and then
+    # leaves a call unanswered: short timeouts make such a stall cost a few seconds of one
+    # tick (the shipped ones bound a real server's stall at 25 s), and the next tick retries.
+    memo = kopf.Memo()
+    memo.kube = KubeApi.from_environment(request_timeout=TEST_REQUEST_TIMEOUT_SECONDS)
     stop, ready = asyncio.Event(), asyncio.Event()
     task = asyncio.create_task(
         kopf.operator(
             clusterwide=True, standalone=True, settings=settings,
-            stop_flag=stop, ready_flag=ready, memo=kopf.Memo(),
+            stop_flag=stop, ready_flag=ready, memo=memo,
         )
     )  # fmt: skip
     await asyncio.wait_for(ready.wait(), timeout=ready_timeout)
