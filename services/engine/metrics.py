@@ -42,6 +42,10 @@ class EngineMetrics:
         self.preemptions = Counter(
             "kvfleet_engine_preemptions", "Sequences preempted for pages", registry=r
         )
+        self.retained_released = Counter(
+            "kvfleet_engine_retained_conversations_released",
+            "Conversations whose retained turns were handed to the LRU to make room", registry=r,
+        )  # fmt: skip
         # NOTE: the operator's autoscaler reads the two *_ratio names (docs/operator.md).
         self.kv_usage = Gauge(
             "kvfleet_engine_kv_usage_ratio", "Share of KV pages in use, 0..1", registry=r
