@@ -274,7 +274,11 @@ class EngineCore:
                 self._run_commands(block=block)
             chunks = self.scheduler.schedule()
             if chunks:
+                started = time.perf_counter()
                 self._step(chunks)
+                # NOTE: with overlapped decode this is the wait for the previous step's tokens
+                # plus this step's launch: one step's time in a steady batch.
+                self.metrics.observe_step(chunks, time.perf_counter() - started)
             elif self._inflight is not None:
                 self._resolve()
             self.role.tick()

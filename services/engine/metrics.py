@@ -26,6 +26,11 @@ class EngineMetrics:
             "kvfleet_engine_inter_token_latency_seconds", "Time between a sample's tokens",
             registry=r, buckets=LATENCY_BUCKETS,
         )  # fmt: skip
+        self.step_seconds = Histogram(
+            "kvfleet_engine_step_seconds",
+            "One engine step: with any prefill chunk (prefill) or decodes only (decode)",
+            ["kind"], registry=r, buckets=LATENCY_BUCKETS,
+        )  # fmt: skip
         self.cached_tokens = Histogram(
             "kvfleet_engine_request_cached_tokens", "Reused prompt tokens per sample",
             registry=r, buckets=TOKEN_BUCKETS,
@@ -73,6 +78,11 @@ class EngineMetrics:
         self.prompt_tokens_total.inc(usage.prompt_tokens)
         self.cached_tokens_total.inc(usage.cached_tokens)
         self.finished.labels(reason).inc()
+
+    def observe_step(self, chunks, seconds: float) -> None:
+        """Record one step's duration by what it computed."""
+        prefill = any(len(chunk.new_tokens) > 1 for chunk in chunks)
+        self.step_seconds.labels("prefill" if prefill else "decode").observe(seconds)
 
     def load(self, load: EngineLoad) -> None:
         """Record the rank's load after a step."""

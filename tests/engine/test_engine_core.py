@@ -104,9 +104,9 @@ def test_retained_turns_hold_pages_and_are_reported(core):
         retaining.stop()
 
 
-def test_conversations_released_for_room_are_counted_on_metrics():
-    """The fleet benches read why a turn lost its prefix from this counter: it must follow the
-    scheduler's releases."""
+def test_releases_and_steps_are_counted_on_metrics():
+    """The fleet benches read why a turn lost its prefix and how long steps took from these:
+    the release counter must follow the scheduler's releases, and both step kinds are timed."""
     small = TEST_CONFIG.with_changes(reuse_policy="per_conversation", kv_pages=40)
     tight = make_core(small, storage="released")
     try:
@@ -119,5 +119,12 @@ def test_conversations_released_for_room_are_counted_on_metrics():
         )
         assert released > 0
         assert counted == released
+        steps = {
+            kind: tight.metrics.registry.get_sample_value(
+                "kvfleet_engine_step_seconds_count", {"kind": kind}
+            )
+            for kind in ("prefill", "decode")
+        }
+        assert steps["prefill"] >= 6 and steps["decode"] >= 6 * 3, steps
     finally:
         tight.stop()
