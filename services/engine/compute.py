@@ -22,6 +22,7 @@ from .device import resolve_device
 from .device_kv_cache import DeviceKVCache
 from .engine_config import EngineConfig
 from .generation import default_dtype
+from .grammar_mask import LogitMasks
 from .kv_budget import kv_budget, probe_device_memory
 from .kv_setup import build_kv, open_kv_tiers, tier_config
 from .sampling import NON_FINITE_LOGITS, RowResult, SampleFailure, sample_batch
@@ -70,6 +71,7 @@ class TorchCompute:
         self.attention = make_backend(config.attention_backend, self.device)
         self.decode: DecodeRunner | None = None  # static-buffer decode over self.cache
         self._host_tokens: list[torch.Tensor] | None = None  # pinned: sampled tokens
+        self._masks = LogitMasks()  # grammar masks of constrained samples
 
     def open_tiers(self) -> KVTiers:
         """Fresh KV tiers (device KV, host rows, disk index) for a new manager.
@@ -122,6 +124,10 @@ class TorchCompute:
                 broadcast_chunks(inputs)
             logits = self.model(ForwardBatch.build(inputs, self.cache), self.cache, self.attention)
         rows = [i for i, c in enumerate(chunks) if c.samples]
+        constrained = [(i, chunks[i].sequence.grammar) for i in rows if chunks[i].sequence.grammar]
+        if constrained:  # outside any graph, on its output; the graph's argmax is stale
+            self._masks.apply(logits, constrained)
+            greedy = None
         if rows and all(chunks[i].sequence.sampling.plain_greedy for i in rows):
             # The whole batch's argmax on the device, then one copy of B ints to the host; a row
             # whose logits hold NaN or +inf comes back as -1 and fails alone.
