@@ -65,7 +65,8 @@ class GrammarState:
 
     def accept(self, token: int) -> str | None:
         """Advance past `token`; None, or why the grammar refused it."""
-        if self.matcher.consume_token(token):
+        # NOTE: a matcher in error masks all but eos and takes it: that must not pass for an end.
+        if self.matcher.consume_token(token) and not self.matcher.is_error():
             return None
         return f"token {token} breaks the request's grammar: {self.matcher.get_error()}"
 

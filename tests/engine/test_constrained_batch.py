@@ -1,0 +1,80 @@
+"""Constrained and free samples in one batch on a real engine core (the tiny random model):
+the grammar's mask touches its own row only, its end ends its sample, and a constrained
+request that breaks fails alone."""
+
+from __future__ import annotations
+
+import json
+
+import jsonschema
+import pytest
+from engine_testkit import TEST_CONFIG, final, greedy, make_core, run_together, tokens_of
+from kvfleet.services.engine.engine_request import GenerateCall, SequenceFailedError
+from kvfleet.services.engine.grammar import CompiledGrammar, GrammarCompiler
+from kvfleet.services.engine.grammar_spec import json_grammar
+from kvfleet.services.engine.sampling import SamplingParams
+from kvfleet.services.engine.tokenizer import stop_ids_of
+from tool_call_kit import write_tool_tokenizer
+
+SCHEMA = {
+    "type": "object",
+    "properties": {"ok": {"type": "boolean"}, "n": {"type": "integer", "minimum": 0}},
+    "required": ["ok", "n"],
+    "additionalProperties": False,
+}
+GRAMMAR = json_grammar(SCHEMA, "response_format")
+
+
+@pytest.fixture(scope="module")
+def tokenizer(tmp_path_factory):
+    return write_tool_tokenizer(tmp_path_factory)
+
+
+@pytest.fixture
+def core():
+    core = make_core(TEST_CONFIG, "constrained-batch")
+    yield core
+    core.check_integrity()
+    core.stop()
+
+
+def free_calls() -> list[GenerateCall]:
+    return [
+        GenerateCall("g0", tuple(range(3, 23)), greedy(12)),
+        GenerateCall("g1", tuple(range(40, 58)), greedy(12)),
+    ]
+
+
+def constrained(tokenizer, request_id: str, grammar: CompiledGrammar, greedy_: bool = False):
+    sampling = SamplingParams(temperature=0.0 if greedy_ else 1.0, seed=5, max_tokens=64,
+                              stop_token_ids=stop_ids_of(tokenizer), grammar=GRAMMAR)  # fmt: skip
+    return GenerateCall(request_id, tuple(range(90, 110)), sampling, grammar=grammar)
+
+
+@pytest.mark.parametrize("greedy_", [False, True], ids=["sampled", "greedy"])
+def test_a_constrained_sample_changes_only_its_own_row(core, tokenizer, greedy_):
+    """The free requests' greedy tokens match a run without the constrained one, and the
+    constrained one is valid JSON that ended at the grammar's end. Greedy: the all-greedy batch
+    takes its argmax on the device, after the mask."""
+    clean = run_together(core, free_calls())
+    grammar = GrammarCompiler(tokenizer).compile(GRAMMAR)
+    mixed = run_together(core, [*free_calls(), constrained(tokenizer, "json", grammar, greedy_)])
+    for call in free_calls():
+        assert tokens_of(mixed[call.request_id]) == tokens_of(clean[call.request_id])
+    assert final(mixed["json"]).finish_reason == "stop"
+    jsonschema.validate(json.loads(tokenizer.decode(tokens_of(mixed["json"]))), SCHEMA)
+
+
+def test_a_broken_grammar_fails_its_request_alone(core, tokenizer):
+    """A sample whose grammar is in error (it refuses every token) fails; the others go on."""
+    clean = run_together(core, free_calls())
+    grammar = GrammarCompiler(tokenizer).compile(GRAMMAR)
+    broken = grammar.start().matcher
+    broken.consume_token(ord("x"))  # not JSON: the matcher is in error from now on
+    assert broken.is_error()
+    mixed = run_together(
+        core, [*free_calls(), constrained(tokenizer, "bad", CompiledGrammar(broken, 264))]
+    )
+    assert isinstance(mixed["bad"], SequenceFailedError)
+    for call in free_calls():
+        assert tokens_of(mixed[call.request_id]) == tokens_of(clean[call.request_id])
