@@ -4,6 +4,7 @@ request that breaks fails alone."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 
 import jsonschema
@@ -78,3 +79,13 @@ def test_a_broken_grammar_fails_its_request_alone(core, tokenizer):
     assert isinstance(mixed["bad"], SequenceFailedError)
     for call in free_calls():
         assert tokens_of(mixed[call.request_id]) == tokens_of(clean[call.request_id])
+
+
+def test_each_sample_of_a_request_steps_its_own_grammar(core, tokenizer):
+    """n = 3 samples of one constrained request: each is whole, valid JSON of its own."""
+    call = constrained(tokenizer, "three", GrammarCompiler(tokenizer).compile(GRAMMAR))
+    outputs = run_together(core, [dataclasses.replace(call, num_samples=3)])["three"]
+    for sample in range(3):
+        assert final(outputs, sample).finish_reason == "stop"
+        text = tokenizer.decode(tokens_of(outputs, sample))
+        jsonschema.validate(json.loads(text), SCHEMA)

@@ -213,3 +213,12 @@ def test_anthropic_output_format_validates(clients):
     )  # fmt: skip
     assert message.stop_reason == "end_turn"
     jsonschema.validate(json.loads(message.content[0].text), ANSWER_SCHEMA)
+
+
+def test_the_grammar_end_ends_the_answer_without_eos_stops(clients):
+    """ignore_eos drops the stop ids: the grammar's own end must still end the sample."""
+    schema = {"name": "answer", "schema": ANSWER_SCHEMA}
+    reply = chat(clients[0], 9, tools=None, max_tokens=400, extra_body={"ignore_eos": True},
+                 response_format={"type": "json_schema", "json_schema": schema})  # fmt: skip
+    assert reply.choices[0].finish_reason == "stop"
+    jsonschema.validate(json.loads(reply.choices[0].message.content), ANSWER_SCHEMA)
