@@ -33,18 +33,16 @@ class OutputAsk:
 def output_grammar(ask: OutputAsk, family: str | None, tokenizer: Tokenizer) -> str:
     """The llguidance grammar for `ask` ("" when it constrains nothing)."""
     if ask.json_field and ask.mode is not None:
-        raise InvalidRequestError(
-            ask.json_field, f"a JSON answer cannot be combined with constrained calls "
-            f"({ask.choice_field}, or tools with strict)",
-        )  # fmt: skip
+        combined = f"cannot be combined with constrained calls ({ask.choice_field})"
+        raise InvalidRequestError(ask.json_field, f"a JSON answer {combined}")
     if ask.json_field:
         return json_grammar(ask.json_schema, ask.json_field)
     if ask.mode is None:
         return ""
-    for tool in ask.tools:  # the client's schemas first: the model's syntax is not their fault
-        if tool.schema is not None:
-            check_schema(tool.schema, tool.field)
     if family is None:
+        for tool in ask.tools:  # the client's schemas first: a bad one is theirs to fix
+            if tool.schema is not None:
+                check_schema(tool.schema, tool.field)
         raise InvalidRequestError(
             ask.choice_field,
             "the model's tool-call syntax is unknown, so calls cannot be constrained "

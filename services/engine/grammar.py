@@ -8,6 +8,8 @@ mask before a step samples it, one token after. No torch here: grammar_mask.py a
 
 from __future__ import annotations
 
+import threading
+
 from llguidance import LLMatcher, LLTokenizer
 
 from .engine_request import InvalidRequestError
@@ -22,15 +24,17 @@ class GrammarCompiler:
     def __init__(self, tokenizer: Tokenizer) -> None:
         self._tokenizer = tokenizer
         self._lltokenizer: LLTokenizer | None = None
+        self._lock = threading.Lock()  # request threads compile at once
 
     @property
     def lltokenizer(self) -> LLTokenizer:
-        if self._lltokenizer is None:
-            text = self._tokenizer.to_json()
-            # A finished grammar allows only these: the request's stop ids (the model's eos).
-            eos = list(stop_ids_of(self._tokenizer)) or None
-            self._lltokenizer = LLTokenizer(text, eos_token=eos)
-        return self._lltokenizer
+        with self._lock:
+            if self._lltokenizer is None:
+                text = self._tokenizer.to_json()
+                # A finished grammar allows only these: the model's stop ids (its eos).
+                eos = list(stop_ids_of(self._tokenizer)) or None
+                self._lltokenizer = LLTokenizer(text, eos_token=eos)
+            return self._lltokenizer
 
     def compile(self, grammar: str, field: str = "sampling.grammar") -> CompiledGrammar:
         """The compiled grammar; InvalidRequestError naming `field` when it does not compile."""

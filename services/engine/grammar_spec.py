@@ -184,7 +184,8 @@ def _qwen3_coder(tools: list[ToolSpec], mode: ToolMode, markers: _Markers) -> li
     ]
     for number, tool in enumerate(tools):
         params = _qwen3_parameters(tool, f"p{number}_")
-        lines.append(f'function{number}: "<function={tool.name}>\\n" {params[0]} "</function>"')
+        opener = _literal(f"<function={tool.name}>\n")
+        lines.append(f'function{number}: {opener} {params[0]} "</function>"')
         lines += params[1:]
     return lines
 
@@ -208,7 +209,8 @@ def _qwen3_parameters(tool: ToolSpec, prefix: str) -> list[str]:
             value = f'({words}) "\\n</parameter>"'
         else:
             value = "text_value"
-        rules.append(f'{rule}: "<parameter={name}>\\n" {value} "\\n"')
+        opener = _literal(f"<parameter={name}>\n")
+        rules.append(f'{rule}: {opener} {value} "\\n"')
         parts.append(rule if name in required else f"{rule}?")
     return [" ".join(parts) or '""', *rules]
 

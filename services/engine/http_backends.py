@@ -85,8 +85,9 @@ class EngineBackend:
 
     async def generate(self, request: BackendRequest) -> AsyncIterator[SampleOutput]:
         stops = request.sampling.stop
-        # Compiling may take a while: off the event loop (it releases the GIL).
-        grammar = await asyncio.to_thread(compile_grammar, self._grammars, request.sampling)
+        grammar = None
+        if request.sampling.grammar:  # compiling takes a while: off the loop (no GIL held)
+            grammar = await asyncio.to_thread(compile_grammar, self._grammars, request.sampling)
         handle = self.core.submit(
             GenerateCall(
                 request.request_id,

@@ -130,8 +130,8 @@ def request_grammar(body: Body, backend: GenerateBackend, tool_family: str | Non
     if isinstance(body, CompletionRequest):
         ask = openai_ask(None, None, body.response_format)
     else:
-        ask = openai_ask(body.tools, body.tool_choice, body.response_format,
-                         body.parallel_tool_calls)  # fmt: skip
+        choice, parallel = body.tool_choice, body.parallel_tool_calls
+        ask = openai_ask(body.tools, choice, body.response_format, parallel)
     return output_grammar(ask, tool_family, backend.tokenizer)
 
 
