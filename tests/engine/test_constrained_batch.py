@@ -1,6 +1,6 @@
-"""Constrained and free samples in one batch on a real engine core (the tiny random model):
-the grammar's mask touches its own row only, its end ends its sample, and a constrained
-request that breaks fails alone."""
+"""Constrained and free samples in one batch on a real engine core (the tiny random model),
+eager and on the static decode path: the grammar's mask touches its own row only, its end ends
+its sample, and a constrained request that breaks fails alone."""
 
 from __future__ import annotations
 
@@ -31,9 +31,14 @@ def tokenizer(tmp_path_factory):
     return write_tool_tokenizer(tmp_path_factory)
 
 
-@pytest.fixture
-def core():
-    core = make_core(TEST_CONFIG, "constrained-batch")
+# The static-buffer decode path (what CUDA graphs replay) with the decode overlap, on CPU: the
+# mask goes on its logits after the step, and its in-graph argmax must not be used.
+STATIC = TEST_CONFIG.with_changes(decode_graphs="static", overlap_decode=True)
+
+
+@pytest.fixture(params=[TEST_CONFIG, STATIC], ids=["eager", "static"])
+def core(request):
+    core = make_core(request.param, f"constrained-batch-{request.param.decode_graphs}")
     yield core
     core.check_integrity()
     core.stop()
