@@ -124,10 +124,7 @@ class TorchCompute:
                 broadcast_chunks(inputs)
             logits = self.model(ForwardBatch.build(inputs, self.cache), self.cache, self.attention)
         rows = [i for i, c in enumerate(chunks) if c.samples]
-        constrained = [(i, chunks[i].sequence.grammar) for i in rows if chunks[i].sequence.grammar]
-        if constrained:  # outside any graph, on its output; the graph's argmax is stale
-            self._masks.apply(logits, constrained)
-            greedy = None
+        # A constrained row is never plain greedy: an all-plain-greedy batch has no mask to apply.
         if rows and all(chunks[i].sequence.sampling.plain_greedy for i in rows):
             # The whole batch's argmax on the device, then one copy of B ints to the host; a row
             # whose logits hold NaN or +inf comes back as -1 and fails alone.
@@ -145,6 +142,9 @@ class TorchCompute:
         tokens: list[RowResult | None] = [None] * len(chunks)
         if rows:
             sequences = [chunks[i].sequence for i in rows]
+            # Outside any graph, on its output logits (the graph's own argmax is not used here).
+            grammars = [(i, s.grammar) for i, s in zip(rows, sequences, strict=True) if s.grammar]
+            self._masks.apply(logits, grammars)
             sampled = sample_batch(
                 logits[rows],
                 [s.sampling for s in sequences],

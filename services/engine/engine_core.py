@@ -223,6 +223,8 @@ class EngineCore:
             raise InvalidRequestError("prompt", f"{total} tokens need {short}")
         if call.request_id in self._handles:
             raise InvalidRequestError("request_id", f"{call.request_id!r} is already running")
+        if (call.grammar is None) != (not call.sampling.grammar):  # one without the other
+            raise InvalidRequestError("sampling.grammar", "a grammar comes with its compiled form")
 
     def _pool_shortfall(self, total: int) -> str | None:
         """Which pool cannot hold one request of `total` tokens alone (None: all can)."""

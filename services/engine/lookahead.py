@@ -68,8 +68,7 @@ def can_look_ahead(inflight: InflightStep, scheduler, manager, commands_waiting:
     running = scheduler.running
     if len(running) != len(pending) or any(id(s) not in pending for s in running):
         return False
+    # (a constrained sequence is never plain greedy: its next mask needs its token)
     if any(not s.sampling.plain_greedy or len(s.output) >= s.sampling.max_tokens for s in running):
-        return False
-    if any(s.grammar is not None for s in running):  # its next mask needs its token
         return False
     return all(pool.num_available() >= len(running) for pool in manager.pools.values())

@@ -6,6 +6,7 @@ validates requests without importing torch.
 
 from __future__ import annotations
 
+import functools
 import math
 from dataclasses import dataclass
 
@@ -63,10 +64,11 @@ class SamplingParams:
     def greedy(self) -> bool:
         return self.temperature < SAMPLING_EPS
 
-    @property
+    @functools.cached_property  # NOTE: read per row every step (frozen: computed once)
     def plain_greedy(self) -> bool:
-        """Greedy with nothing to apply or report: the batch's argmax on the device will do."""
-        return self.greedy and not self.penalized and self.logprobs is None
+        """Greedy with nothing to apply or report (no penalty, logprobs or grammar): the batch's
+        argmax on the device will do."""
+        return self.greedy and not self.penalized and self.logprobs is None and not self.grammar
 
     @property
     def penalized(self) -> bool:

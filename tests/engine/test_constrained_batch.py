@@ -60,8 +60,8 @@ def constrained(tokenizer, request_id: str, grammar: CompiledGrammar, greedy_: b
 @pytest.mark.parametrize("greedy_", [False, True], ids=["sampled", "greedy"])
 def test_a_constrained_sample_changes_only_its_own_row(core, tokenizer, greedy_):
     """The free requests' greedy tokens match a run without the constrained one, and the
-    constrained one is valid JSON that ended at the grammar's end. Greedy: the all-greedy batch
-    takes its argmax on the device, after the mask."""
+    constrained one is valid JSON that ended at the grammar's end. Greedy: a batch of greedy
+    rows would take its argmax on the device (static path: the graph's), never for a masked row."""
     clean = run_together(core, free_calls())
     grammar = GrammarCompiler(tokenizer).compile(GRAMMAR)
     mixed = run_together(core, [*free_calls(), constrained(tokenizer, "json", grammar, greedy_)])
