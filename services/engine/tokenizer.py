@@ -43,6 +43,10 @@ class Tokenizer(Protocol):
         """Text of `ids`; special tokens are left out."""
         ...
 
+    def to_json(self) -> str:
+        """The vocabulary as a `tokenizers` JSON (what the grammar library builds masks from)."""
+        ...
+
 
 def stop_ids_of(tokenizer: Tokenizer) -> tuple[int, ...]:
     """Tokens that end a generation: the model's stop ids, else the tokenizer's eos."""
