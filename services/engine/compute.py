@@ -22,6 +22,7 @@ from .device import resolve_device
 from .device_kv_cache import DeviceKVCache
 from .engine_config import EngineConfig
 from .generation import default_dtype
+from .grammar_mask import LogitMasks
 from .kv_budget import kv_budget, probe_device_memory
 from .kv_setup import build_kv, open_kv_tiers, tier_config
 from .sampling import NON_FINITE_LOGITS, RowResult, SampleFailure, sample_batch
@@ -70,6 +71,7 @@ class TorchCompute:
         self.attention = make_backend(config.attention_backend, self.device)
         self.decode: DecodeRunner | None = None  # static-buffer decode over self.cache
         self._host_tokens: list[torch.Tensor] | None = None  # pinned: sampled tokens
+        self._masks = LogitMasks()  # grammar masks of constrained samples
 
     def open_tiers(self) -> KVTiers:
         """Fresh KV tiers (device KV, host rows, disk index) for a new manager.
@@ -122,6 +124,7 @@ class TorchCompute:
                 broadcast_chunks(inputs)
             logits = self.model(ForwardBatch.build(inputs, self.cache), self.cache, self.attention)
         rows = [i for i, c in enumerate(chunks) if c.samples]
+        # A constrained row is never plain greedy: an all-plain-greedy batch has no mask to apply.
         if rows and all(chunks[i].sequence.sampling.plain_greedy for i in rows):
             # The whole batch's argmax on the device, then one copy of B ints to the host; a row
             # whose logits hold NaN or +inf comes back as -1 and fails alone.
@@ -139,6 +142,9 @@ class TorchCompute:
         tokens: list[RowResult | None] = [None] * len(chunks)
         if rows:
             sequences = [chunks[i].sequence for i in rows]
+            # Outside any graph, on its output logits (the graph's own argmax is not used here).
+            grammars = [(i, s.grammar) for i, s in zip(rows, sequences, strict=True) if s.grammar]
+            self._masks.apply(logits, grammars)
             sampled = sample_batch(
                 logits[rows],
                 [s.sampling for s in sequences],

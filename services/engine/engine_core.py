@@ -223,6 +223,8 @@ class EngineCore:
             raise InvalidRequestError("prompt", f"{total} tokens need {short}")
         if call.request_id in self._handles:
             raise InvalidRequestError("request_id", f"{call.request_id!r} is already running")
+        if (call.grammar is None) != (not call.sampling.grammar):  # one without the other
+            raise InvalidRequestError("sampling.grammar", "a grammar comes with its compiled form")
 
     def _pool_shortfall(self, total: int) -> str | None:
         """Which pool cannot hold one request of `total` tokens alone (None: all can)."""
@@ -318,6 +320,7 @@ class EngineCore:
                 generator=generator,
                 arrived_at=now,
                 parent=sequences[0] if sequences else None,
+                grammar=call.grammar.start() if call.grammar else None,
             )
             self.scheduler.add(sequence)
             self._block_tokens.extend(sequence.key, call.prompt_token_ids, call.extra_key)
@@ -330,7 +333,9 @@ class EngineCore:
     def new_sequence(self, call: GenerateCall) -> Sequence:
         """A single-sample sequence for `call`, not yet known to the scheduler."""
         generator = None if call.sampling.greedy else make_generator(call.sampling, "cpu")
-        return Sequence(f"{call.request_id}#0", call, 0, call.sampling, generator, self.clock())
+        sequence = Sequence(f"{call.request_id}#0", call, 0, call.sampling, generator, self.clock())
+        sequence.grammar = call.grammar.start() if call.grammar else None
+        return sequence
 
     def detach(self, request_id: str) -> RequestHandle:
         """Forget a request but keep its pages (its KV is handed off); returns its handle."""
@@ -347,6 +352,10 @@ class EngineCore:
         if call.request_id in self._handles:
             raise InvalidRequestError("request_id", f"{call.request_id!r} is already running")
         now = self.clock()
+        for token in tokens if sequence.grammar else ():  # sampled under the same grammar
+            problem = sequence.grammar.accept(token)
+            if problem:
+                raise InvalidRequestError("sampling.grammar", problem)
         sequence.admitted = True
         sequence.cached_tokens = reused_tokens
         sequence.output.extend(tokens)
@@ -452,6 +461,13 @@ class EngineCore:
         sequence.last_token_at = now
         call, sampling = sequence.call, sequence.sampling
         reason = ""
+        if sequence.grammar is not None:
+            problem = sequence.grammar.accept(token)
+            if problem:  # only a backend that ignores masks (sim) gets here
+                self._fail_request(call.request_id, problem)
+                return
+            if sequence.grammar.ended:
+                reason = "stop"
         if sampling.is_stop(token) or (call.stop_check and call.stop_check(sequence.output)):
             reason = "stop"
         elif len(sequence.output) >= sampling.max_tokens:

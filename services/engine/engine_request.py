@@ -4,8 +4,12 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from .sampling_params import SamplingParams, TokenLogprob
+
+if TYPE_CHECKING:
+    from .grammar import CompiledGrammar
 
 
 class InvalidRequestError(ValueError):
@@ -40,6 +44,9 @@ class GenerateCall:
     # Prompt positions where later turns are likely to branch off (the end of the tools and
     # system prompt): the kvstore keeps a resume point there (its branch points).
     branch_hints: tuple[int, ...] = ()
+    # `sampling.grammar` compiled for the model's tokenizer (by the caller that has it, as
+    # `stop_check`); each sample steps a copy of its own.
+    grammar: CompiledGrammar | None = None
 
     @property
     def extra_key(self) -> bytes:

@@ -90,7 +90,7 @@ async def _respond(
     chat: bool,
     family: str | None = None,
 ):
-    call = backend_request(backend, request, body, prompt)
+    call = backend_request(backend, request, body, prompt, family)
     stream = backend.generate(call)
     # Pull the first output before answering, so bad input is a 400, not a broken stream.
     first = await anext(stream, None)
