@@ -72,7 +72,7 @@ class _PaddedWrites:
     def write(self, layer: int, k: torch.Tensor, v: torch.Tensor, slots: torch.Tensor) -> None:
         self._cache.write(layer, *zero_pad_rows(k, v, self._valid), slots)
 
-    # A hybrid model's state pages (the step's StateRows zero the pad rows' states itself).
+    # A hybrid model's state pages (StateRows.keep makes the pad rows store zeros).
     def states(self, layer: int) -> torch.Tensor:
         return self._cache.states(layer)
 
