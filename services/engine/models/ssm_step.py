@@ -35,6 +35,7 @@ def decode_step(
     y, after = state_update(
         states,
         rows.read,
+        rows.keep,
         xbc,
         dt,
         mixer.conv_weight,
@@ -44,8 +45,6 @@ def decode_step(
         mixer.D,
         s.state_size,
     )
-    if rows.keep is not None:
-        after = torch.where(rows.keep[:, None], after, 0.0)
     states[:, : s.state_numel].index_copy_(0, rows.write, after)
     y = mixer.norm(y * F.silu(z))
     return mixer.out_proj(y.to(x.dtype))
@@ -55,6 +54,7 @@ def decode_step(
 def state_update(
     states: torch.Tensor,
     read: torch.Tensor,
+    keep: torch.Tensor | None,
     xbc: torch.Tensor,
     dt: torch.Tensor,
     conv_weight: torch.Tensor,
@@ -65,7 +65,8 @@ def state_update(
     state_size: int,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """The recurrence's one step (`SelectiveSSM._scan_tokens`) for every row: outputs
-    `[B, inner]` before the gate and the flat states after the token `[B, state_numel]`."""
+    `[B, inner]` before the gate and the flat states after the token `[B, state_numel]`
+    (zeros in the rows where `keep` is False; masked here, so the fused kernel does it)."""
     rows, heads = dt.shape
     conv_dim, kernel = conv_weight.shape
     split = (kernel - 1) * conv_dim
@@ -82,4 +83,6 @@ def state_update(
     ssm = decay * ssm + dt[..., None, None] * xt[..., None] * b[:, None, None, :]
     y = (ssm * c[:, None, None, :]).sum(-1) + skip[:, None] * xt
     after = torch.cat([window[:, 1:].flatten(1), ssm.flatten(1)], dim=1)
+    if keep is not None:
+        after = torch.where(keep[:, None], after, 0.0)
     return y.flatten(1), after
