@@ -175,19 +175,27 @@ def attention_figures(args, core, prompt_of) -> tuple[float, float]:
     return args.prompt / cold.ttft_seconds, decode[2]
 
 
-def release(core) -> None:
-    """Stop `core` and give its weights, KV and graphs back before the next model loads."""
-    core.stop()
-    del core
-    gc.collect()
-    if torch.cuda.is_available():
-        torch.cuda.empty_cache()
+def on_fresh_core(args, model: str, measure, *extra):
+    """`measure(args, core, *extra)` on a new core serving `model`. The core is stopped and no
+    longer referenced on return, so its weights, KV and graphs are freed before the next model's
+    core sizes its KV from the free memory."""
+    from kvfleet.services.engine import engine_config, engine_core
+
+    core = make_core(args, engine_config, engine_core, model)
+    try:
+        return measure(args, core, *extra)
+    finally:
+        core.stop()
+        del core
+        gc.collect()
+        if torch.cuda.is_available():
+            torch.cuda.empty_cache()
+            print(f"{model} stopped: {torch.cuda.memory_allocated() / 2**30:.2f} GiB allocated")
 
 
 def main() -> None:
     args = parse_args()
     import_engine()
-    from kvfleet.services.engine import engine_config, engine_core
     from kvfleet.services.engine.models import paged_ssm, ssm
 
     rng = random.Random(0)
@@ -196,16 +204,8 @@ def main() -> None:
     def prompt_of(n: int) -> list[int]:
         return [rng.randrange(vocab) for _ in range(n)]
 
-    core = make_core(args, engine_config, engine_core, args.model)
-    try:
-        hybrid = hybrid_tables(args, core, prompt_of, ssm, paged_ssm)
-    finally:
-        release(core)
-    core = make_core(args, engine_config, engine_core, args.baseline_model)
-    try:
-        attention = attention_figures(args, core, prompt_of)
-    finally:
-        release(core)
+    hybrid = on_fresh_core(args, args.model, hybrid_tables, prompt_of, ssm, paged_ssm)
+    attention = on_fresh_core(args, args.baseline_model, attention_figures, prompt_of)
     print_table(
         f"{args.model} against {args.baseline_model} (attention), same run: prefill of a "
         f"{args.prompt}-token prompt, decode at batch {args.batch}",
