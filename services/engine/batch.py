@@ -11,6 +11,10 @@ already in its pages and `n[b]` new ones):
 | seqused_k       | [B]      | num_cached[b] + n[b]: keys each sequence attends to (int32)|
 | page_table[g]   | [B, P]   | page ids of group g in token order, padded with null (int32)|
 | slots[g]        | [T]      | page * page_size + offset where each new token's K/V goes  |
+| state_rows      | 3 x [B]  | decode graphs only: each row's SSM state pages (StateRows) |
+
+Recurrent (SSM) layers read their state pages from `chunks` in an eager step, and from
+`state_rows` in a decode-graph step, which has no chunks (models/paged_ssm.py).
 """
 
 from __future__ import annotations
