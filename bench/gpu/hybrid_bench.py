@@ -1,8 +1,9 @@
 """Benchmark: the hybrid SSM/attention model at the 8b shape, served through EngineCore.
 
 One table per measure, each with its baseline from the same run:
-  prefill  a cold prompt's TTFT and tok/s with the chunked (SSD) scan, against the
-           token-by-token recurrence on a shorter prompt (the scan prefill had before);
+  prefill  a cold prompt's TTFT and tok/s with the chunked (SSD) scan (in the shipped runs of
+           64 tokens, and of 128 and 256), against the token-by-token recurrence on a shorter
+           prompt (the scan prefill had before);
   TTFT     a returning turn (the last prompt, its answer and `--suffix` new tokens) with its
            K/V pages and state snapshot cached, against the same turn on an empty cache;
   decode   tok/s of `--batch` sequences decoding together (the batched SSM step, in decode
@@ -108,6 +109,16 @@ def decode_round(core, prompt_of, tag: str, batch: int, prompt: int, tokens: int
 
 
 @contextlib.contextmanager
+def chunk_tokens(ssd_scan, tokens: int):
+    """Prefill's chunked scan in runs of `tokens` (the shipped size is the baseline)."""
+    shipped, ssd_scan.CHUNK_TOKENS = ssd_scan.CHUNK_TOKENS, tokens
+    try:
+        yield
+    finally:
+        ssd_scan.CHUNK_TOKENS = shipped
+
+
+@contextlib.contextmanager
 def token_by_token_prefill(ssm_module):
     """The baseline: prefill chunks scanned by the recurrence, as decode is."""
     cls = ssm_module.SelectiveSSM
@@ -119,7 +130,7 @@ def token_by_token_prefill(ssm_module):
         cls._scan_chunked = chunked
 
 
-def hybrid_tables(args, core, prompt_of, ssm, paged_ssm) -> tuple[float, float]:
+def hybrid_tables(args, core, prompt_of, ssm, paged_ssm, ssd_scan) -> tuple[float, float]:
     """The hybrid model's own tables; its (prefill tok/s, decode tok/s at `--batch`)."""
     run(core, "warm", prompt_of(args.baseline_prompt), 2)  # kernels, compile
     decode_round(core, prompt_of, "warm", args.batch, args.baseline_prompt, 4)  # graphs
@@ -127,13 +138,21 @@ def hybrid_tables(args, core, prompt_of, ssm, paged_ssm) -> tuple[float, float]:
     _, cold = run(core, "cold", prompt_of(args.prompt), 1)
     with token_by_token_prefill(ssm):
         _, slow = run(core, "tbt", prompt_of(args.baseline_prompt), 1)
+    sweep = []
+    for tokens in (128, 256):  # the default's neighbours (ssd_scan.CHUNK_TOKENS)
+        with chunk_tokens(ssd_scan, tokens):
+            _, other = run(core, f"chunk{tokens}", prompt_of(args.prompt), 1)
+        sweep.append([f"chunked (SSD), runs of {tokens}", args.prompt, other.ttft_seconds,
+                      args.prompt / other.ttft_seconds])  # fmt: skip
     print_table(
         f"prefill, {args.model}, steps of {args.step_tokens} tokens",
         ["scan", "prompt", "TTFT s", "prefill tok/s"],
         [
             ["token-by-token (baseline)", args.baseline_prompt, slow.ttft_seconds,
              args.baseline_prompt / slow.ttft_seconds],
-            ["chunked (SSD)", args.prompt, cold.ttft_seconds, args.prompt / cold.ttft_seconds],
+            [f"chunked (SSD), runs of {ssd_scan.CHUNK_TOKENS}", args.prompt, cold.ttft_seconds,
+             args.prompt / cold.ttft_seconds],
+            *sweep,
         ],
     )  # fmt: skip
     # TTFT of a returning turn: cached against an empty cache
@@ -196,7 +215,7 @@ def on_fresh_core(args, model: str, measure, *extra):
 def main() -> None:
     args = parse_args()
     import_engine()
-    from kvfleet.services.engine.models import paged_ssm, ssm
+    from kvfleet.services.engine.models import paged_ssm, ssd_scan, ssm
 
     rng = random.Random(0)
     vocab = 256
@@ -204,7 +223,7 @@ def main() -> None:
     def prompt_of(n: int) -> list[int]:
         return [rng.randrange(vocab) for _ in range(n)]
 
-    hybrid = on_fresh_core(args, args.model, hybrid_tables, prompt_of, ssm, paged_ssm)
+    hybrid = on_fresh_core(args, args.model, hybrid_tables, prompt_of, ssm, paged_ssm, ssd_scan)
     attention = on_fresh_core(args, args.baseline_model, attention_figures, prompt_of)
     print_table(
         f"{args.model} against {args.baseline_model} (attention), same run: prefill of a "

@@ -28,6 +28,8 @@ import torch
 import torch.nn.functional as F
 
 # Tokens per chunk: intra-chunk work grows with it, the state passing's with the chunk count.
+# On CPU (1024 tokens, 16 heads of 64, state 128) 64 and 128 tie and 256 takes 2.5x as long;
+# bench/gpu/hybrid_bench.py measures 64 / 128 / 256 on the GPU.
 CHUNK_TOKENS = 64
 
 
@@ -42,11 +44,6 @@ def causal_conv(
     return F.silu(mixed), window
 
 
-def run_ends(count: int, chunk_tokens: int = CHUNK_TOKENS) -> list[int]:
-    """Exclusive ends of the chunks over `count` tokens."""
-    return [*range(chunk_tokens, count, chunk_tokens), count]
-
-
 def chunk_scan(
     x: torch.Tensor,
     b: torch.Tensor,
@@ -56,13 +53,13 @@ def chunk_scan(
     skip: torch.Tensor,
     h0: torch.Tensor,
     keep_after: Iterable[int] = (),
-    chunk_tokens: int = CHUNK_TOKENS,
+    chunk_tokens: int | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor, dict[int, torch.Tensor]]:
     """Outputs `[T, H, P]` of `x [T, H, P]` (with `b, c [T, N]`, `dt [T, H]`, A = `decay_rate
     [H]`, D = `skip [H]`) from state `h0 [H, P, N]`, the state after the last token, and the
-    state after each token index in `keep_after`."""
+    state after each token index in `keep_after`. `chunk_tokens` None: `CHUNK_TOKENS`."""
     count, heads, width = x.shape
-    length = min(chunk_tokens, count)
+    length = min(chunk_tokens or CHUNK_TOKENS, count)
     chunks = -(-count // length)
     pad = chunks * length - count  # pad tokens have dt = 0: no decay, no input, state unchanged
     xs, bs, cs, dts = (F.pad(t, (0, 0) * (t.dim() - 1) + (0, pad)) for t in (x, b, c, dt))
