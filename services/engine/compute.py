@@ -93,8 +93,6 @@ class TorchCompute:
         mode = self.config.decode_graphs
         if mode == "off" or (mode == "auto" and self.device.type != "cuda") or self.tp.size > 1:
             return None
-        if self.model_config.ssm_layers:  # NOTE: the static decode buffers have no SSM path
-            return None
         return DecodeRunner(
             self.model, cache, self.attention, self.config.max_batch_size, mode == "auto"
         )
