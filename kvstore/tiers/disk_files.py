@@ -71,9 +71,9 @@ class DiskFiles:
 
     @property
     def key(self) -> bytes:
-        """The tag key: given, else the fleet secret's, else the folder's own."""
+        """The tag key: given, else the fleet secret's, else this process's own."""
         if self._key is None:
-            self._key = disk_key(self.root)
+            self._key = disk_key()
         return self._key
 
     def tag(self, fields: bytes, fingerprint: bytes, contents: bytes, payload: memoryview) -> bytes:
@@ -92,7 +92,7 @@ class DiskFiles:
         """Create the folders, find the key, write and remove one file; raises OSError if that
         fails."""
         self.root.mkdir(parents=True, exist_ok=True)
-        if not self.key:  # reads or makes the folder's key: a bad one fails here, not in a write
+        if not self.key:  # found now: a missing one fails here, not in a write
             raise OSError(f"{self.root}: empty disk tier key")
         with tempfile.NamedTemporaryFile(dir=self.root, prefix=".probe.", delete=True) as probe:
             probe.write(b"kvfleet")
