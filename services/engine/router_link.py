@@ -41,6 +41,8 @@ def event_proto(event: BlockEvent) -> router_pb2.KvEvent:
         )
         if event.parent_hash is not None:
             stored.parent_block_hash = event.parent_hash
+        elif event.root_hash is not None:
+            stored.root_hash = event.root_hash
         return router_pb2.KvEvent(stored=stored)
     return router_pb2.KvEvent(removed=router_pb2.BlocksRemoved(block_hashes=[event.block_hash]))
 

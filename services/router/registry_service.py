@@ -115,7 +115,10 @@ def _apply_event(index, rank_id: str, event, block_size: int) -> None:
     if kind == "stored":
         stored = event.stored
         parent = stored.parent_block_hash if stored.HasField("parent_block_hash") else None
-        index.stored(rank_id, list(stored.block_hashes), parent, list(stored.token_ids), block_size)
+        root = stored.root_hash if stored.HasField("root_hash") else None
+        index.stored(
+            rank_id, list(stored.block_hashes), parent, list(stored.token_ids), block_size, root
+        )
     elif kind == "removed":
         index.removed(rank_id, list(event.removed.block_hashes))
     elif kind == "cleared":
