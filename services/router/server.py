@@ -139,6 +139,15 @@ class RouterServer:
             self._metrics_http.shutdown()
             self._metrics_http.server_close()
 
+    def health_details(self) -> dict[str, str]:
+        """What /health adds to its status: where pins live and, while degraded, why."""
+        store = self.runtime.store
+        if not isinstance(store, FailoverStore):
+            return {"redis": "none (in-process state)"}
+        if store.degraded:
+            return {"redis": "degraded", "redis_error": store.degraded_reason or "unknown"}
+        return {"redis": "ok"}
+
     def wait_for_termination(self, timeout: float | None = None) -> bool:
         return self.grpc_server.wait_for_termination(timeout)
 
