@@ -65,25 +65,31 @@ def test_a_registration_over_its_cap_is_refused_by_name(rank_port):
         server.stop(0)
 
 
-def test_an_oversized_kv_batch_ends_the_stream_with_resource_exhausted(router):
-    """A batch over the cap the ranks cut theirs to is refused, not applied."""
-    server, _port = router
+@pytest.mark.parametrize("rank_port", [True, False])
+def test_an_oversized_kv_batch_ends_the_stream_with_resource_exhausted(rank_port):
+    """A batch over the cap the ranks cut theirs to is refused, not applied (on the client
+    port of an in-process fleet too, where the transport would take 80 MiB)."""
+    config = RouterConfig(rank_address="127.0.0.1:0" if rank_port else None, fleet_secret=SECRET)
+    server, port = create_server("127.0.0.1:0", config)
+    door = server.rank_port if rank_port else port
     engine = FakeEngine("r0", 2)
-    engine.join(f"127.0.0.1:{server.rank_port}", secret=SECRET)
+    engine.join(f"127.0.0.1:{door}", secret=SECRET)
     try:
         wait_until(lambda: "r0" in server.runtime.ranks())
         cap = METHOD_MESSAGE_BYTES["/kvfleet.RankRegistry/PublishKvEvents"]
         removed = router_pb2.BlocksRemoved(block_hashes=[2**63 + i for i in range(cap // 8)])
         batch = router_pb2.KvEventBatch(rank_id="r0", events=[router_pb2.KvEvent(removed=removed)])
-        with grpc.insecure_channel(f"127.0.0.1:{server.rank_port}", options=SEND_BIG) as channel:
+        with grpc.insecure_channel(f"127.0.0.1:{door}", options=SEND_BIG) as channel:
             registry = router_pb2_grpc.RankRegistryStub(channel)
             with pytest.raises(grpc.RpcError) as caught:
                 registry.PublishKvEvents(
                     iter([batch]), timeout=30, metadata=secret_metadata(SECRET)
                 )
         assert caught.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
+        assert server.runtime.prefix_index.block_count("r0") == 0
     finally:
         engine.kill()
+        server.stop(0)
 
 
 def test_a_ranks_kv_batches_fit_the_routers_cap():
