@@ -453,10 +453,10 @@ class EngineCore:
             sequence.output[index] = token  # the last one: the next step is marked after this
         if sequence.first_token_at is None:
             sequence.first_token_at = now
-            self.metrics.ttft.observe(now - sequence.arrived_at)
+            self.metrics.first_token(now - sequence.arrived_at)
         else:
             gap = now - (sequence.last_token_at or now)
-            self.metrics.itl.observe(gap)
+            self.metrics.token_gap(gap)
             sequence.itl_total += gap
         sequence.last_token_at = now
         call, sampling = sequence.call, sequence.sampling

@@ -6,6 +6,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+from ...kvstore.hashing import salt_extra_key
 from .sampling_params import SamplingParams, TokenLogprob
 
 if TYPE_CHECKING:
@@ -51,7 +52,7 @@ class GenerateCall:
     @property
     def extra_key(self) -> bytes:
         """The block hash's extra key: the salt, so salted prefixes never match unsalted ones."""
-        return b"salt:" + self.cache_salt.encode() if self.cache_salt else b""
+        return salt_extra_key(self.cache_salt)
 
 
 @dataclass(frozen=True)

@@ -176,12 +176,12 @@ class RouterRuntime:
         """Every rank with its slots now."""
         return {rank_id: slots for rank_id, (slots, _) in self.store.snapshot().items()}
 
-    def live_address(self, rank_id: str, timeout: float) -> str | None:
-        """The address of a registered rank heard from within `timeout` seconds, else None."""
+    def live_info(self, rank_id: str, timeout: float) -> RankInfo | None:
+        """What a registered rank heard from within `timeout` seconds registered, else None."""
         entry = self.store.snapshot().get(rank_id)
         if entry is None or self._clock() - entry[1] > timeout:
             return None
-        return entry[0].info.address
+        return entry[0].info
 
     def with_prefix_index(self, apply: Callable[[PrefixIndex], object]) -> object:
         """Run a change on the prefix index as one step (KV events)."""

@@ -19,7 +19,7 @@ from ...proto import router_pb2, router_pb2_grpc
 from ...proto.pooled_server import PooledServer
 from .admission import GENERATION_ROLES, AdmissionConfig, AdmissionQueue
 from .failover_store import FailoverStore
-from .fleet_secret import FleetSecretInterceptor
+from .fleet_secret import RANK_PORT_MESSAGE_BYTES, FleetSecretInterceptor
 from .metrics import RouterMetrics
 from .prefix_index import PrefixIndex
 from .redis_connect import RedisSettings, connect
@@ -139,6 +139,15 @@ class RouterServer:
             self._metrics_http.shutdown()
             self._metrics_http.server_close()
 
+    def health_details(self) -> dict[str, str]:
+        """What /health adds to its status: where pins live and, while degraded, why."""
+        store = self.runtime.store
+        if not isinstance(store, FailoverStore):
+            return {"redis": "none (in-process state)"}
+        if store.degraded:
+            return {"redis": "degraded", "redis_error": store.degraded_reason or "unknown"}
+        return {"redis": "ok"}
+
     def wait_for_termination(self, timeout: float | None = None) -> bool:
         return self.grpc_server.wait_for_termination(timeout)
 
@@ -158,8 +167,8 @@ def build_store(config: RouterConfig, metrics: RouterMetrics) -> AdmissionStore:
     )
 
 
-def _grpc_server(config: RouterConfig, name: str, interceptors) -> PooledServer:
-    return PooledServer(config.max_workers, name, interceptors=interceptors)
+def _grpc_server(config: RouterConfig, name: str, interceptors, **options) -> PooledServer:
+    return PooledServer(config.max_workers, name, interceptors=interceptors, **options)
 
 
 def _bind(server: grpc.Server, address: str, config: RouterConfig) -> int:
@@ -207,7 +216,7 @@ def create_server(
     channels = EngineChannels()
     watch = StreamWatch(config.stream_idle_seconds, lambda: set(runtime.ranks())).start()
     runtime.removal_listeners.append(watch.rank_removed)
-    interceptors = (FleetSecretInterceptor(config.fleet_secret),) if config.fleet_secret else ()
+    interceptors = (FleetSecretInterceptor(config.fleet_secret),)
     grpc_server = _grpc_server(config, "router-grpc", interceptors)
     router_pb2_grpc.add_RouterServicer_to_server(
         RouterServicer(runtime, channels, config.limits, clock, watch, config.max_call_seconds),
@@ -222,7 +231,12 @@ def create_server(
     if config.rank_address is None:
         router_pb2_grpc.add_RankRegistryServicer_to_server(registry, grpc_server)
     else:
-        rank_server = _grpc_server(config, "router-ranks", interceptors)
+        # No message a rank sends needs the client port's 80 MiB (proto/limits.py).
+        rank_limits = (
+            ("grpc.max_receive_message_length", RANK_PORT_MESSAGE_BYTES),
+            ("grpc.max_send_message_length", RANK_PORT_MESSAGE_BYTES),
+        )
+        rank_server = _grpc_server(config, "router-ranks", interceptors, options=rank_limits)
         router_pb2_grpc.add_RankRegistryServicer_to_server(registry, rank_server)
     health_servicer = health.HealthServicer()
     for target in (grpc_server, rank_server):

@@ -26,6 +26,7 @@ from .errors import (
 )
 from .handoff import HandoffForwarder, as_first_token, is_handoff
 from .model import Admission, PendingRequest
+from .prefix_index import prompt_root
 from .runtime import RouterRuntime
 from .stream_watch import (
     IDLE_REASON,
@@ -229,6 +230,7 @@ class RouterServicer(router_pb2_grpc.RouterServicer):
             explicit_rank=explicit,
             relax_rank=relax,
             prompt_tokens=tokens,
+            prefix_root=prompt_root(request.cache_salt),
         )
 
     def _wait_for_admission(
