@@ -136,6 +136,50 @@ def _mixtral(r: KeyReader) -> dict:
     return _window(fields, list(range(n)), r.get("sliding_window"))
 
 
+def _layer_types(r: KeyReader, num_layers: int, default: list[str]) -> list[int]:
+    """The sliding layers that `layer_types` (else `default`) names."""
+    types = r.get("layer_types") or default
+    bad = sorted(set(types) - {"full_attention", "sliding_attention"})
+    if bad or len(types) != num_layers:
+        raise ConfigError(
+            f"{r.architecture}: layer_types must list {num_layers} of "
+            f"full_attention/sliding_attention, got {types}"
+        )
+    return [i for i, t in enumerate(types) if t == "sliding_attention"]
+
+
+def _gpt_oss(r: KeyReader) -> dict:
+    # transformers' GptOssConfig defaults: theta 150000, YaRN x32 over 4096 (untruncated).
+    if r.data.get("rope_parameters") is None and r.data.get("rope_scaling") is None:
+        r.data = {**r.data, "rope_parameters": dict(GPT_OSS_ROPE)}
+    fields = _experts(r, _dense(r, 131072, 1e-5, theta=150000.0), "num_local_experts")
+    n, bias = fields["num_layers"], bool(r.get("attention_bias", True))
+    fields.update(
+        qkv_bias=bias,
+        o_bias=bias,
+        attention_sinks=True,
+        experts_kind="gpt_oss",
+        moe_layers=tuple(range(n)),
+        moe_intermediate_size=fields["intermediate_size"],
+        swiglu_alpha=float(r.get("swiglu_alpha", 1.702)),
+        swiglu_limit=float(r.get("swiglu_limit", 7.0)),
+    )
+    # Even layers slide, odd layers attend to everything, unless layer_types says otherwise.
+    default = ["sliding_attention" if i % 2 == 0 else "full_attention" for i in range(n)]
+    # An absent sliding_window is transformers' default, 128; a null one means no window.
+    size = r.get("sliding_window") if "sliding_window" in r.data else 128
+    return _window(fields, _layer_types(r, n, default), size)
+
+
+GPT_OSS_ROPE = {
+    "rope_type": "yarn",
+    "factor": 32.0,
+    "beta_fast": 32.0,
+    "beta_slow": 1.0,
+    "truncate": False,
+    "original_max_position_embeddings": 4096,
+}
+
 ARCHITECTURES: dict[str, Reader] = {
     "LlamaForCausalLM": _llama,
     "MistralForCausalLM": _mistral,
@@ -143,6 +187,7 @@ ARCHITECTURES: dict[str, Reader] = {
     "Qwen3ForCausalLM": _qwen3,
     "Qwen3MoeForCausalLM": _qwen3_moe,
     "MixtralForCausalLM": _mixtral,
+    "GptOssForCausalLM": _gpt_oss,
 }
 
 

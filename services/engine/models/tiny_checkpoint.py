@@ -102,6 +102,24 @@ _ARCH_FIELDS: dict[str, dict[str, Any]] = {
         "num_experts_per_tok": 2,
         "rope_theta": 1e6,
     },
+    "GptOssForCausalLM": {  # layers 0 and 2 slide a 64-token window, layer 1 is full
+        "model_type": "gpt_oss",
+        "head_dim": 16,
+        "num_local_experts": 4,
+        "num_experts_per_tok": 2,
+        "sliding_window": 64,
+        "attention_bias": True,
+        "rms_norm_eps": 1e-5,
+        "rope_theta": 150000.0,
+        "rope_scaling": {
+            "rope_type": "yarn",
+            "factor": 8.0,
+            "beta_fast": 32.0,
+            "beta_slow": 1.0,
+            "truncate": False,
+            "original_max_position_embeddings": 512,
+        },
+    },
 }
 _EXPERT_NAMES = {  # architecture -> (MLP prefix, gate, up, down) as save_pretrained writes
     "Qwen3MoeForCausalLM": ("mlp", "gate_proj", "up_proj", "down_proj"),
