@@ -63,6 +63,11 @@ class ModelConfig:
     router without bias, SwiGLU experts) or `gpt_oss` (a router with bias, softmax over the
     top-k logits, experts with biases and a SwiGLU clamped at `swiglu_limit` with sigmoid gain
     `swiglu_alpha`).
+
+    Granite's scalars (1.0 / None elsewhere): embeddings times `embedding_multiplier`, each
+    residual branch times `residual_multiplier`, logits divided by `logits_scaling`, attention
+    scores scaled by `attention_scale` (None: 1/sqrt(head_dim)); `use_rope` False means
+    attention without positions (the SSM layers carry them).
     """
 
     vocab_size: int
@@ -95,6 +100,11 @@ class ModelConfig:
     swiglu_alpha: float = 1.702
     swiglu_limit: float = 7.0
     attention_sinks: bool = False
+    embedding_multiplier: float = 1.0
+    residual_multiplier: float = 1.0
+    logits_scaling: float = 1.0
+    attention_scale: float | None = None
+    use_rope: bool = True
     # Hybrid models: these layers are a Mamba-2-style selective SSM (models/ssm.py) of
     # `ssm_num_heads` heads of `ssm_head_dim`, state size `ssm_state_size` and a causal conv
     # of `ssm_conv_kernel` taps; their recurrent state is the `ssm` layer group.

@@ -83,14 +83,17 @@ class AttentionProjections(nn.Module):
         self.sinks = nn.Parameter(torch.empty(config.num_heads)) if config.attention_sinks else None
 
     def qkv(
-        self, x: torch.Tensor, rope: tuple[torch.Tensor, torch.Tensor]
+        self, x: torch.Tensor, rope: tuple[torch.Tensor, torch.Tensor] | None
     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """Rotated q `[T, H, D]`, rotated k and v `[T, KVH, D]` of tokens `x [T, hidden]`."""
+        """Rotated q `[T, H, D]`, rotated k and v `[T, KVH, D]` of tokens `x [T, hidden]`
+        (not rotated when `rope` is None: a model without positional embeddings)."""
         q = self.q_proj(x).view(-1, self.num_heads, self.head_dim)
         k = self.k_proj(x).view(-1, self.num_kv_heads, self.head_dim)
         v = self.v_proj(x).view(-1, self.num_kv_heads, self.head_dim)
         if self.q_norm is not None:
             q, k = self.q_norm(q), self.k_norm(k)
+        if rope is None:
+            return q, k, v
         return apply_rope(q, rope), apply_rope(k, rope), v
 
 

@@ -60,6 +60,26 @@ ARCHS: dict[str, tuple[str, dict]] = {
             "swiglu_limit": 0.3,
         },
     ),
+    # Mamba at 0 and 2, attention at 1 and 3; every multiplier off 1, and a scan chunk of 16
+    # so that transformers' chunking differs from ours.
+    "GraniteMoeHybridForCausalLM": (
+        "GraniteMoeHybridConfig",
+        {
+            "num_hidden_layers": 4,
+            "layer_types": ["mamba", "attention", "mamba", "attention"],
+            "mamba_n_heads": 4,
+            "mamba_d_state": 16,
+            "mamba_chunk_size": 16,
+            "shared_intermediate_size": 48,
+            "num_local_experts": 4,
+            "num_experts_per_tok": 2,
+            "position_embedding_type": "rope",
+            "embedding_multiplier": 2.0,
+            "residual_multiplier": 0.7,
+            "logits_scaling": 1.5,
+            "attention_multiplier": 0.3,
+        },
+    ),
 }
 
 
