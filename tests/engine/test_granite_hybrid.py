@@ -9,8 +9,9 @@ import random
 import pytest
 import torch
 from engine_testkit import final, greedy, run_call, tokens_of
-from hf_testkit import hf_config, save_tiny
+from hf_testkit import hf_config, hf_logits, paged_logits, random_tokens, save_tiny
 from kvfleet.kvstore.tiers.metrics import HOST
+from kvfleet.services.engine import load_checkpoint
 from kvfleet.services.engine.compute import TorchCompute
 from kvfleet.services.engine.engine_core import EngineCore
 from kvfleet.services.engine.engine_request import GenerateCall
@@ -54,6 +55,17 @@ def test_what_the_ssm_does_not_compute_is_refused(changes, message):
     """Grouped B/C, a clamped time step or projection biases would be served wrong: refuse."""
     with pytest.raises(ConfigError, match=message):
         _config(**changes)
+
+
+def test_dense_model_without_positions_equals_transformers(tmp_path):
+    """Granite 4.0 H Micro's shape: no experts and no RoPE (position_embedding_type null);
+    rotating q/k anyway, or running experts, would change the logits."""
+    hf, path = save_tiny(ARCH, tmp_path, seed=3, num_local_experts=0, position_embedding_type=None)
+    model = load_checkpoint(path)
+    assert model.config.moe_layers == () and not model.config.use_rope
+    tokens = random_tokens(50, seed=4)
+    got = paged_logits(model, tokens, cuts=[13, 30])
+    torch.testing.assert_close(got, hf_logits(hf, tokens), atol=2e-5, rtol=1e-4)
 
 
 def _hf_greedy(model, prompt: list[int]) -> list[int]:
