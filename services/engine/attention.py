@@ -2,7 +2,9 @@
 
 Every backend computes, for each new token of each sequence, causal attention over the
 sequence's cached plus new keys (read from its pages), restricted to the last `window`
-positions (the query's own included) when `window` is set.
+positions (the query's own included) when `window` is set. With `sinks` (one learned logit per
+query head, gpt-oss), each query's softmax has one more column, the head's sink logit, whose
+value is zero: the weights of the real keys then sum to less than one.
 """
 
 from __future__ import annotations
@@ -29,6 +31,7 @@ class AttentionBackend(Protocol):
         meta: AttentionMetadata,
         window: int | None,
         scale: float,
+        sinks: torch.Tensor | None = None,
     ) -> torch.Tensor:
         """Attention of the new queries over their sequences' pages (reads only)."""
         ...

@@ -43,6 +43,11 @@ class FlashAttention:
     of copy bandwidth at batch >= 32 (90-100 % in a CUDA graph), and at small batches the
     call is latency-bound. So the default is 1; `kv_splits=0` splits only when the batch has
     fewer (sequence, KV head) pairs than the GPU has multiprocessors.
+
+    Sinks (gpt-oss) are applied after the kernel, from its log-sum-exp: with a sink logit s,
+    every weight of the sinkless softmax shrinks by exp(lse) / (exp(lse) + exp(s)), so
+    out_sink = out * sigmoid(lse - s), exact and independent of the kernel's own sink support
+    (flash-attn 2.x has none). A step with sinks is never split.
     """
 
     name = "flash"
@@ -64,9 +69,10 @@ class FlashAttention:
         meta: AttentionMetadata,
         window: int | None,
         scale: float,
+        sinks: torch.Tensor | None = None,
     ) -> torch.Tensor:
         """Attention of the new queries over their sequences' pages (reads only)."""
-        splits = self._decode_splits(q, k_pages, meta, window)
+        splits = 1 if sinks is not None else self._decode_splits(q, k_pages, meta, window)
         if splits > 1:
             return self._split_decode(q, k_pages, v_pages, meta, scale, splits)
         out = self._call(
@@ -80,9 +86,12 @@ class FlashAttention:
             meta.max_seqlen_k,
             window,
             scale,
-            return_lse=False,
+            return_lse=sinks is not None,
         )
-        return out[0] if isinstance(out, tuple) else out
+        if sinks is None:
+            return out[0] if isinstance(out, tuple) else out
+        out, lse = out
+        return with_sinks(out, lse.float().t(), sinks)
 
     def _call(
         self,
@@ -164,6 +173,13 @@ class FlashAttention:
         parts = out.float().reshape(batch, splits, *out.shape[1:]).nan_to_num()
         merged = (parts * weight).sum(dim=1) / weight.sum(dim=1)
         return merged.to(q.dtype)
+
+
+def with_sinks(out: torch.Tensor, lse: torch.Tensor, sinks: torch.Tensor) -> torch.Tensor:
+    """Sinkless attention `out [T, H, D]` with its log-sum-exp `lse [T, H]` rescaled as if each
+    head's softmax had had one more column, its sink logit `sinks [H]`, of value zero."""
+    keep = torch.sigmoid(lse - sinks.float()[None, :])
+    return (out.float() * keep[..., None]).to(out.dtype)
 
 
 register_backend("flash", BackendEntry(factory=FlashAttention, supports=_supports))

@@ -27,7 +27,7 @@ from .kv_budget import kv_budget, probe_device_memory
 from .kv_setup import build_kv, open_kv_tiers, tier_config
 from .sampling import NON_FINITE_LOGITS, RowResult, SampleFailure, sample_batch
 from .scheduler import ScheduledChunk
-from .tp import ShardedBytes, broadcast_chunks, load_sharded_checkpoint, shard_config
+from .tp import ShardedBytes, TPLayout, broadcast_chunks, load_sharded_checkpoint, shard_config
 from .tp.rank_group import join_rank_group, worker_device
 from .tp.step_plan import OPEN, send_to_workers
 from .weights import build_model, load_checkpoint
@@ -51,6 +51,8 @@ class TorchCompute:
                 f"model {self.model_config.name!r}: tensor_parallel {config.tensor_parallel} "
                 "does not split SSM layers yet (serve it at tensor_parallel 1)"
             )
+        if config.tensor_parallel > 1:  # before any worker starts: what shard_config refuses
+            shard_config(self.model_config, TPLayout(0, config.tensor_parallel))
         self.tp = join_rank_group(config, self.device)
         if self.tp.size > 1:
             self.device = worker_device(self.device, self.tp)

@@ -59,8 +59,9 @@ class CausalLM(nn.Module):
             cache.write(layer, k, v, batch.slots[group])
             k_pages, v_pages = cache.kv(layer)
             meta = batch.attention[group]
+            window = self.config.layer_window(layer)
             return backend.forward(
-                q, k_pages, v_pages, meta, self.config.layer_window(layer), self._scale
+                q, k_pages, v_pages, meta, window, self._scale, self._sinks(layer)
             )
 
         hidden = self._run_layers(batch.token_ids, batch.positions, attend)
@@ -74,13 +75,17 @@ class CausalLM(nn.Module):
         positions = torch.arange(token_ids.numel(), device=token_ids.device)
 
         def attend(layer: int, q, k, v, pos) -> torch.Tensor:
-            return dense_attention(q, k, v, pos, self.config.layer_window(layer), self._scale)
+            window = self.config.layer_window(layer)
+            return dense_attention(q, k, v, pos, window, self._scale, self._sinks(layer))
 
         return self._logits(self._run_layers(token_ids, positions, attend))
 
     @property
     def _scale(self) -> float:
         return self.config.head_dim**-0.5
+
+    def _sinks(self, layer: int) -> torch.Tensor | None:
+        return self.model.layers[layer].self_attn.sinks
 
     def _run_layers(
         self, token_ids: torch.Tensor, positions: torch.Tensor, attend: AttendFn

@@ -61,23 +61,28 @@ class HybridStack(nn.Module):
 
 
 class HybridLM(nn.Module):
-    """Hybrid decoder plus LM head over a `DeviceKVCache` with an `ssm` state group."""
+    """Hybrid decoder plus LM head over a `DeviceKVCache` with an `ssm` state group.
+
+    A checkpoint family with other layer parts (`granite_hybrid.py`) names its `stack_class`
+    and overrides `_run_layers`, `_scale` and `_logits`; the paged forward stays this one."""
+
+    stack_class: type[nn.Module] = HybridStack
 
     def __init__(self, config: ModelConfig) -> None:
         super().__init__()
         if not config.ssm_layers:
             raise ValueError(f"model {config.name!r} has no ssm_layers: use CausalLM")
         self.config = config
-        self.model = HybridStack(config)
+        self.model = self.stack_class(config)
         self.lm_head = nn.Linear(config.hidden_size, config.vocab_size, bias=False)
         if config.tie_embeddings:
             self.lm_head.weight = self.model.embed_tokens.weight
 
     def reset_ssm_parameters(self) -> None:
         """The SSM's own starting values (decay rates, skip, dt bias) after a generic init."""
-        for layer in self.model.layers:
-            if hasattr(layer, "mixer"):
-                layer.mixer.reset_dynamics()
+        for module in self.modules():
+            if isinstance(module, SelectiveSSM):
+                module.reset_dynamics()
 
     @torch.inference_mode()
     def forward(
@@ -105,7 +110,7 @@ class HybridLM(nn.Module):
         hidden = self._run_layers(batch.token_ids, batch.positions, attend, mix)
         if not all_logits:
             hidden = hidden[batch.last_token_index]
-        return self.lm_head(hidden).float()
+        return self._logits(hidden)
 
     @torch.inference_mode()
     def forward_dense(self, token_ids: torch.Tensor) -> torch.Tensor:
@@ -118,11 +123,14 @@ class HybridLM(nn.Module):
         def mix(layer: int, mixer: SelectiveSSM, x: torch.Tensor) -> torch.Tensor:
             return mixer(x, SSMState.zeros(mixer.shape, x.device))[0]
 
-        return self.lm_head(self._run_layers(token_ids, positions, attend, mix)).float()
+        return self._logits(self._run_layers(token_ids, positions, attend, mix))
 
     @property
     def _scale(self) -> float:
         return self.config.head_dim**-0.5
+
+    def _logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        return self.lm_head(hidden).float()
 
     def _run_layers(
         self, token_ids: torch.Tensor, positions: torch.Tensor, attend: AttendFn, mix: MixFn
