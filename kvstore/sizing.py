@@ -258,7 +258,8 @@ def _plan_within(
             f"a budget of {budget} cannot make {len(demand)} pools of >= 2 pages "
             f"(page sizes {dict(cost)})"
         )
-    weighed = peak_demand(_weighed_step(step), life_cycles, block_size)
+    weighed_step = held_step(_weighed_step(step), life_cycles, block_size, budget, cost)
+    weighed = peak_demand(weighed_step, life_cycles, block_size)
     weights = {name: need * cost[name] for name, need in weighed.items()}
     units = _split(budget, weights, {name: 2 * cost[name] for name in demand})
     pages = {name: units[name] // cost[name] for name in demand}
@@ -279,6 +280,37 @@ def _weighed_step(step: TypicalStep) -> TypicalStep:
         return step
     turns = step.retained_turns - step.branch_records
     return replace(step, branch_points=0, branch_records=0, retained_turns=turns)
+
+
+def held_step(
+    step: TypicalStep,
+    life_cycles: Sequence[LifeCycle],
+    block_size: int,
+    budget: int,
+    cost: Mapping[str, int] | None = None,
+) -> TypicalStep:
+    """`step` with only the retained turns that `budget` holds next to its resident requests
+    at their peak: retention is best-effort, so the split weighs a retained turn only where
+    the pages it takes are left over by the residents (which an LRU would give to them).
+
+    NOTE: weighed in full, 8 retained conversations took a fifth of an 8-slot rank's pages for
+    their windows while 8 residents at the longest context already needed more than the whole
+    rank: the full pool then kept nothing between turns, and retention reused less than plain
+    LRU (docs/simulator.md, "Best-effort retention").
+    """
+    turns = step.retained_turns - step.branch_records
+    if not turns:
+        return step
+    unit = cost or {lc.name: 1 for lc in life_cycles}
+    resident = turn = 0
+    for lc in life_cycles:
+        peak = PEAK_PAGES[lc.kind](lc, step, block_size)
+        resident += step.num_slots * peak.resident * unit[lc.name]
+        turn += peak.retained_turn * unit[lc.name]
+    held = min(turns, max(0, budget - resident) // max(1, turn))
+    if held == turns:
+        return step
+    return replace(step, retained_turns=held + step.branch_records)
 
 
 def _split(
@@ -376,3 +408,42 @@ def _split_exact(total: int, weights: Mapping[str, int]) -> dict[str, int]:
         if shares[name] < weights[name]:
             shares[name] += 1
     return shares
+
+
+def lower_tier_demand(
+    step: TypicalStep, life_cycles: Sequence[LifeCycle], block_size: int
+) -> dict[str, int]:
+    """Pages per life cycle of one conversation as a lower tier (host, disk) holds it.
+
+    A lower tier holds no resident request: it holds what the device let go, conversations
+    between turns, and a returning turn resumes at its conversation's latest endpoint. So per
+    conversation: its whole context on pools whose peak grows with it (full), one turn's
+    endpoint and checkpoint on the bounded ones (window, state), nothing private.
+
+    NOTE: copying the device split instead gives a lower tier the device's resident sliding
+    windows and every retained turn's endpoints; on the load shape's host tier that was ~10 %
+    of the full-attention pages across both tiers (docs/simulator.md).
+    """
+    whole = replace(step, full_tokens_per_retained_turn=None)
+    return {lc.name: PEAK_PAGES[lc.kind](lc, whole, block_size).retained_turn for lc in life_cycles}
+
+
+def plan_lower_tier(
+    step: TypicalStep,
+    life_cycles: Sequence[LifeCycle],
+    block_size: int,
+    budget: int,
+    page_cost: Mapping[str, int] | None = None,
+) -> dict[str, int]:
+    """A lower tier's `budget` (pages, or bytes with `page_cost` per page) split between life
+    cycles in proportion to one conversation's pages there (`lower_tier_demand`) x their
+    cost; whole pages, 0 everywhere for a budget of 0."""
+    demand = lower_tier_demand(step, life_cycles, block_size)
+    cost = page_cost or dict.fromkeys(demand, 1)
+    if budget <= 0:
+        return dict.fromkeys(demand, 0)
+    weights = {name: pages * cost[name] for name, pages in demand.items()}
+    if not any(weights.values()):
+        weights = dict(cost)
+    total = sum(weights.values())
+    return {name: budget * weights[name] // total // cost[name] for name in demand}
