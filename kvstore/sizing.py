@@ -42,6 +42,12 @@ prefix (a turn that rewrites its prompt recomputes what the retained turn still 
 Window and state pools get their floor first (it does not grow with L); the full and private
 pools then share the rest up to theirs. Without it, a rank sized for several conversations'
 retained windows cannot keep even one long conversation's prefix.
+
+Retention is best-effort (`held_step`): the split weighs only the retained turns the tier holds
+next to its residents at their peak, so a rank whose residents fill it splits like one that
+retains nothing (an LRU rank). A lower tier (host, disk) holds no resident request, only
+conversations between turns: `plan_lower_tier` splits it by one conversation's context and its
+latest endpoint per life cycle, not like the device.
 """
 
 from __future__ import annotations
@@ -337,7 +343,7 @@ def lone_floors(
     one request at the longest context next to its previous turn's whole prefix (a turn that
     rewrites its prompt recomputes a prefix the previous one still holds), as far as `total`
     goes (units of `cost` per page: bytes, or 1 each by default); none (2 each) when it cannot
-    hold even that request alone.
+    hold even that request alone, except one resident's pages on the bounded pools.
 
     Pools whose peak does not grow with the context (window, state) get theirs first: they
     are small, and a proportional split under pressure would otherwise starve the pools that
@@ -360,9 +366,14 @@ def lone_floors(
     lone_units = sum(need[n] * unit[n] for n in bounded) + sum(
         (alone[n] + 1) * unit[n] for n in growing
     )
-    if total < lone_units:
-        return floors  # not even one request at the longest context fits: no floor helps
     room = total - sum(2 * unit[name] for name in need)
+    if total < lone_units:
+        # Not even one request at the longest context fits, but a shorter one does if the
+        # bounded pools hold one resident's pages (its sliding window): those first.
+        for name in bounded:
+            floors[name] += max(0, min(room // unit[name], alone[name] + 1 - 2))
+            room -= (floors[name] - 2) * unit[name]
+        return floors
     for name in bounded:
         floors[name] += min(room // unit[name], max(0, need[name] - 2))
         room -= (floors[name] - 2) * unit[name]
