@@ -3,7 +3,8 @@
 Each step: running items first, oldest first (a decode token or the next prefill chunk each),
 then waiting items are admitted first come first served while slots and the token budget last.
 When pages run short for a running item it first releases the retained turns of the
-conversation that ended a context longest ago (`RetainedConversations`), then preempts the
+conversation that ended a context longest ago (`RetainedConversations`; conversations with an
+item waiting or running here go last), then preempts the
 newest running item not planned this step (recompute: it re-queues first). An admission that
 does not fit after releasing stops the admissions: later items wait behind it.
 
@@ -65,7 +66,11 @@ class StepPlanner(Generic[ItemT, ChunkT]):
         self.waiting: deque[ItemT] = deque()
         self.running: list[ItemT] = []
         self.preemptions = 0
-        self.retained = RetainedConversations(manager)
+        self.retained = RetainedConversations(manager, self._awaited_conversations)
+
+    def _awaited_conversations(self) -> list[str | None]:
+        """Conversations with an item on this rank: their retained turns are released last."""
+        return [item.conversation_id for item in (*self.waiting, *self.running)]
 
     # -- the step plan -----------------------------------------------------------------------------
 
