@@ -110,7 +110,7 @@ def register(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
     parser.add_argument(
         "--prefetch",
         action=argparse.BooleanOptionalAction,
-        default=True,
+        default=False,
         help="ask a conversation's home rank to bring its KV up before its next turn "
         "(timed by the conversation's own gaps) and while the turn waits for a slot there",
     )

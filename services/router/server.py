@@ -66,8 +66,9 @@ class RouterConfig:
     # Cap on one forwarded engine call (None: the client's deadline alone, or none).
     max_call_seconds: float | None = None
     # Router-driven prefetch: a home rank brings a conversation's blocks up before its next
-    # turn (its own inter-turn gaps say when) and while the turn waits for a slot there.
-    prefetch: bool = True
+    # turn (its own inter-turn gaps say when) and while the turn waits for a slot there. Off:
+    # no gain measured on the tuning half (docs/prefetch.md).
+    prefetch: bool = False
     # An engine stream silent this long is cancelled and its rank taken for failed.
     stream_idle_seconds: float = 120.0
     tick_seconds: float = 0.05

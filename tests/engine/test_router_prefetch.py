@@ -136,7 +136,7 @@ def store_ranks(store: LocalStore) -> dict:
 
 def test_router_sends_prefetches_to_the_home_rank_after_a_turn():
     """A router that never asks leaves every returning turn to onboard at admission."""
-    router, port = create_server("127.0.0.1:0", RouterConfig())
+    router, port = create_server("127.0.0.1:0", RouterConfig(prefetch=True))
     address = f"127.0.0.1:{port}"
     engine = EngineRank(CONFIG, RankAddresses(router=address, rank_id="rank-0")).start()
     channel = grpc.insecure_channel(address)
@@ -164,8 +164,8 @@ def test_router_sends_prefetches_to_the_home_rank_after_a_turn():
 
 
 def test_router_without_prefetch_has_no_planner():
-    """The switch off must leave the router as it was (no thread, no calls)."""
-    router, _ = create_server("127.0.0.1:0", RouterConfig(prefetch=False))
+    """The switch off (the default) must leave the router as it was (no thread, no calls)."""
+    router, _ = create_server("127.0.0.1:0", RouterConfig())
     try:
         assert router.prefetch is None
     finally:
