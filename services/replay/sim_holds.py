@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import itertools
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 from ...kvstore.block_pool import NULL_PAGE
 from ...kvstore.tiers.metrics import DISK, HOST
@@ -57,7 +57,6 @@ class HoldStats:
     expired: int = 0  # holds whose turn never came in time
     taken: int = 0  # holds a turn took over
     late: int = 0  # ... while their copy was still in flight
-    per_conversation: dict[str, int] = field(default_factory=dict)
 
 
 class HoldSide:
