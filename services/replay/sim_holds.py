@@ -12,9 +12,9 @@ are on the device and cannot be evicted. Two things make one:
 
 The conversation's next turn on this rank takes the hold over at its admission (its own match
 then finds the pages on the device); a copy still in flight is charged to that admission.
-Memory pressure cancels prefetch holds after retained turns are released and before any
-request is preempted or refused (a pull's turn is already placed here: never); so does the
-hold's expiry.
+Memory pressure cancels holds after retained turns are released and before any request is
+preempted or refused, prefetches before pulls (a pull's turn is already placed here); a
+prefetch also ends at its expiry.
 
 `HoldSide` is that half of `SimRank`, split out for size: the rank is still the only caller
 of its manager.
@@ -184,11 +184,15 @@ class HoldSide:
         return True
 
     def _cancel_holds_until(self, fits: Callable[[], bool], keep: str = "") -> bool:
-        """Memory pressure: give prefetch holds back, the one expected latest first, until
-        `fits()`. A pull is never given back: its turn is already placed here and waits for it."""
+        """Memory pressure: give holds back until `fits()`: prefetches first (the one expected
+        latest first), pulls last (their turns are already placed here and wait for them; a
+        pull given back costs a recompute, a request refused for it costs more)."""
         for conversation_id in sorted(
-            (c for c, hold in self.holds.items() if c != keep and not hold.pulled),
-            key=lambda c: -(self.holds[c].expiry.when if self.holds[c].expiry else 0.0),
+            (c for c in self.holds if c != keep),
+            key=lambda c: (
+                self.holds[c].pulled,
+                -(self.holds[c].expiry.when if self.holds[c].expiry else 0.0),
+            ),
         ):
             self.release_hold_of(conversation_id)
             self.hold_stats.cancelled += 1
