@@ -22,7 +22,7 @@ does not fit after releasing stops the admissions: later items wait behind it.
 from __future__ import annotations
 
 from collections import deque
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Generic, Protocol, TypeVar
 
 from ...kvstore.manager import KVCacheManager
@@ -129,7 +129,7 @@ class StepPlanner(Generic[ItemT, ChunkT]):
         def fits() -> bool:
             return self._fits(item, count)
 
-        if self.retained.fits_or_release(fits):
+        if self._free_for(fits):
             return True
         while not fits():
             victims = [r for r in self.running if r is not item and r not in planned]
@@ -137,6 +137,11 @@ class StepPlanner(Generic[ItemT, ChunkT]):
                 return False
             self._preempt(victims[-1])
         return True
+
+    def _free_for(self, fits: Callable[[], bool]) -> bool:
+        """`fits()` now or after giving back what is kept but not in use (retained turns); a
+        rank that keeps more (held prefetches) gives that back here too."""
+        return self.retained.fits_or_release(fits)
 
     def _preempt(self, victim: ItemT) -> None:
         """Give back a running item's pages; it re-queues first and recomputes."""

@@ -37,6 +37,7 @@ from .engine_request import (
 from .kv_events import BlockEvent, BlockTokens
 from .lookahead import InflightStep, can_look_ahead, feed_rows, mark_pending
 from .metrics import EngineMetrics
+from .prefetch_holds import PrefetchResult
 from .request_handle import RequestHandle
 from .sampling import make_generator
 from .sampling_params import SampledToken, SampleFailure, TokenLogprob
@@ -51,6 +52,7 @@ IDLE_WAIT_SECONDS = 0.05
 CORE_CALL_TIMEOUT_SECONDS = 60.0
 CORE_CALL_POLL_SECONDS = 0.2
 RETAINED_RECOUNT_SECONDS = 0.5
+MAX_HOLD_SECONDS = 3600.0  # a prefetch hold longer than this is a client's mistake
 KVEventSink = Callable[[list[BlockEvent]], None]
 
 
@@ -82,7 +84,7 @@ class EngineCore:
         self.drain = DiskDrain(self.manager, self.metrics.drain_flushed_blocks)
         self._draining_mark = False  # the last mark handed to the core (set_draining's caller)
         self.scheduler = Scheduler(
-            self.manager, config.max_batch_size, config.max_num_batched_tokens
+            self.manager, config.max_batch_size, config.max_num_batched_tokens, clock
         )
         self._commands: queue.Queue[Callable[[], None]] = queue.Queue()
         self._handles: dict[str, RequestHandle] = {}
@@ -141,6 +143,25 @@ class EngineCore:
         if draining != self._draining_mark:
             self._draining_mark = draining
             self._commands.put(lambda: self.drain.set_draining(draining))
+
+    def prefetch_conversation(
+        self, conversation_id: str, hold_seconds: float, prompt: tuple[int, ...] = ()
+    ) -> PrefetchResult:
+        """Bring a conversation's blocks (of `prompt`, else its last prompt here) up to the
+        device and hold them for its next turn (`prefetch_holds.py`); runs on the core thread."""
+        if not conversation_id:
+            raise InvalidRequestError("conversation_id", "empty: name the conversation")
+        if not 0 < hold_seconds <= MAX_HOLD_SECONDS:
+            raise InvalidRequestError(
+                "hold_seconds", f"{hold_seconds} not in (0, {MAX_HOLD_SECONDS:g}]"
+            )
+        if len(prompt) > self.max_request_tokens():
+            raise InvalidRequestError(
+                "prompt_token_ids",
+                f"{len(prompt)} tokens > {self.max_request_tokens()} this rank serves",
+            )
+        holds = self.scheduler.holds
+        return self.call_on_core(lambda: holds.hold(conversation_id, prompt or None, hold_seconds))
 
     def call_on_core(
         self, fn: Callable[[], Any], timeout: float = CORE_CALL_TIMEOUT_SECONDS

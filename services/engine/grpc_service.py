@@ -223,6 +223,18 @@ class EngineServicer(engine_pb2_grpc.EngineServicer):
             return grpc.StatusCode.INTERNAL
         return GRPC_CODES[type(error)]
 
+    def PrefetchConversation(self, request, context) -> engine_pb2.PrefetchReply:
+        prompt = tuple(request.prompt_token_ids.ids)
+        try:
+            result = self._core.prefetch_conversation(
+                request.conversation_id, request.hold_seconds, prompt
+            )
+        except (InvalidRequestError, EngineStoppedError, TimeoutError) as error:
+            context.abort(self._code_of(error), str(error))
+        return engine_pb2.PrefetchReply(
+            held=result.held, host_blocks=result.host_blocks, disk_blocks=result.disk_blocks
+        )
+
     def PullKvBlocks(self, request, context):
         side = getattr(self._core.role, "side", None)
         if side is None:

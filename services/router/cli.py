@@ -112,6 +112,13 @@ def register(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
         help="the same bound in time (the one that binds by default)",
     )
     parser.add_argument(
+        "--prefetch",
+        action=argparse.BooleanOptionalAction,
+        default=False,
+        help="ask a conversation's home rank to bring its KV up before its next turn "
+        "(timed by the conversation's own gaps) and while the turn waits for a slot there",
+    )
+    parser.add_argument(
         "--placement",
         choices=("load", "prefix", "round_robin"),
         default="load",
@@ -188,6 +195,7 @@ def router_config(args: argparse.Namespace):
         redis_tls=args.redis_tls,
         max_queue_seconds=args.max_queue_seconds,
         max_call_seconds=args.max_call_seconds,
+        prefetch=args.prefetch,
         lease_seconds=args.lease_seconds,
         redis_timeout_seconds=args.redis_timeout_seconds,
         stream_idle_seconds=args.stream_idle_seconds,

@@ -21,6 +21,7 @@ from .admission import GENERATION_ROLES, AdmissionConfig, AdmissionQueue
 from .failover_store import FailoverStore
 from .fleet_secret import RANK_PORT_MESSAGE_BYTES, FleetSecretInterceptor
 from .metrics import RouterMetrics
+from .prefetch import PrefetchPlanner
 from .prefix_index import PrefixIndex
 from .redis_connect import RedisSettings, connect
 from .redis_store import RedisStore
@@ -64,6 +65,10 @@ class RouterConfig:
     max_queue_seconds: float = 600.0
     # Cap on one forwarded engine call (None: the client's deadline alone, or none).
     max_call_seconds: float | None = None
+    # Router-driven prefetch: a home rank brings a conversation's blocks up before its next
+    # turn (its own inter-turn gaps say when) and while the turn waits for a slot there. Off:
+    # no gain measured on the tuning half (docs/prefetch.md).
+    prefetch: bool = False
     # An engine stream silent this long is cancelled and its rank taken for failed.
     stream_idle_seconds: float = 120.0
     tick_seconds: float = 0.05
@@ -108,6 +113,7 @@ class RouterServer:
         self.front_port = 0  # plain gRPC for the HTTP front beside the router (create_server)
         self.grpc_server = grpc_server
         self.lease = lease
+        self.prefetch: PrefetchPlanner | None = None  # set by create_server when it is on
         self.runtime = runtime
         self.metrics = metrics
         self._channels = channels
@@ -130,6 +136,8 @@ class RouterServer:
             self.rank_server.stop(0)
         self.grpc_server.stop(grace).wait(timeout=(grace or 0) + 5)
         self.runtime.stop()
+        if self.prefetch is not None:
+            self.prefetch.stop()
         if self._watch is not None:
             self._watch.stop()
         if self.lease is not None:
@@ -218,10 +226,14 @@ def create_server(
     runtime.removal_listeners.append(watch.rank_removed)
     interceptors = (FleetSecretInterceptor(config.fleet_secret),)
     grpc_server = _grpc_server(config, "router-grpc", interceptors)
-    router_pb2_grpc.add_RouterServicer_to_server(
-        RouterServicer(runtime, channels, config.limits, clock, watch, config.max_call_seconds),
-        grpc_server,
+    planner = None
+    if config.prefetch:
+        planner = PrefetchPlanner(channels.stub, clock, config.admission.max_wait_seconds)
+        runtime.after_pass.append(planner.after_pass)
+    servicer = RouterServicer(
+        runtime, channels, config.limits, clock, watch, config.max_call_seconds, planner
     )
+    router_pb2_grpc.add_RouterServicer_to_server(servicer, grpc_server)
     registry = RankRegistryServicer(
         runtime,
         config.admission.heartbeat_timeout_seconds,
@@ -263,10 +275,13 @@ def create_server(
     if isinstance(store, FailoverStore):
         lease = ReplicaLease(store, config.lease_seconds).start()
     runtime.start()
+    if planner is not None:
+        planner.start()
     grpc_server.start()
     server = RouterServer(
         grpc_server, runtime, channels, metrics, health_servicer, lease, watch, rank_server
     )
+    server.prefetch = planner
     server.rank_port = rank_port
     server.front_port = front_port
     if config.metrics_port is not None:
