@@ -2,7 +2,8 @@
 
 Every backend computes, for each new token of each sequence, causal attention over the
 sequence's cached plus new keys (read from its pages), restricted to the last `window`
-positions (the query's own included) when `window` is set.
+positions (the query's own included) when `window` is set. Pages of an fp8 cache come with
+`kv_scales` (each `[kv_heads]`, kv_quant.py): a backend reads `stored * scale`.
 """
 
 from __future__ import annotations
@@ -29,8 +30,10 @@ class AttentionBackend(Protocol):
         meta: AttentionMetadata,
         window: int | None,
         scale: float,
+        kv_scales: tuple[torch.Tensor, torch.Tensor] | None = None,
     ) -> torch.Tensor:
-        """Attention of the new queries over their sequences' pages (reads only)."""
+        """Attention of the new queries over their sequences' pages (reads only); `kv_scales`:
+        the K and V scales of fp8 pages (None: the pages hold the values themselves)."""
         ...
 
 

@@ -1,13 +1,23 @@
-"""`flash` backend: flash-attn's CuTe paged kernel (`flash_attn.cute`), CUDA only."""
+"""`flash` backend: flash-attn's CuTe paged kernel (`flash_attn.cute`), CUDA only.
+
+An fp8 cache: the kernel takes no fp8 K/V, so the batch's own pages (its page table's) are
+gathered and dequantized into a scratch pool of the query's dtype, and the kernel reads that
+through a page table of local ids. Shapes come from the page table alone, so a captured CUDA
+graph replays it. The cost: each step reads the fp8 pages, writes and reads them again in bf16
+(about 2.5x a bf16 cache's KV traffic), and the scratch holds the batch's pages of one layer;
+what fp8 buys is capacity (twice the pages per byte), not decode speed (docs/engine-gpu.md).
+"""
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 
 import torch
 
 from .attention import BackendEntry, register_backend
 from .batch import AttentionMetadata
+from .kv_quant import dequantize
 
 
 @functools.cache
@@ -64,8 +74,11 @@ class FlashAttention:
         meta: AttentionMetadata,
         window: int | None,
         scale: float,
+        kv_scales: tuple[torch.Tensor, torch.Tensor] | None = None,
     ) -> torch.Tensor:
         """Attention of the new queries over their sequences' pages (reads only)."""
+        if kv_scales is not None:
+            k_pages, v_pages, meta = gather_dequantized(k_pages, v_pages, meta, kv_scales, q.dtype)
         splits = self._decode_splits(q, k_pages, meta, window)
         if splits > 1:
             return self._split_decode(q, k_pages, v_pages, meta, scale, splits)
@@ -164,6 +177,23 @@ class FlashAttention:
         parts = out.float().reshape(batch, splits, *out.shape[1:]).nan_to_num()
         merged = (parts * weight).sum(dim=1) / weight.sum(dim=1)
         return merged.to(q.dtype)
+
+
+def gather_dequantized(
+    k_pages: torch.Tensor,
+    v_pages: torch.Tensor,
+    meta: AttentionMetadata,
+    kv_scales: tuple[torch.Tensor, torch.Tensor],
+    dtype: torch.dtype,
+) -> tuple[torch.Tensor, torch.Tensor, AttentionMetadata]:
+    """The pages `meta.page_table` names, dequantized to `dtype` as a pool of their own
+    `[B * P, page, KVH, D]`, and `meta` with the table `[B, P]` of their ids in it."""
+    table = meta.page_table
+    index = table.flatten().long()
+    k = dequantize(k_pages.index_select(0, index), kv_scales[0], dtype)
+    v = dequantize(v_pages.index_select(0, index), kv_scales[1], dtype)
+    local = torch.arange(index.numel(), device=table.device, dtype=table.dtype)
+    return k, v, dataclasses.replace(meta, page_table=local.view(table.shape))
 
 
 register_backend("flash", BackendEntry(factory=FlashAttention, supports=_supports))

@@ -93,7 +93,9 @@ class HybridLM(nn.Module):
             cache.write(layer, k, v, batch.slots[group])
             k_pages, v_pages = cache.kv(layer)
             meta = batch.attention[group]
-            return backend.forward(q, k_pages, v_pages, meta, None, self._scale)
+            return backend.forward(
+                q, k_pages, v_pages, meta, None, self._scale, kv_scales=cache.kv_scales(layer)
+            )
 
         def mix(layer: int, mixer: SelectiveSSM, x: torch.Tensor) -> torch.Tensor:
             states = cache.states(layer)
