@@ -6,8 +6,10 @@ import pytest
 import torch
 from engine_helpers import paged_case, small_config
 from kvfleet.services.engine import (
+    ForwardBatch,
     PagedKVCache,
     SamplingParams,
+    SequenceChunk,
     build_model,
     generate,
     make_backend,
@@ -154,3 +156,41 @@ def test_fp8_greedy_agreement_with_fp32_kv_is_reported(capsys):
             f"before the first difference, {exact}/{total} position-wise equal"
         )
     assert same_prefix >= total // 4
+
+
+def _run(model, cache, tokens, start, pages, chunk):
+    """Prefill `tokens[start:]` in chunks of `chunk`; the last logits."""
+    backend = make_backend("reference", "cpu")
+    for first in range(start, len(tokens), chunk):
+        piece = SequenceChunk(tokens[first : first + chunk], first, pages)
+        logits = model(ForwardBatch.build([piece], cache), cache, backend)
+    return logits
+
+
+def _greedy_from(model, cache, tokens, start, chunk, count):
+    """Prefill `tokens[start:]` (the KV before `start` is cached), then `count` greedy tokens."""
+    pages = {group: list(range(1, 40)) for group in cache.num_pages}
+    logits = _run(model, cache, tokens, start, pages, chunk)
+    out = []
+    for _ in range(count):
+        out.append(int(logits[0].argmax()))
+        logits = _run(model, cache, [*tokens, *out], len(tokens) + len(out) - 1, pages, 1)
+    return out
+
+
+@pytest.mark.parametrize("turn", ["appended", "resent"])
+def test_fp8_greedy_with_cached_prefix_equals_without(turn):
+    """Pages a cached prefix reuses (prefill- and decode-written) must hold what a fresh
+    prefill writes, or a turn's output would depend on what was cached."""
+    config = small_config(window=8)
+    model = build_model(config, seed=4)
+    scales = calibrate_kv_scales(model, config.groups, torch.device("cpu"))
+    prompt = torch.randint(0, 64, (37,), generator=torch.Generator().manual_seed(1)).tolist()
+    warm = PagedKVCache(config, 40, 4, dtype=FP8_DTYPE, scales=scales)
+    output = _greedy_from(model, warm, prompt, 0, 16, 12)  # KV of all but the last output
+    second = [*prompt, *output, 5, 9, 1, 33, 2] if turn == "appended" else prompt
+    reused = len(prompt) + len(output) - 1 if turn == "appended" else len(prompt) - 1
+    cached = _greedy_from(model, warm, second, reused, 16, 16)
+    cold = PagedKVCache(config, 40, 4, dtype=FP8_DTYPE, scales=scales)
+    assert cached == _greedy_from(model, cold, second, 0, 64, 16)
+    warm.check_integrity()
