@@ -69,7 +69,7 @@ class TorchCompute:
         kv_dtype = kv_cache_dtype(config, dtype)
         self.kv_scales = self._kv_scales(kv_dtype)
         tag = self.kv_scales.tag() if self.kv_scales is not None else ""
-        self.kv = build_kv(self.model_config, config, kv_dtype, budget, tag)
+        self.kv = build_kv(self.model_config, config, dtype, budget, tag)
         self.store_config = self.kv.store_config
         self.cache: DeviceKVCache | None = None  # the latest open_tiers' device KV
         self.attention = make_backend(config.attention_backend, self.device)

@@ -161,8 +161,8 @@ def build_kv(
     scales_tag: str = "",
 ) -> KVSetup:
     """Size the pools within `budget` and describe their pages (nothing is allocated yet);
-    `dtype` is the pages' (an fp8 page is half a bf16 page's bytes, so the same budget holds
-    twice the pages)."""
+    `dtype` is the weights' (the pages' is `kv_cache_dtype`: an fp8 page is half a bf16
+    page's bytes, so the same budget holds twice the pages)."""
     layout = kv_layout(model, config, dtype, scales_tag)
     return KVSetup(kvstore_config(model, config, budget, layout), layout)
 
@@ -170,16 +170,17 @@ def build_kv(
 def kv_layout(
     model: ModelConfig, config: EngineConfig, dtype: torch.dtype, scales_tag: str = ""
 ) -> KVLayout:
-    """One page per life cycle: its layer group's layers, K and V, `page_size` tokens; a
-    recurrent group's page holds one fp32 state per layer (bytes of its own, in any KV dtype).
-    `scales_tag`: an fp8 cache's `KVScales.tag()`."""
+    """One page per life cycle: its layer group's layers, K and V, `page_size` tokens, in the
+    `kv_cache_dtype` of a model whose weights are in `dtype`; a recurrent group's page holds
+    one fp32 state per layer (bytes of its own, in any KV dtype). `scales_tag`: an fp8
+    cache's `KVScales.tag()`."""
     state_bytes = {STATE_GROUP: model.ssm_state_floats * 4} if model.ssm_layers else {}
     return KVLayout(
         page_size=config.page_size,
         kv_heads=model.num_kv_heads,
         head_dim=model.head_dim,
         layers=dict(model.groups),
-        dtype=str(dtype).removeprefix("torch."),
+        dtype=str(kv_cache_dtype(config, dtype)).removeprefix("torch."),
         state_bytes=state_bytes,
         scales_tag=scales_tag,
     )

@@ -59,7 +59,7 @@ def follow(config: EngineConfig) -> int:
     from ..attention import make_backend
     from ..device import resolve_device
     from ..device_kv_cache import DeviceKVCache
-    from ..kv_setup import kv_cache_dtype, kv_layout
+    from ..kv_setup import kv_layout
     from .loading import load_sharded_checkpoint
     from .step_plan import StepPlanFollower
 
@@ -74,7 +74,7 @@ def follow(config: EngineConfig) -> int:
     dtype = next(model.parameters()).dtype
 
     def open_kv(pool_pages: dict, host_pages: dict):
-        layout = kv_layout(model.config, config, kv_cache_dtype(config, dtype))
+        layout = kv_layout(model.config, config, dtype)
         store = TorchBytes(layout, pool_pages, host_pages, device)
         return DeviceKVCache(model.config, store.kv), store
 
