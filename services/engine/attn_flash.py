@@ -190,8 +190,10 @@ def gather_dequantized(
     `[B * P, page, KVH, D]`, and `meta` with the table `[B, P]` of their ids in it."""
     table = meta.page_table
     index = table.flatten().long()
-    k = dequantize(k_pages.index_select(0, index), kv_scales[0], dtype)
-    v = dequantize(v_pages.index_select(0, index), kv_scales[1], dtype)
+    # NOTE: gathered as bytes: index kernels do not all take fp8.
+    k = k_pages.view(torch.uint8).index_select(0, index).view(k_pages.dtype)
+    v = v_pages.view(torch.uint8).index_select(0, index).view(v_pages.dtype)
+    k, v = dequantize(k, kv_scales[0], dtype), dequantize(v, kv_scales[1], dtype)
     local = torch.arange(index.numel(), device=table.device, dtype=table.dtype)
     return k, v, dataclasses.replace(meta, page_table=local.view(table.shape))
 
