@@ -6,13 +6,14 @@ No torch here: the simulator sizes pages from these names alone.
 
 from __future__ import annotations
 
+from ...kvstore.tiers.layout import DTYPE_BYTES
+
 # Fleet setting -> the torch dtype name the pages are kept in (None: the model's dtype).
 KV_CACHE_DTYPES: dict[str, str | None] = {
     "auto": None,
     "bf16": "bfloat16",
     "fp8_e4m3": "float8_e4m3fn",
 }
-KV_DTYPE_BYTES = {"float32": 4, "float16": 2, "bfloat16": 2, "float8_e4m3fn": 1}
 
 
 def check_kv_cache_dtype(choice: str, field: str = "kv_cache_dtype") -> str:
@@ -28,6 +29,7 @@ def kv_dtype_name(choice: str, model_dtype: str) -> str:
     return KV_CACHE_DTYPES[check_kv_cache_dtype(choice)] or model_dtype
 
 
-def is_fp8(dtype_name: str) -> bool:
-    """Whether pages of `dtype_name` are quantized (need scales to be read)."""
-    return dtype_name.startswith("float8")
+def kv_dtype_bytes(choice: str, model_dtype_bytes: int) -> int:
+    """Bytes of one K/V element for setting `choice` (`auto`: the model's own)."""
+    name = KV_CACHE_DTYPES[check_kv_cache_dtype(choice)]
+    return DTYPE_BYTES[name] if name else model_dtype_bytes

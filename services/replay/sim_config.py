@@ -22,7 +22,8 @@ from ..core.cost_figures import (
     SimConfigError,
     default_figures,
 )
-from ..core.kv_cache_dtype import KV_CACHE_DTYPES, KV_DTYPE_BYTES, kv_dtype_name
+from ..core.kv_cache_dtype import KV_CACHE_DTYPES
+from ..core.kv_cache_dtype import kv_dtype_bytes as element_bytes
 
 
 @dataclass(frozen=True)
@@ -126,9 +127,7 @@ class SimConfig:
 
 def kv_dtype_bytes(fleet: FleetOptions, model: ModelShape) -> int:
     """Bytes of one KV element of `fleet`'s pages (`auto`: the model's `dtype_bytes`)."""
-    if fleet.kv_cache_dtype == "auto":
-        return model.dtype_bytes
-    return KV_DTYPE_BYTES[kv_dtype_name(fleet.kv_cache_dtype, "bfloat16")]
+    return element_bytes(fleet.kv_cache_dtype, model.dtype_bytes)
 
 
 def load_sim_config(path: Path | None = None, overrides: dict[str, str] | None = None) -> SimConfig:
