@@ -194,3 +194,18 @@ def test_fp8_greedy_with_cached_prefix_equals_without(turn):
     cold = PagedKVCache(config, 40, 4, dtype=FP8_DTYPE, scales=scales)
     assert cached == _greedy_from(model, cold, second, 0, 64, 16)
     warm.check_integrity()
+
+
+@pytest.mark.parametrize(
+    ("scales", "match"),
+    [
+        (torch.ones(1, 2), "shape"),
+        (torch.ones(1, 3, 2), "shape"),
+        (torch.zeros(1, 2, 2), "finite and positive"),
+        (torch.full((1, 2, 2), float("inf")), "finite and positive"),
+    ],
+)
+def test_bad_scales_are_refused_naming_the_group(scales, match):
+    """A zero or misshapen scale would turn every read of its layer into NaN or garbage."""
+    with pytest.raises(ValueError, match=f"group 'full'.*{match}|{match}.*'full'"):
+        KVScales({"full": scales})
