@@ -110,6 +110,12 @@ class RouterProcess:
     port: int
     rank_port: int
     metrics_port: int
+    http_port: int
+
+    def rss_mib(self) -> float:
+        """The router process's resident memory now, MiB."""
+        status = Path(f"/proc/{self.process.pid}/status").read_text()
+        return int(re.search(r"^VmRSS:\s+(\d+) kB", status, re.MULTILINE).group(1)) / 1024
 
     def metric(self, name: str) -> float:
         url = f"http://{HOST}:{self.metrics_port}/metrics"
@@ -120,14 +126,15 @@ class RouterProcess:
 
 
 def start_router(procs: Processes, name: str, redis_url: str, *extra: str) -> RouterProcess:
-    port, rank_port, metrics_port = free_port(), free_port(), free_port()
+    port, rank_port, metrics_port, http_port = (free_port() for _ in range(4))
     command = [sys.executable, "-m", "kvfleet.services.cli", "router", "--host", HOST,
                "--grpc-port", str(port), "--rank-port", str(rank_port),
-               "--metrics-port", str(metrics_port), "--redis-url", redis_url,
+               "--metrics-port", str(metrics_port), "--http-port", str(http_port),
+               "--redis-url", redis_url,
                "--redis-prefix", "faults", "--replica-id", name, *extra]  # fmt: skip
     process = procs.spawn(name, command)
-    wait_for(lambda: "router listening" in procs.log(name), START_TIMEOUT_S, f"{name} up")
-    return RouterProcess(process, port, rank_port, metrics_port)
+    wait_for(lambda: "http port" in procs.log(name), START_TIMEOUT_S, f"{name} up")
+    return RouterProcess(process, port, rank_port, metrics_port, http_port)
 
 
 def start_rank(procs: Processes, rank_id: str, rank_port: int) -> subprocess.Popen:

@@ -2,8 +2,10 @@
 `kvfleet engine` ranks), one fault at a time under client load; per fault a row of what the
 clients saw: sent, succeeded, failed cleanly, hung, wrong.
 
-    .venv/bin/python bench/fault_matrix.py
+    .venv/bin/python bench/fault_matrix.py [--fast]
 
+The router runs with its shipped settings (strict affinity, 10 s heartbeat timeout, 120 s
+stream idle timeout); `--fast` shortens them (lenient affinity, 3 s timeouts) for a quicker run.
 `ok/s` of a row is its requests finished per second; the baseline row is the same load with no
 fault, measured in the same run. A few minutes on 2 cores.
 """
@@ -11,9 +13,12 @@ fault, measured in the same run. A few minutes on 2 cores.
 from __future__ import annotations
 
 import signal
+import socket
 import sys
 import tempfile
+import threading
 import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import grpc
@@ -32,15 +37,20 @@ from fault_kit import (
     start_router,
     wait_for,
 )
-from kvfleet.proto import router_pb2, router_pb2_grpc
+from kvfleet.proto import common_pb2, router_pb2, router_pb2_grpc
 from kvfleet.services.router.fleet_secret import secret_metadata
 from kvfleet.services.router.redis_store import RedisStore
 
 RANKS = ("rank-0", "rank-1", "rank-2")
-ROUTER_FLAGS = (
+FAST_FLAGS = (
     *("--heartbeat-timeout-seconds", "3", "--stream-idle-seconds", "3"),
     *("--lease-seconds", "3", "--redis-timeout-seconds", "1", "--affinity", "lenient"),
 )
+FAST = "--fast" in sys.argv[1:]
+ROUTER_FLAGS = FAST_FLAGS if FAST else ()
+HEARTBEAT_TIMEOUT_S = 3.0 if FAST else 10.0  # the router's --heartbeat-timeout-seconds
+BIG_REGISTER_BYTES = 70 * 1024 * 1024
+SLOW_CLIENTS = 50
 DEADLINE = 30.0
 ROWS: list[tuple[str, Counts, str]] = []
 
@@ -116,7 +126,7 @@ def run(procs: Processes) -> None:
     outage.sent += after.sent
     for name in ("succeeded", "failed_cleanly", "hung", "wrong"):
         setattr(outage, name, getattr(outage, name) + getattr(after, name))
-    time.sleep(4)  # one heartbeat timeout past the resync: would silent ranks be swept?
+    time.sleep(HEARTBEAT_TIMEOUT_S + 1)  # past the resync: would silent ranks be swept?
     row("redis killed, restarted empty", outage, f"ranks removed {removed(router) - before:g}")
 
     def busy(rank_id: str) -> None:
@@ -154,6 +164,86 @@ def run(procs: Processes) -> None:
     row("router replica SIGKILL", via_b, f"its slots back in {reclaimed.get('s', -1):.1f} s")
 
     row("forged Register (no secret; live id)", forged_registers(router))
+    live = shared.snapshot()["rank-0"][0].info
+    row("re-Register of a live rank with 64 slots", resized_register(router, live))
+    rss_before = router.rss_mib()
+    big = unauthenticated_big_registers(router)
+    rss = f"router RSS {rss_before:.0f} -> {router.rss_mib():.0f} MiB"
+    row("8 x 70 MB Register without the secret", big, f"{rss}; codes {big.codes}")
+    slow, seconds = slowloris(router.http_port)
+    row(f"{SLOW_CLIENTS} half-sent HTTP requests (router front)", slow,
+        f"all closed by the server after {seconds:.0f} s")  # fmt: skip
+    after_faults = run_load(router.port, turns("after", 12), 6, DEADLINE)
+    row("load after the rank-door faults", after_faults, ok_rate(after_faults))
+
+
+def resized_register(router, live) -> Counts:
+    """A live rank's registration again, but with 64 slots: must be refused, not applied."""
+    counts = Counts(sent=1)
+    request = router_pb2.RegisterRequest(
+        rank_id=live.rank_id, address=live.address, max_batch_size=64,
+        role=common_pb2.RANK_ROLE_BOTH, block_size=live.block_size,
+    )  # fmt: skip
+    with grpc.insecure_channel(f"{HOST}:{router.rank_port}") as channel:
+        try:
+            router_pb2_grpc.RankRegistryStub(channel).Register(
+                request, timeout=10, metadata=secret_metadata(SECRET)
+            )
+            counts.add("wrong")  # the router would overfill the rank
+        except grpc.RpcError as error:
+            counts.add("failed_cleanly", error.code().name)
+    return counts
+
+
+def unauthenticated_big_registers(router) -> Counts:
+    """Eight 70 MB Register calls at once, without the fleet secret."""
+    counts = Counts(sent=8)
+    options = (("grpc.max_send_message_length", 2 * BIG_REGISTER_BYTES),)
+    forged = router_pb2.RegisterRequest(
+        rank_id="intruder", address="x" * BIG_REGISTER_BYTES, max_batch_size=4
+    )
+    with grpc.insecure_channel(f"{HOST}:{router.rank_port}", options=options) as channel:
+        registry = router_pb2_grpc.RankRegistryStub(channel)
+
+        def one(_index: int) -> None:
+            try:
+                registry.Register(forged, timeout=60)
+                counts.add("wrong")
+            except grpc.RpcError as error:
+                outcome = "hung" if error.code() == grpc.StatusCode.DEADLINE_EXCEEDED else None
+                counts.add(outcome or "failed_cleanly", error.code().name)
+
+        with ThreadPoolExecutor(8) as pool:
+            list(pool.map(one, range(8)))
+    return counts
+
+
+def slowloris(http_port: int, bound_s: float = 90.0) -> tuple[Counts, float]:
+    """Connections that send half a request head and go quiet; failed cleanly: closed by the
+    server within `bound_s`, hung: still open then."""
+    counts = Counts(sent=SLOW_CLIENTS)
+    start = time.monotonic()
+    sockets = []
+    for _ in range(SLOW_CLIENTS):
+        sock = socket.create_connection((HOST, http_port))
+        sock.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\n")
+        sockets.append(sock)
+
+    def wait_closed(sock: socket.socket) -> None:
+        sock.settimeout(max(0.1, bound_s - (time.monotonic() - start)))
+        try:
+            closed = sock.recv(1) == b""
+        except TimeoutError:
+            closed = False
+        counts.add("failed_cleanly" if closed else "hung")
+        sock.close()
+
+    threads = [threading.Thread(target=wait_closed, args=(s,)) for s in sockets]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    return counts, time.monotonic() - start
 
 
 def forged_registers(router) -> Counts:

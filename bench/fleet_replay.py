@@ -27,6 +27,26 @@ SHARED = Path(
     os.environ.get("KVFLEET_SHARED") or Path(__file__).resolve().parents[1] / ".." / "shared"
 )
 ROUTER_GRPC, RANK_PORT, ROUTER_HTTP, ROUTER_METRICS = 50051, 50052, 8000, 9400
+ENGINE_METRICS = 9500  # + rank index
+# What each arm's counters say about where reuse was lost (summed over labels and ranks):
+# turns placed off their pin, strict's fallbacks past the wait bound, conversations whose
+# retained turns were handed to the LRU for room, preemptions, pages onboarded from the host.
+ROUTER_COUNTERS = tuple(
+    f"kvfleet_router_{name}_total"
+    for name in (
+        "admissions",
+        "pinned_hits",
+        "deferrals",
+        "deferrals_past_bound",
+        "requeued_full",
+        "retries",
+    )
+)
+ENGINE_COUNTERS = tuple(
+    f"kvfleet_engine_{name}_total"
+    for name in ("retained_conversations_released", "preemptions", "prompt_tokens", "cached_tokens")
+)
+ENGINE_COUNTER_PREFIXES = ("kvfleet_engine_kv_tier_",)
 KVFLEET = [sys.executable, "-m", "kvfleet.services.cli"]
 
 
@@ -125,12 +145,41 @@ def start_fleet(args, arm, engine_yaml: Path, logs: Path) -> list[subprocess.Pop
     for i in range(args.ranks):
         engine = [*KVFLEET, "engine", "--host", "127.0.0.1", "--advertise-host", "127.0.0.1",
                   "--grpc-port", str(50061 + i), "--http-port", str(8101 + i),
-                  "--metrics-port", "-1", "--router", f"127.0.0.1:{RANK_PORT}",
+                  "--metrics-port", str(ENGINE_METRICS + i), "--router", f"127.0.0.1:{RANK_PORT}",
                   "--rank-id", f"rank-{i}", "--config", str(engine_yaml), "--model", args.model,
                   "--device", args.device, "--compute-backend", args.compute_backend]  # fmt: skip
         log = log_file(logs / f"engine{i}.log")
         procs.append(subprocess.Popen(engine, stdout=log, stderr=subprocess.STDOUT))
     return procs
+
+
+def counter_sums(text: str, names: tuple[str, ...], prefixes: tuple[str, ...] = ()) -> dict:
+    """Sum each named counter (and every counter under `prefixes`) over its labels."""
+    sums: dict[str, float] = {}
+    for line in text.splitlines():
+        if line.startswith("#") or " " not in line:
+            continue
+        series, value = line.rsplit(" ", 1)
+        name = series.split("{", 1)[0]
+        if name in names or (name.endswith("_total") and name.startswith(prefixes)):
+            key = series if name == "kvfleet_router_admissions_total" else name
+            sums[key] = sums.get(key, 0.0) + float(value)
+    return sums
+
+
+def scrape_counters(ranks: int, logs: Path) -> dict:
+    """The router's and the engines' counters at the end of an arm (texts kept in `logs`)."""
+    counters: dict[str, float] = {}
+    sources = [("router", ROUTER_METRICS, ROUTER_COUNTERS, ())] + [
+        (f"engine{i}", ENGINE_METRICS + i, ENGINE_COUNTERS, ENGINE_COUNTER_PREFIXES)
+        for i in range(ranks)
+    ]
+    for name, port, names, prefixes in sources:
+        text = get(f"http://127.0.0.1:{port}/metrics") or ""
+        (logs / f"metrics-{name}.txt").write_text(text)
+        for key, value in counter_sums(text, names, prefixes).items():
+            counters[key] = counters.get(key, 0.0) + value
+    return counters
 
 
 def stop_fleet(procs: list[subprocess.Popen]) -> None:
@@ -200,7 +249,10 @@ def main() -> int:
             run = subprocess.run(replay, timeout=max(left, 1))
             status = status or run.returncode
             fleet["arms"][name] = {"ready_s": ready_s, "replay_rc": run.returncode,
-                                   "replay_s": time.monotonic() - started - ready_s}  # fmt: skip
+                                   "replay_s": time.monotonic() - started - ready_s,
+                                   "counters": scrape_counters(args.ranks, logs)}  # fmt: skip
+            print(f"arm {name} counters: {json.dumps(fleet['arms'][name]['counters'])}",
+                  flush=True)  # fmt: skip
         except (RuntimeError, subprocess.TimeoutExpired, OSError) as error:
             print(f"arm {name}: {error}", flush=True)
             fleet["arms"][name] = {"error": str(error)}

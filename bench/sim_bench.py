@@ -23,7 +23,13 @@ from pathlib import Path
 
 from kvfleet.services.replay.driver import DriverOptions
 from kvfleet.services.replay.plots import write_plots
-from kvfleet.services.replay.readers import ReadOptions, filter_max_model_len, read_traces
+from kvfleet.services.replay.readers import (
+    ReadOptions,
+    cap_output_tokens,
+    filter_max_model_len,
+    first_turns,
+    read_traces,
+)
 from kvfleet.services.replay.runner import run_arm
 from kvfleet.services.replay.sim_config import load_sim_config
 from kvfleet.services.replay.sim_target import SimTarget
@@ -109,8 +115,14 @@ async def run_sim_arms(
     """Replay the same sessions on each arm's fleet; rows of (name, measures, wall s, stats,
     result). `extra_measures(target, records)` adds an arm's own figures to its measures;
     `attach(target)` runs on each arm's fleet before its replay (a tracer)."""
-    files = session_files(getattr(args, "half", "all"), args.sessions)
+    files = getattr(args, "files", None) or session_files(
+        getattr(args, "half", "all"), args.sessions
+    )
     conversations = filter_max_model_len(read_traces(files, ReadOptions()), args.max_model_len)
+    if getattr(args, "max_turns", None) is not None:
+        conversations = first_turns(conversations, args.max_turns)
+    if getattr(args, "max_tokens", None) is not None:
+        conversations = cap_output_tokens(conversations, args.max_tokens)
     options = DriverOptions(len(conversations), args.time_scale, args.stagger)
     rows = []
     for name, fleet in fleets.items():

@@ -16,7 +16,7 @@ the per-5-minute reuse plot from the start (`--plot`). `--seeds 1,2`: mean (min-
 
 Run: nice -n 10 .venv/bin/python bench/sim_load_bench.py [--half report] [--concurrency 48]
      [--ranks 4] [--slots 8] [--gpu-pages 12800] [--host-pages 12800] [--context-servers]
-     [--time-scale 1] [--seeds 1,2] [--plot DIR]
+     [--time-scale 1] [--seeds 1,2] [--plot DIR] [--losses]
 """
 
 from __future__ import annotations
@@ -39,9 +39,11 @@ from kvfleet.services.replay.runner import turn_index
 from kvfleet.services.replay.sim_config import load_sim_config
 from kvfleet.services.replay.sim_target import SimTarget
 from kvfleet.services.replay.tokens import TokenSynthesizer
+from loss_tracer import LossTracer
 from rich.console import Console
 from rich.table import Table
 from sim_bench import HYBRID_MODEL, session_files
+from sim_loss_bench import print_tables
 from sim_sweep import overrides
 
 BASELINE = {"affinity": "lenient", "reuse_policy": "per_request", "checkpoint": "off"}
@@ -141,6 +143,12 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--model", type=Path, default=HYBRID_MODEL, help="sim YAML")
     parser.add_argument("--plot", type=Path, default=None, help="write the PNGs into DIR")
     parser.add_argument("--json", type=Path, default=None)
+    parser.add_argument(
+        "--losses",
+        action="store_true",
+        help="trace every rank's kvstore and print, per arm, why each measured later turn "
+        "reused less than the oracle (sim_loss_bench's table)",
+    )
     return parser.parse_args()
 
 
@@ -205,9 +213,12 @@ async def run_one(name, fleet, conversations, warm, args) -> dict:
     sent = [first_token_only(c) for c in conversations] if args.context_servers else conversations
     driver = LoadDriver(target, TokenSynthesizer(args.seed, 32000), options)
     probe = LoadProbe(target, start, start + window_s, period_s=5.0)
+    tracer = LossTracer(target) if args.losses else None
     try:
         records = await driver.run(sent)
     finally:
+        if tracer is not None:
+            tracer.close()
         await target.aclose()
     end = start + window_s
     oracle, turns = PrefixOracle(), turn_index(conversations)
@@ -233,6 +244,15 @@ async def run_one(name, fleet, conversations, warm, args) -> dict:
     m["load"] = probe.summary()
     m["load"]["prefill_step_share"] = m["stats"]["prefill_busy_s"] / max(m["stats"]["busy_s"], 1e-9)
     m["records"] = measured
+    if tracer is not None:
+        # The tracer numbers a conversation's requests in admission order (the warm turn is
+        # its 0): the k-th record of a conversation by arrival is its turn k.
+        order: dict[str, list] = {}
+        for record in sorted((r for r in records if r.ok), key=lambda r: r.arrival_s):
+            order.setdefault(record.conversation_id, []).append(record)
+        window = {id(r) for r in measured}
+        keys = {(c, k) for c, rs in order.items() for k, r in enumerate(rs) if id(r) in window}
+        m["losses"] = [x for x in tracer.losses if (x.conversation_id, x.turn_index) in keys]
     # Reuse over time from the first measured-or-not turn on (the warm-up included), per 5 min.
     m["timeline"] = timeline
     m["reuse_per_5min"] = [round(reuse, 3) for _, reuse in reuse_by_window(timeline, 300.0)]
@@ -331,6 +351,11 @@ def main() -> None:
         args.seed = seed
         runs.append(asyncio.run(run(args)))
         print_table(runs[-1], args)
+    if args.losses:
+        for seed, arms_run in zip(seeds, runs, strict=True):
+            rows = [(f"{name} seed {seed}", m, m["stats"], m["losses"], m["wall_s"])
+                    for name, m in arms_run.items()]  # fmt: skip
+            print_tables(rows, long_turn=20)
     results = runs[0]
     if len(runs) > 1:
         print_spread(runs, seeds)
@@ -338,7 +363,7 @@ def main() -> None:
         paths = write_plots({name: m["timeline"] for name, m in results.items()}, args.plot)
         print("plots:", ", ".join(str(path) for path in paths))
     if args.json is not None:
-        drop = ("records", "timeline")
+        drop = ("records", "timeline", "losses")
         slim = [
             {name: {k: v for k, v in m.items() if k not in drop} for name, m in run.items()}
             for run in runs

@@ -8,6 +8,9 @@ measures the replay reports, so the breakdown adds up to a figure of the same ru
 
 Run: nice -n 10 .venv/bin/python bench/sim_loss_bench.py --half tune --sessions 40 --ranks 8 \
        --gpu-pages 3000 --host-pages 3000 --retained-conversations 4 --seeds 1,2 [--arms defaults]
+The 1b H200 fleet (docs/sim-vs-live.md): its 12 files (`--files`, fleet_sizing.report_half),
+`--max-turns 24 --max-tokens 64 --time-scale 0 --stagger 1 --model
+bench/gpu/sim_1b_h200_shared.yaml --set block_size=16,gpu_gib=6.6995,host_gib=3.3497`.
 """
 
 from __future__ import annotations
@@ -15,6 +18,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 from collections import defaultdict
+from pathlib import Path
 
 from loss_tracer import LossTracer, is_sub_agent, later_no_reuse
 from rich.console import Console
@@ -41,6 +45,17 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--long-turn", type=int, default=20)
     parser.add_argument("--examples", type=int, default=0, help="print N lost turns per reason")
     parser.add_argument("--model", default=HYBRID_MODEL)
+    parser.add_argument(
+        "--files",
+        type=Path,
+        nargs="*",
+        default=None,
+        help="these trace files instead of the half's first --sessions",
+    )
+    parser.add_argument(
+        "--max-turns", type=int, default=None, help="first N turns per conversation"
+    )
+    parser.add_argument("--max-tokens", type=int, default=None, help="output cap per turn")
     return parser.parse_args()
 
 

@@ -25,6 +25,12 @@ SMALL_PACK = 16  # up to this many ids, pack without numpy
 ONE_TOKEN = struct.Struct("<I")
 
 
+def salt_extra_key(cache_salt: str) -> bytes:
+    """The extra key of a tenant's cache salt, so salted prefixes never match unsalted ones
+    (the engine hashes blocks with it; the router keys its prefix index with it)."""
+    return b"salt:" + cache_salt.encode() if cache_salt else b""
+
+
 def root_hash(extra_key: bytes = b"") -> int:
     """The parent id of a sequence's first block, salted by the extra key."""
     return xxhash.xxh3_64_intdigest(b"kvfleet/block-root/" + extra_key)

@@ -42,6 +42,12 @@ prefix (a turn that rewrites its prompt recomputes what the retained turn still 
 Window and state pools get their floor first (it does not grow with L); the full and private
 pools then share the rest up to theirs. Without it, a rank sized for several conversations'
 retained windows cannot keep even one long conversation's prefix.
+
+Retention is best-effort (`held_step`): the split weighs only the retained turns the tier holds
+next to its residents at their peak, so a rank whose residents fill it splits like one that
+retains nothing (an LRU rank). A lower tier (host, disk) holds no resident request, only
+conversations between turns: `plan_lower_tier` splits it by one conversation's context and its
+latest endpoint per life cycle, not like the device.
 """
 
 from __future__ import annotations
@@ -258,7 +264,8 @@ def _plan_within(
             f"a budget of {budget} cannot make {len(demand)} pools of >= 2 pages "
             f"(page sizes {dict(cost)})"
         )
-    weighed = peak_demand(_weighed_step(step), life_cycles, block_size)
+    weighed_step = held_step(_weighed_step(step), life_cycles, block_size, budget, cost)
+    weighed = peak_demand(weighed_step, life_cycles, block_size)
     weights = {name: need * cost[name] for name, need in weighed.items()}
     units = _split(budget, weights, {name: 2 * cost[name] for name in demand})
     pages = {name: units[name] // cost[name] for name in demand}
@@ -279,6 +286,37 @@ def _weighed_step(step: TypicalStep) -> TypicalStep:
         return step
     turns = step.retained_turns - step.branch_records
     return replace(step, branch_points=0, branch_records=0, retained_turns=turns)
+
+
+def held_step(
+    step: TypicalStep,
+    life_cycles: Sequence[LifeCycle],
+    block_size: int,
+    budget: int,
+    cost: Mapping[str, int] | None = None,
+) -> TypicalStep:
+    """`step` with only the retained turns that `budget` holds next to its resident requests
+    at their peak: retention is best-effort, so the split weighs a retained turn only where
+    the pages it takes are left over by the residents (which an LRU would give to them).
+
+    NOTE: weighed in full, 8 retained conversations took a fifth of an 8-slot rank's pages for
+    their windows while 8 residents at the longest context already needed more than the whole
+    rank: the full pool then kept nothing between turns, and retention reused less than plain
+    LRU (docs/simulator.md, "Best-effort retention").
+    """
+    turns = step.retained_turns - step.branch_records
+    if not turns:
+        return step
+    unit = cost or {lc.name: 1 for lc in life_cycles}
+    resident = turn = 0
+    for lc in life_cycles:
+        peak = PEAK_PAGES[lc.kind](lc, step, block_size)
+        resident += step.num_slots * peak.resident * unit[lc.name]
+        turn += peak.retained_turn * unit[lc.name]
+    held = min(turns, max(0, budget - resident) // max(1, turn))
+    if held == turns:
+        return step
+    return replace(step, retained_turns=held + step.branch_records)
 
 
 def _split(
@@ -305,7 +343,7 @@ def lone_floors(
     one request at the longest context next to its previous turn's whole prefix (a turn that
     rewrites its prompt recomputes a prefix the previous one still holds), as far as `total`
     goes (units of `cost` per page: bytes, or 1 each by default); none (2 each) when it cannot
-    hold even that request alone.
+    hold even that request alone, except one resident's pages on the bounded pools.
 
     Pools whose peak does not grow with the context (window, state) get theirs first: they
     are small, and a proportional split under pressure would otherwise starve the pools that
@@ -328,9 +366,14 @@ def lone_floors(
     lone_units = sum(need[n] * unit[n] for n in bounded) + sum(
         (alone[n] + 1) * unit[n] for n in growing
     )
-    if total < lone_units:
-        return floors  # not even one request at the longest context fits: no floor helps
     room = total - sum(2 * unit[name] for name in need)
+    if total < lone_units:
+        # Not even one request at the longest context fits, but a shorter one does if the
+        # bounded pools hold one resident's pages (its sliding window): those first.
+        for name in bounded:
+            floors[name] += max(0, min(room // unit[name], alone[name] + 1 - 2))
+            room -= (floors[name] - 2) * unit[name]
+        return floors
     for name in bounded:
         floors[name] += min(room // unit[name], max(0, need[name] - 2))
         room -= (floors[name] - 2) * unit[name]
@@ -376,3 +419,42 @@ def _split_exact(total: int, weights: Mapping[str, int]) -> dict[str, int]:
         if shares[name] < weights[name]:
             shares[name] += 1
     return shares
+
+
+def lower_tier_demand(
+    step: TypicalStep, life_cycles: Sequence[LifeCycle], block_size: int
+) -> dict[str, int]:
+    """Pages per life cycle of one conversation as a lower tier (host, disk) holds it.
+
+    A lower tier holds no resident request: it holds what the device let go, conversations
+    between turns, and a returning turn resumes at its conversation's latest endpoint. So per
+    conversation: its whole context on pools whose peak grows with it (full), one turn's
+    endpoint and checkpoint on the bounded ones (window, state), nothing private.
+
+    NOTE: copying the device split instead gives a lower tier the device's resident sliding
+    windows and every retained turn's endpoints; on the load shape's host tier that was ~10 %
+    of the full-attention pages across both tiers (docs/simulator.md).
+    """
+    whole = replace(step, full_tokens_per_retained_turn=None)
+    return {lc.name: PEAK_PAGES[lc.kind](lc, whole, block_size).retained_turn for lc in life_cycles}
+
+
+def plan_lower_tier(
+    step: TypicalStep,
+    life_cycles: Sequence[LifeCycle],
+    block_size: int,
+    budget: int,
+    page_cost: Mapping[str, int] | None = None,
+) -> dict[str, int]:
+    """A lower tier's `budget` (pages, or bytes with `page_cost` per page) split between life
+    cycles in proportion to one conversation's pages there (`lower_tier_demand`) x their
+    cost; whole pages, 0 everywhere for a budget of 0."""
+    demand = lower_tier_demand(step, life_cycles, block_size)
+    cost = page_cost or dict.fromkeys(demand, 1)
+    if budget <= 0:
+        return dict.fromkeys(demand, 0)
+    weights = {name: pages * cost[name] for name, pages in demand.items()}
+    if not any(weights.values()):
+        weights = dict(cost)
+    total = sum(weights.values())
+    return {name: budget * weights[name] // total // cost[name] for name in demand}

@@ -70,6 +70,6 @@ class FleetRef:
         """The address engines and clients use to reach the router Service."""
         return f"{self.child_name('router')}:{grpc_port}"
 
-    def redis_url(self, password: str) -> str:
-        """The URL of the managed Redis Service, authenticating with `password`."""
-        return f"redis://:{password}@{self.child_name('redis')}:6379/0"
+    def redis_url(self) -> str:
+        """The URL of the managed Redis Service (its password reaches the router apart)."""
+        return f"redis://{self.child_name('redis')}:6379/0"

@@ -1,8 +1,11 @@
 """Who may reach whom, and how many pods a voluntary disruption may take at once.
 
 NetworkPolicies: only the fleet's routers and engines reach its managed Redis; only its
-routers (and its own engines, for the KV hand-off between pools) reach the engines' gRPC.
-The engines' HTTP and metrics ports and the router stay open to clients and scrapers.
+routers (and its own engines, for the KV hand-off between pools) reach the engines' gRPC;
+only its routers reach the engines' HTTP ports, so no client can take a rank's slots behind
+the router's back (the router's reservations would not know of them). The kubelet's probes
+need no rule: traffic from a pod's own node is always allowed. The engines' metrics ports
+(read-only) stay open to scrapers and the operator, and the router stays open to clients.
 PodDisruptionBudgets: a drain or node upgrade evicts one pod of a component at a time, each
 leaving through its SIGTERM drain; see `disruption_rule` for the single-pod cases.
 """
@@ -38,12 +41,6 @@ def _policy(fleet: FleetRef, suffix: str, pods: dict, ingress: list[dict]) -> di
     }
 
 
-def engine_grpc_ports(spec: FleetSpec) -> list[int]:
-    """Every rank's gRPC port across the pools (rank i of a pod: base + i)."""
-    most = max(spec.pool(name).ranks_per_pod for name in spec.enabled_pools())
-    return [spec.ports.engine_grpc + index for index in range(most)]
-
-
 def render_network_policies(
     fleet: FleetRef, spec: FleetSpec, replicas: dict[str, int]
 ) -> list[dict]:
@@ -57,13 +54,16 @@ def render_network_policies(
         rule = {"from": fleet_pods, "ports": redis_port}
         policies.append(_policy(fleet, "redis", redis_pods, [rule]))
     most = max(spec.pool(name).ranks_per_pod for name in spec.enabled_pools())
-    open_ports = [
-        {"protocol": "TCP", "port": base + index}
-        for base in (spec.ports.engine_http, spec.ports.engine_metrics)
-        for index in range(most)
+
+    def tcp(base: int) -> list[dict]:
+        return [{"protocol": "TCP", "port": base + index} for index in range(most)]
+
+    routers = [{"podSelector": _components(fleet, ["router"])}]
+    rules = [
+        {"from": fleet_pods, "ports": tcp(spec.ports.engine_grpc)},
+        {"from": routers, "ports": tcp(spec.ports.engine_http)},
+        {"ports": tcp(spec.ports.engine_metrics)},
     ]
-    grpc = [{"protocol": "TCP", "port": port} for port in engine_grpc_ports(spec)]
-    rules = [{"from": fleet_pods, "ports": grpc}, {"ports": open_ports}]
     policies.append(_policy(fleet, "engines", _components(fleet, engines), rules))
     return policies
 

@@ -8,6 +8,8 @@ from .render_secret import REDIS_PASSWORD_ENV, REDIS_PASSWORD_KEY, fleet_env, se
 from .security import container_security_context, pod_security_context, scratch_volumes
 from .spec import FleetSpec
 
+REDIS_URL_ENV = "KVFLEET_REDIS_URL"  # the router's $KVFLEET_REDIS_URL (redis_connect.py)
+
 # Grace beyond the drain time for the process to exit after the drain completes.
 EXIT_MARGIN_SECONDS = 15
 
@@ -15,18 +17,18 @@ EXIT_MARGIN_SECONDS = 15
 def router_args(fleet: FleetRef, spec: FleetSpec) -> list[str]:
     """The `kvfleet router` command line, as the router's CLI contract defines it."""
     routing, ports = spec.routing, spec.ports
-    # $(VAR) is expanded by the kubelet from the container's env (Secrets, the pod name).
-    redis_url = fleet.redis_url(f"$({REDIS_PASSWORD_ENV})")
-    if spec.redis.mode == "external":
-        redis_url = spec.redis.url or "$(KVFLEET_REDIS_URL)"
+    # NOTE: no secret on the command line, where every process of the node can read it: the
+    # managed Redis's password and an external Redis's URL (which may hold one) reach the
+    # router as environment variables ($KVFLEET_REDIS_PASSWORD, $KVFLEET_REDIS_URL).
+    managed = ["--redis-url", fleet.redis_url()] if spec.redis.mode == "managed" else []
     return [
         "kvfleet", "router",
         "--grpc-port", str(ports.router_grpc),
         "--rank-port", str(ports.router_rank),
         "--http-port", str(ports.router_http),
         "--metrics-port", str(ports.router_metrics),
-        "--replica-id", "$(POD_NAME)",
-        "--redis-url", str(redis_url),
+        "--replica-id", "$(POD_NAME)",  # $(VAR): expanded by the kubelet from the env
+        *managed,
         "--affinity", routing.affinity,
         "--max-wait-passes", str(routing.max_wait_passes),
         "--max-wait-seconds", str(routing.max_wait_seconds),
@@ -47,10 +49,12 @@ def _router_env(fleet: FleetRef, spec: FleetSpec) -> list[dict]:
     elif ref is not None:
         env.append(
             {
-                "name": "KVFLEET_REDIS_URL",
+                "name": REDIS_URL_ENV,
                 "valueFrom": {"secretKeyRef": {"name": ref.name, "key": ref.key}},
             }
         )
+    else:
+        env.append({"name": REDIS_URL_ENV, "value": spec.redis.url})
     return env
 
 

@@ -24,23 +24,23 @@ _sym_db = _symbol_database.Default()
 
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1akvfleet/proto/common.proto\x12\x07kvfleet\"\xeb\x01\n\x0eSamplingParams\x12\x13\n\x0btemperature\x18\x01 \x01(\x02\x12\r\n\x05top_p\x18\x02 \x01(\x02\x12\x11\n\x04seed\x18\x03 \x01(\x04H\x00\x88\x01\x01\x12\x16\n\x0estop_token_ids\x18\x04 \x03(\r\x12\x0c\n\x04stop\x18\x05 \x03(\t\x12\x18\n\x10presence_penalty\x18\x06 \x01(\x02\x12\x19\n\x11\x66requency_penalty\x18\x07 \x01(\x02\x12\x1a\n\x12repetition_penalty\x18\x08 \x01(\x02\x12\x15\n\x08logprobs\x18\t \x01(\rH\x01\x88\x01\x01\x42\x07\n\x05_seedB\x0b\n\t_logprobs\"^\n\x0cTokenLogprob\x12\x10\n\x08token_id\x18\x01 \x01(\r\x12\x0f\n\x07logprob\x18\x02 \x01(\x02\x12\x15\n\rtop_token_ids\x18\x03 \x03(\r\x12\x14\n\x0ctop_logprobs\x18\x04 \x03(\x02\"\x17\n\x08TokenIds\x12\x0b\n\x03ids\x18\x01 \x03(\r\"\x82\x01\n\x05Usage\x12\x15\n\rprompt_tokens\x18\x01 \x01(\r\x12\x15\n\rcached_tokens\x18\x02 \x01(\r\x12\x19\n\x11\x63ompletion_tokens\x18\x03 \x01(\r\x12\x14\n\x0cttft_seconds\x18\x04 \x01(\x01\x12\x1a\n\x12\x63\x61\x63he_write_tokens\x18\x05 \x01(\r\"\xcd\x01\n\x0fGenerationChunk\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\x14\n\x0csample_index\x18\x02 \x01(\r\x12\x11\n\ttoken_ids\x18\x03 \x03(\r\x12\x0c\n\x04text\x18\x04 \x01(\t\x12\x10\n\x08\x66inished\x18\x05 \x01(\x08\x12\x15\n\rfinish_reason\x18\x06 \x01(\t\x12\x1d\n\x05usage\x18\x07 \x01(\x0b\x32\x0e.kvfleet.Usage\x12\'\n\x08logprobs\x18\x08 \x03(\x0b\x32\x15.kvfleet.TokenLogprob*j\n\x08RankRole\x12\x19\n\x15RANK_ROLE_UNSPECIFIED\x10\x00\x12\x12\n\x0eRANK_ROLE_BOTH\x10\x01\x12\x15\n\x11RANK_ROLE_CONTEXT\x10\x02\x12\x18\n\x14RANK_ROLE_GENERATION\x10\x03\x62\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1akvfleet/proto/common.proto\x12\x07kvfleet\"\xfc\x01\n\x0eSamplingParams\x12\x13\n\x0btemperature\x18\x01 \x01(\x02\x12\r\n\x05top_p\x18\x02 \x01(\x02\x12\x11\n\x04seed\x18\x03 \x01(\x04H\x00\x88\x01\x01\x12\x16\n\x0estop_token_ids\x18\x04 \x03(\r\x12\x0c\n\x04stop\x18\x05 \x03(\t\x12\x18\n\x10presence_penalty\x18\x06 \x01(\x02\x12\x19\n\x11\x66requency_penalty\x18\x07 \x01(\x02\x12\x1a\n\x12repetition_penalty\x18\x08 \x01(\x02\x12\x15\n\x08logprobs\x18\t \x01(\rH\x01\x88\x01\x01\x12\x0f\n\x07grammar\x18\n \x01(\tB\x07\n\x05_seedB\x0b\n\t_logprobs\"^\n\x0cTokenLogprob\x12\x10\n\x08token_id\x18\x01 \x01(\r\x12\x0f\n\x07logprob\x18\x02 \x01(\x02\x12\x15\n\rtop_token_ids\x18\x03 \x03(\r\x12\x14\n\x0ctop_logprobs\x18\x04 \x03(\x02\"\x17\n\x08TokenIds\x12\x0b\n\x03ids\x18\x01 \x03(\r\"\x82\x01\n\x05Usage\x12\x15\n\rprompt_tokens\x18\x01 \x01(\r\x12\x15\n\rcached_tokens\x18\x02 \x01(\r\x12\x19\n\x11\x63ompletion_tokens\x18\x03 \x01(\r\x12\x14\n\x0cttft_seconds\x18\x04 \x01(\x01\x12\x1a\n\x12\x63\x61\x63he_write_tokens\x18\x05 \x01(\r\"\xcd\x01\n\x0fGenerationChunk\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\x14\n\x0csample_index\x18\x02 \x01(\r\x12\x11\n\ttoken_ids\x18\x03 \x03(\r\x12\x0c\n\x04text\x18\x04 \x01(\t\x12\x10\n\x08\x66inished\x18\x05 \x01(\x08\x12\x15\n\rfinish_reason\x18\x06 \x01(\t\x12\x1d\n\x05usage\x18\x07 \x01(\x0b\x32\x0e.kvfleet.Usage\x12\'\n\x08logprobs\x18\x08 \x03(\x0b\x32\x15.kvfleet.TokenLogprob*j\n\x08RankRole\x12\x19\n\x15RANK_ROLE_UNSPECIFIED\x10\x00\x12\x12\n\x0eRANK_ROLE_BOTH\x10\x01\x12\x15\n\x11RANK_ROLE_CONTEXT\x10\x02\x12\x18\n\x14RANK_ROLE_GENERATION\x10\x03\x62\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
 _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'kvfleet.proto.common_pb2', _globals)
 if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
-  _globals['_RANKROLE']._serialized_start=739
-  _globals['_RANKROLE']._serialized_end=845
+  _globals['_RANKROLE']._serialized_start=756
+  _globals['_RANKROLE']._serialized_end=862
   _globals['_SAMPLINGPARAMS']._serialized_start=40
-  _globals['_SAMPLINGPARAMS']._serialized_end=275
-  _globals['_TOKENLOGPROB']._serialized_start=277
-  _globals['_TOKENLOGPROB']._serialized_end=371
-  _globals['_TOKENIDS']._serialized_start=373
-  _globals['_TOKENIDS']._serialized_end=396
-  _globals['_USAGE']._serialized_start=399
-  _globals['_USAGE']._serialized_end=529
-  _globals['_GENERATIONCHUNK']._serialized_start=532
-  _globals['_GENERATIONCHUNK']._serialized_end=737
+  _globals['_SAMPLINGPARAMS']._serialized_end=292
+  _globals['_TOKENLOGPROB']._serialized_start=294
+  _globals['_TOKENLOGPROB']._serialized_end=388
+  _globals['_TOKENIDS']._serialized_start=390
+  _globals['_TOKENIDS']._serialized_end=413
+  _globals['_USAGE']._serialized_start=416
+  _globals['_USAGE']._serialized_end=546
+  _globals['_GENERATIONCHUNK']._serialized_start=549
+  _globals['_GENERATIONCHUNK']._serialized_end=754
 # @@protoc_insertion_point(module_scope)

@@ -7,6 +7,26 @@ from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
 
 DESCRIPTOR: _descriptor.FileDescriptor
 
+class PrefetchRequest(_message.Message):
+    __slots__ = ("conversation_id", "hold_seconds", "prompt_token_ids")
+    CONVERSATION_ID_FIELD_NUMBER: _ClassVar[int]
+    HOLD_SECONDS_FIELD_NUMBER: _ClassVar[int]
+    PROMPT_TOKEN_IDS_FIELD_NUMBER: _ClassVar[int]
+    conversation_id: str
+    hold_seconds: float
+    prompt_token_ids: _common_pb2.TokenIds
+    def __init__(self, conversation_id: _Optional[str] = ..., hold_seconds: _Optional[float] = ..., prompt_token_ids: _Optional[_Union[_common_pb2.TokenIds, _Mapping]] = ...) -> None: ...
+
+class PrefetchReply(_message.Message):
+    __slots__ = ("held", "host_blocks", "disk_blocks")
+    HELD_FIELD_NUMBER: _ClassVar[int]
+    HOST_BLOCKS_FIELD_NUMBER: _ClassVar[int]
+    DISK_BLOCKS_FIELD_NUMBER: _ClassVar[int]
+    held: bool
+    host_blocks: int
+    disk_blocks: int
+    def __init__(self, held: _Optional[bool] = ..., host_blocks: _Optional[int] = ..., disk_blocks: _Optional[int] = ...) -> None: ...
+
 class EngineGenerateRequest(_message.Message):
     __slots__ = ("request_id", "conversation_id", "prompt_token_ids", "prompt_text", "sampling", "max_tokens", "num_samples", "kv_source_address", "handoff_token_ids", "cache_salt", "branch_hints")
     REQUEST_ID_FIELD_NUMBER: _ClassVar[int]

@@ -45,6 +45,11 @@ class EngineStub:
                 request_serializer=kvfleet_dot_proto_dot_engine__pb2.KvPullRequest.SerializeToString,
                 response_deserializer=kvfleet_dot_proto_dot_engine__pb2.KvBlockData.FromString,
                 _registered_method=True)
+        self.PrefetchConversation = channel.unary_unary(
+                '/kvfleet.Engine/PrefetchConversation',
+                request_serializer=kvfleet_dot_proto_dot_engine__pb2.PrefetchRequest.SerializeToString,
+                response_deserializer=kvfleet_dot_proto_dot_engine__pb2.PrefetchReply.FromString,
+                _registered_method=True)
 
 
 class EngineServicer:
@@ -64,6 +69,15 @@ class EngineServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def PrefetchConversation(self, request, context):
+        """The router expects a conversation's next turn here (its own inter-turn gaps say when, or it
+        waits at the router for a slot): bring its retained blocks up from host/disk to the device
+        and hold them there until that turn is admitted, `hold_seconds` pass, or memory runs short.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_EngineServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -76,6 +90,11 @@ def add_EngineServicer_to_server(servicer, server):
                     servicer.PullKvBlocks,
                     request_deserializer=kvfleet_dot_proto_dot_engine__pb2.KvPullRequest.FromString,
                     response_serializer=kvfleet_dot_proto_dot_engine__pb2.KvBlockData.SerializeToString,
+            ),
+            'PrefetchConversation': grpc.unary_unary_rpc_method_handler(
+                    servicer.PrefetchConversation,
+                    request_deserializer=kvfleet_dot_proto_dot_engine__pb2.PrefetchRequest.FromString,
+                    response_serializer=kvfleet_dot_proto_dot_engine__pb2.PrefetchReply.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -132,6 +151,33 @@ class Engine:
             '/kvfleet.Engine/PullKvBlocks',
             kvfleet_dot_proto_dot_engine__pb2.KvPullRequest.SerializeToString,
             kvfleet_dot_proto_dot_engine__pb2.KvBlockData.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def PrefetchConversation(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/kvfleet.Engine/PrefetchConversation',
+            kvfleet_dot_proto_dot_engine__pb2.PrefetchRequest.SerializeToString,
+            kvfleet_dot_proto_dot_engine__pb2.PrefetchReply.FromString,
             options,
             channel_credentials,
             insecure,

@@ -90,14 +90,16 @@ class HeartbeatResponse(_message.Message):
     def __init__(self, registered: _Optional[bool] = ...) -> None: ...
 
 class BlocksStored(_message.Message):
-    __slots__ = ("block_hashes", "parent_block_hash", "token_ids")
+    __slots__ = ("block_hashes", "parent_block_hash", "token_ids", "root_hash")
     BLOCK_HASHES_FIELD_NUMBER: _ClassVar[int]
     PARENT_BLOCK_HASH_FIELD_NUMBER: _ClassVar[int]
     TOKEN_IDS_FIELD_NUMBER: _ClassVar[int]
+    ROOT_HASH_FIELD_NUMBER: _ClassVar[int]
     block_hashes: _containers.RepeatedScalarFieldContainer[int]
     parent_block_hash: int
     token_ids: _containers.RepeatedScalarFieldContainer[int]
-    def __init__(self, block_hashes: _Optional[_Iterable[int]] = ..., parent_block_hash: _Optional[int] = ..., token_ids: _Optional[_Iterable[int]] = ...) -> None: ...
+    root_hash: int
+    def __init__(self, block_hashes: _Optional[_Iterable[int]] = ..., parent_block_hash: _Optional[int] = ..., token_ids: _Optional[_Iterable[int]] = ..., root_hash: _Optional[int] = ...) -> None: ...
 
 class BlocksRemoved(_message.Message):
     __slots__ = ("block_hashes",)

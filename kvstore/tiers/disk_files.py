@@ -29,9 +29,11 @@ any check is a miss: logged, removed, never returned.
 
 from __future__ import annotations
 
+import errno
 import hmac
 import logging
 import os
+import stat
 import struct
 import tempfile
 from collections.abc import Mapping
@@ -49,6 +51,11 @@ FIELDS = struct.Struct("<4sHHQQI")  # what the tag covers, with fingerprint, con
 TAG_BYTES = 16
 HEADER = struct.Struct(f"<{FIELDS.size}s{TAG_BYTES}s")
 MISSING = "no file"  # `check_into`'s reason when there is nothing to read
+# `check_into`'s reason for a FIFO, device, socket, folder or symlink where a block file should
+# be: a miss, left in place (never removed by a reader), counted by the tier.
+NOT_REGULAR = "not a regular file"
+# Never blocks on open (a FIFO without a writer would block forever), never follows a link.
+OPEN_FLAGS = os.O_RDONLY | os.O_NONBLOCK | os.O_NOFOLLOW | os.O_CLOEXEC
 
 
 class DiskFiles:
@@ -60,12 +67,13 @@ class DiskFiles:
         self.root = Path(root)
         self.fingerprints = dict(fingerprints)
         self._key = key  # None: the fleet's (`disk_key`), looked up on first use
+        self._told_not_regular = False  # such files are logged once per process, then counted
 
     @property
     def key(self) -> bytes:
-        """The tag key: given, else the fleet secret's, else the folder's own."""
+        """The tag key: given, else the fleet secret's, else this process's own."""
         if self._key is None:
-            self._key = disk_key(self.root)
+            self._key = disk_key()
         return self._key
 
     def tag(self, fields: bytes, fingerprint: bytes, contents: bytes, payload: memoryview) -> bytes:
@@ -84,7 +92,7 @@ class DiskFiles:
         """Create the folders, find the key, write and remove one file; raises OSError if that
         fails."""
         self.root.mkdir(parents=True, exist_ok=True)
-        if not self.key:  # reads or makes the folder's key: a bad one fails here, not in a write
+        if not self.key:  # found now: a missing one fails here, not in a write
             raise OSError(f"{self.root}: empty disk tier key")
         with tempfile.NamedTemporaryFile(dir=self.root, prefix=".probe.", delete=True) as probe:
             probe.write(b"kvfleet")
@@ -135,7 +143,7 @@ class DiskFiles:
         problem = self.check_into(life_cycle, block_hash, out, contents)
         if problem is None:
             return True
-        if problem != MISSING:
+        if problem not in (MISSING, NOT_REGULAR):
             self.discard(life_cycle, block_hash, problem)
         return False
 
@@ -147,12 +155,37 @@ class DiskFiles:
         its own thread)."""
         path = self.path(life_cycle, block_hash)
         try:
-            with open(path, "rb") as source:
-                return self._read_checked(source, life_cycle, block_hash, out, contents)
+            fd = os.open(path, OPEN_FLAGS)
         except FileNotFoundError:
             return MISSING
         except OSError as error:
+            if error.errno == errno.ELOOP:  # O_NOFOLLOW met a symlink
+                return self._not_regular(path, "a symlink")
             return f"unreadable: {error}"
+        try:
+            mode = os.fstat(fd).st_mode
+            if not stat.S_ISREG(mode):
+                return self._not_regular(path, stat.filemode(mode))
+            os.set_blocking(fd, True)
+            with os.fdopen(fd, "rb") as source:
+                fd = -1  # the file object closes it now
+                return self._read_checked(source, life_cycle, block_hash, out, contents)
+        except OSError as error:
+            return f"unreadable: {error}"
+        finally:
+            if fd >= 0:
+                os.close(fd)
+
+    def _not_regular(self, path: Path, what: str) -> str:
+        if not self._told_not_regular:
+            self._told_not_regular = True
+            log.warning(
+                "disk tier: %s is %s, not a block file: a miss (logged once; counted in "
+                "kvfleet_engine_kv_tier_refused_files_total)",
+                path,
+                what,
+            )
+        return NOT_REGULAR
 
     def discard(self, life_cycle: str, block_hash: int, problem: str) -> None:
         """Log why a block's file is a miss and remove it."""
@@ -203,6 +236,10 @@ class DiskFiles:
 
 class NoDiskFiles:
     """The byte-less stand-in: the simulator's disk tier is an index and nothing else."""
+
+    def check_into(self, life_cycle: str, block_hash: int, out, contents: bytes = b""):
+        """The index said the block is there; with no bytes that is all there is."""
+        return None
 
     def contains(self, life_cycle: str, block_hash: int) -> bool:
         """Nothing is found beyond the index."""

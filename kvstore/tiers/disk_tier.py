@@ -13,7 +13,7 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 
-from .disk_files import DiskFiles, NoDiskFiles
+from .disk_files import MISSING, NOT_REGULAR, DiskFiles, NoDiskFiles
 from .metrics import TierMetrics
 from .tier_index import TierIndex
 
@@ -104,10 +104,20 @@ class DiskTier:
     ) -> bool:
         """Read the block with these `contents` into `out` and pin it until the onboarding
         ends; False on a miss."""
-        if self.files.read_into(life_cycle, block_hash, out, contents):
+        problem = self.files.check_into(life_cycle, block_hash, out, contents)
+        if problem is None:
             if self.keep(life_cycle, block_hash):
                 self.index.pin(life_cycle, block_hash)
             return True
+        self.missed(life_cycle, block_hash, problem)
+        return False
+
+    def missed(self, life_cycle: str, block_hash: int, problem: str) -> None:
+        """A read found no usable file: forget the block; a bad file is removed, a non-regular
+        one (FIFO, device, link: never ours) left alone and counted."""
+        if problem == NOT_REGULAR:
+            self.metrics.refused_files += 1
+        elif problem != MISSING and isinstance(self.files, DiskFiles):
+            self.files.discard(life_cycle, block_hash, problem)
         self.index.remove(life_cycle, block_hash)
         self.metrics.misses += 1
-        return False

@@ -25,6 +25,7 @@ class TierMetrics:
     copy_seconds: float = 0.0
     evictions: int = 0
     errors: int = 0
+    refused_files: int = 0  # disk: a FIFO, device or link where a block file should be
 
 
 def new_tier_metrics() -> dict[str, TierMetrics]:

@@ -35,7 +35,7 @@ from typing import Any, cast
 from ..block_pool import IntegrityError
 from ..events import KVEvent, KVEventKind, KVEventListener, ignore_event
 from ..results import PrefixMatch
-from .disk_files import MISSING, DiskFiles, NoDiskFiles
+from .disk_files import DiskFiles, NoDiskFiles
 from .disk_tier import DiskTier
 from .metrics import DEVICE, DISK, HOST, TierMetrics, new_tier_metrics
 from .page_bytes import NoBytes, TierBytes
@@ -273,10 +273,7 @@ class KVTiers:
         landed = 0
         for (name, block_hash), (data, problem), contents in self._prefetcher.completed():
             if data is None:
-                if problem != MISSING and isinstance(self.disk.files, DiskFiles):
-                    self.disk.files.discard(name, block_hash, problem or "unreadable")
-                self.disk.index.remove(name, block_hash)
-                self.metrics[DISK].misses += 1
+                self.disk.missed(name, block_hash, problem or "unreadable")
                 continue
             if self._on_device(name, block_hash) or self.host.lookup(name, block_hash) is not None:
                 continue

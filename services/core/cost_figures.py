@@ -102,11 +102,13 @@ class Hardware:
     disk_read_gb_s: float
     step_overhead_ms: float
     handoff_link_gb_s: float = 50.0  # context -> generation rank KV transfer
+    prefill_chunk_ms: float = 0.0  # fixed cost per prefill chunk in a step
 
     def __post_init__(self) -> None:
         for item in fields(self):
             value = getattr(self, item.name)
-            if value < 0 or (value == 0 and item.name != "step_overhead_ms"):
+            may_be_zero = item.name in ("step_overhead_ms", "prefill_chunk_ms")
+            if value < 0 or (value == 0 and not may_be_zero):
                 raise SimConfigError(f"hardware.{item.name}: {value} must be > 0")
 
 

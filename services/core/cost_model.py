@@ -5,6 +5,7 @@ One step computes prefill chunks and one token of each decoding request together
     step = overhead
          + max(weights read once, linear FLOPs of every computed token)     # shared matmuls
          + attention FLOPs of the prefill chunks (each token over its context so far)
+         + a fixed cost per prefill chunk (its eager launches; decode steps run as graphs)
          + KV bytes every decoding request reads (its whole context)
          + host/disk pages onboarded for newly admitted requests
 
@@ -14,6 +15,7 @@ One step computes prefill chunks and one token of each decoding request together
 | attention         | (query, context) pair      | 4 * layers * query_heads * head_dim / attn  |
 | weights read      | step with any token        | params * dtype_bytes / weights_read_tb_s    |
 | decode KV read    | context token of a decode  | kv bytes per token / decode_kv_read_tb_s    |
+| prefill chunk     | prefill span in a step     | prefill_chunk_ms                            |
 | host / disk copy  | page (block_size tokens)   | page bytes / host_link / disk_read          |
 | hand-off (disagg) | byte moved to a generation rank | 1 / handoff_link (off the step loop)   |
 
@@ -58,6 +60,7 @@ class CostModel:
     disk_copy_s_per_page: float
     step_overhead_s: float
     handoff_s_per_byte: float = 0.0
+    prefill_chunk_s: float = 0.0
 
     @classmethod
     def from_figures(
@@ -82,6 +85,7 @@ class CostModel:
             disk_copy_s_per_page=page_bytes / (hardware.disk_read_gb_s * 1e9),
             step_overhead_s=hardware.step_overhead_ms / 1e3,
             handoff_s_per_byte=1 / (hardware.handoff_link_gb_s * 1e9),
+            prefill_chunk_s=hardware.prefill_chunk_ms / 1e3,
         )
 
     def attention_pairs(self, start: int, end: int) -> int:
@@ -99,6 +103,7 @@ class CostModel:
             self.step_overhead_s
             + linear
             + pairs * self.attention_s_per_pair
+            + len(work.prefill_spans) * self.prefill_chunk_s
             + sum(work.decode_contexts) * self.decode_kv_s_per_token
             + work.host_pages_in * self.host_copy_s_per_page
             + work.disk_pages_in * self.disk_copy_s_per_page

@@ -3,7 +3,8 @@
 Each step: running items first, oldest first (a decode token or the next prefill chunk each),
 then waiting items are admitted first come first served while slots and the token budget last.
 When pages run short for a running item it first releases the retained turns of the
-conversation that ended a context longest ago (`RetainedConversations`), then preempts the
+conversation that ended a context longest ago (`RetainedConversations`; conversations with an
+item waiting or running here go last), then preempts the
 newest running item not planned this step (recompute: it re-queues first). An admission that
 does not fit after releasing stops the admissions: later items wait behind it.
 
@@ -21,7 +22,7 @@ does not fit after releasing stops the admissions: later items wait behind it.
 from __future__ import annotations
 
 from collections import deque
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Generic, Protocol, TypeVar
 
 from ...kvstore.manager import KVCacheManager
@@ -65,7 +66,11 @@ class StepPlanner(Generic[ItemT, ChunkT]):
         self.waiting: deque[ItemT] = deque()
         self.running: list[ItemT] = []
         self.preemptions = 0
-        self.retained = RetainedConversations(manager)
+        self.retained = RetainedConversations(manager, self._awaited_conversations)
+
+    def _awaited_conversations(self) -> list[str | None]:
+        """Conversations with an item on this rank: their retained turns are released last."""
+        return [item.conversation_id for item in (*self.waiting, *self.running)]
 
     # -- the step plan -----------------------------------------------------------------------------
 
@@ -124,7 +129,7 @@ class StepPlanner(Generic[ItemT, ChunkT]):
         def fits() -> bool:
             return self._fits(item, count)
 
-        if self.retained.fits_or_release(fits):
+        if self._free_for(fits):
             return True
         while not fits():
             victims = [r for r in self.running if r is not item and r not in planned]
@@ -132,6 +137,11 @@ class StepPlanner(Generic[ItemT, ChunkT]):
                 return False
             self._preempt(victims[-1])
         return True
+
+    def _free_for(self, fits: Callable[[], bool]) -> bool:
+        """`fits()` now or after giving back what is kept but not in use (retained turns); a
+        rank that keeps more (held prefetches) gives that back here too."""
+        return self.retained.fits_or_release(fits)
 
     def _preempt(self, victim: ItemT) -> None:
         """Give back a running item's pages; it re-queues first and recomputes."""

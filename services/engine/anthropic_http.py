@@ -47,7 +47,7 @@ def add_messages_routes(
 
     @router.post("/v1/messages")
     async def messages(body: MessagesRequest, request: Request):
-        prepared = prepare(body, backend, request)
+        prepared = prepare(body, backend, request, tool_family)
         stream = backend.generate(prepared.call)
         # Pull the first output before answering, so bad input is a 4xx, not a broken stream.
         first = await anext(stream, None)

@@ -2,8 +2,9 @@
 branch hints from its cache breakpoints.
 
 The prompt is the model's chat template over the converted body (anthropic_chat.py), as on the
-OpenAI chat path. What the engine cannot honour is refused by name: `tool_choice` `any` /
-`tool` (forcing a call needs constrained decoding), `top_k` other than 1 while sampling.
+OpenAI chat path. `tool_choice` `any` / `tool`, tools with `strict` and `output_config.format`
+become the request's output grammar (constrained_output.py). What the engine cannot honour is
+refused by name: `top_k` other than 1 while sampling.
 """
 
 from __future__ import annotations
@@ -17,7 +18,9 @@ from .anthropic_cache import Breakpoint, breakpoints_of, system_end_cut, token_p
 from .anthropic_chat import ChatInput, chat_input
 from .anthropic_schema import CountTokensRequest, MessagesRequest
 from .chat_template import render_chat
+from .constrained_output import OutputAsk, output_grammar, tool_spec
 from .engine_request import InvalidRequestError
+from .grammar_spec import ToolMode
 from .http_backends import BackendRequest, GenerateBackend
 from .request_inputs import MAX_BRANCH_HINTS, make_sampling
 from .session_identity import PrefixParts, conversation_of
@@ -75,7 +78,7 @@ def breakpoint_positions(
     return tuple(positions)
 
 
-def sampling_of(body: MessagesRequest, backend: GenerateBackend):
+def sampling_of(body: MessagesRequest, backend: GenerateBackend, grammar: str = ""):
     temperature = body.temperature
     if body.top_k == 1:
         temperature = 0.0  # top_k 1 is greedy
@@ -90,17 +93,44 @@ def sampling_of(body: MessagesRequest, backend: GenerateBackend):
         max_tokens=body.max_tokens,
         stop_token_ids=stop_ids_of(backend.tokenizer),
         stop=body.stop_sequences or (),
+        grammar=grammar,
     )
 
 
-def refuse_unsupported(body: MessagesRequest) -> None:
-    choice = body.tool_choice
-    if choice is not None and choice.type in ("any", "tool"):
-        raise InvalidRequestError(
-            "tool_choice.type",
-            f"{choice.type!r} would force a tool call, which the engine cannot; "
-            'use "auto" or "none"',
+def messages_ask(body: MessagesRequest) -> OutputAsk:
+    """What the body asks of its output: a forced call (`tool_choice` any / tool), strict
+    calls, or a JSON answer (`output_config.format`)."""
+    choice, tools = body.tool_choice, body.tools or []
+    kind = choice.type if choice is not None else "auto"
+    parallel = not (choice is not None and choice.disable_parallel_tool_use)
+    names = [tool.name for tool in tools]
+    if kind in ("any", "tool") and not tools:
+        raise InvalidRequestError("tool_choice.type", f"{kind!r} needs tools")
+    if kind == "tool" and choice.name not in names:
+        raise InvalidRequestError("tool_choice.name", f"{choice.name!r} is not in tools {names}")
+    strict = any(tool.strict for tool in tools)
+    if kind in ("any", "tool"):
+        mode = ToolMode(True, choice.name if kind == "tool" else None, parallel and kind == "any")
+    else:
+        mode = ToolMode(False, None, parallel) if strict and kind == "auto" else None
+    forced = mode is not None and mode.forced
+    specs = [
+        tool_spec(
+            tool.name,
+            tool.input_schema,
+            f"tools[{index}].input_schema",
+            forced or bool(tool.strict),
         )
+        for index, tool in enumerate(tools)
+    ]
+    output = body.output_config.format if body.output_config else None
+    return OutputAsk(
+        specs,
+        mode,
+        "tool_choice" if forced else "tools",
+        output.schema_ if output else None,
+        "output_config.format.schema" if output else "",
+    )
 
 
 def opening_of(body: CountTokensRequest) -> PrefixParts:
@@ -119,9 +149,15 @@ def opening_of(body: CountTokensRequest) -> PrefixParts:
     return PrefixParts(plain(body.tools), plain(body.system), plain(first_user), user_id)
 
 
-def prepare(body: MessagesRequest, backend: GenerateBackend, request: Request) -> PreparedMessages:
-    """The backend call for `body`; InvalidRequestError names the client's field."""
-    refuse_unsupported(body)
+def prepare(
+    body: MessagesRequest,
+    backend: GenerateBackend,
+    request: Request,
+    tool_family: str | None = None,
+) -> PreparedMessages:
+    """The backend call for `body`; InvalidRequestError names the client's field.
+    `tool_family`: the model's tool-call syntax, which a forced or strict call is written in."""
+    grammar = output_grammar(messages_ask(body), tool_family, backend.tokenizer)
     breakpoints = breakpoints_of(body)  # the rules first: they need no rendering
     prompt = messages_prompt(body, backend)
     positions = breakpoint_positions(body, backend, prompt, breakpoints)
@@ -133,7 +169,7 @@ def prepare(body: MessagesRequest, backend: GenerateBackend, request: Request) -
     call = BackendRequest(
         request_id=f"msg_{uuid.uuid4().hex}",
         prompt_token_ids=tuple(prompt),
-        sampling=sampling_of(body, backend),
+        sampling=sampling_of(body, backend, grammar),
         conversation_id=conversation,
         branch_hints=hints,
     )

@@ -92,6 +92,7 @@ class Tool(BaseModel):
     description: Text | None = None
     input_schema: dict[str, Any]
     cache_control: CacheControl | None = None
+    strict: StrictBool | None = None  # true: a call's input is held to input_schema
 
 
 class ToolChoice(BaseModel):
@@ -100,6 +101,21 @@ class ToolChoice(BaseModel):
     type: Literal["auto", "any", "tool", "none"]
     name: ShortText | None = None
     disable_parallel_tool_use: bool | None = None
+
+
+class OutputFormat(BaseModel):
+    """Structured outputs: the answer is JSON valid against `schema` (constrained)."""
+
+    model_config = ConfigDict(extra="ignore")
+
+    type: Literal["json_schema"]
+    schema_: dict[str, Any] = Field(alias="schema")
+
+
+class OutputConfig(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+
+    format: OutputFormat | None = None
 
 
 class Metadata(BaseModel):
@@ -132,3 +148,4 @@ class MessagesRequest(CountTokensRequest):
     top_p: Annotated[float | None, Finite, Field(gt=0, le=1)] = None
     top_k: Annotated[int | None, Field(ge=0)] = None
     metadata: Metadata | None = None
+    output_config: OutputConfig | None = None

@@ -53,6 +53,11 @@ class FlashAttention:
     of copy bandwidth at batch >= 32 (90-100 % in a CUDA graph), and at small batches the
     call is latency-bound. So the default is 1; `kv_splits=0` splits only when the batch has
     fewer (sequence, KV head) pairs than the GPU has multiprocessors.
+
+    Sinks (gpt-oss) are applied after the kernel, from its log-sum-exp: with a sink logit s,
+    every weight of the sinkless softmax shrinks by exp(lse) / (exp(lse) + exp(s)), so
+    out_sink = out * sigmoid(lse - s), exact and independent of the kernel's own sink support
+    (flash-attn 2.x has none). A step with sinks is never split.
     """
 
     name = "flash"
@@ -74,12 +79,13 @@ class FlashAttention:
         meta: AttentionMetadata,
         window: int | None,
         scale: float,
+        sinks: torch.Tensor | None = None,
         kv_scales: tuple[torch.Tensor, torch.Tensor] | None = None,
     ) -> torch.Tensor:
         """Attention of the new queries over their sequences' pages (reads only)."""
         if kv_scales is not None:
             k_pages, v_pages, meta = gather_dequantized(k_pages, v_pages, meta, kv_scales, q.dtype)
-        splits = self._decode_splits(q, k_pages, meta, window)
+        splits = 1 if sinks is not None else self._decode_splits(q, k_pages, meta, window)
         if splits > 1:
             return self._split_decode(q, k_pages, v_pages, meta, scale, splits)
         out = self._call(
@@ -93,9 +99,12 @@ class FlashAttention:
             meta.max_seqlen_k,
             window,
             scale,
-            return_lse=False,
+            return_lse=sinks is not None,
         )
-        return out[0] if isinstance(out, tuple) else out
+        if sinks is None:
+            return out[0] if isinstance(out, tuple) else out
+        out, lse = out
+        return with_sinks(out, lse.float().t(), sinks)
 
     def _call(
         self,
@@ -196,6 +205,13 @@ def gather_dequantized(
     k, v = dequantize(k, kv_scales[0], dtype), dequantize(v, kv_scales[1], dtype)
     local = torch.arange(index.numel(), device=table.device, dtype=table.dtype)
     return k, v, dataclasses.replace(meta, page_table=local.view(table.shape))
+
+
+def with_sinks(out: torch.Tensor, lse: torch.Tensor, sinks: torch.Tensor) -> torch.Tensor:
+    """Sinkless attention `out [T, H, D]` with its log-sum-exp `lse [T, H]` rescaled as if each
+    head's softmax had had one more column, its sink logit `sinks [H]`, of value zero."""
+    keep = torch.sigmoid(lse - sinks.float()[None, :])
+    return (out.float() * keep[..., None]).to(out.dtype)
 
 
 register_backend("flash", BackendEntry(factory=FlashAttention, supports=_supports))

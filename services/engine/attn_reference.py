@@ -28,15 +28,22 @@ def dense_attention(
     query_positions: torch.Tensor,
     window: int | None,
     scale: float,
+    sinks: torch.Tensor | None = None,
 ) -> torch.Tensor:
-    """Attention of `q [n, H, D]` over contiguous `k`, `v` `[ctx, KVH, D]`, in fp32."""
+    """Attention of `q [n, H, D]` over contiguous `k`, `v` `[ctx, KVH, D]`, in fp32; `sinks
+    [H]`: each head's sink logit, one more softmax column whose value is zero."""
     group = q.shape[1] // k.shape[1]
     k = k.float().repeat_interleave(group, dim=1)
     v = v.float().repeat_interleave(group, dim=1)
     scores = torch.einsum("qhd,khd->hqk", q.float(), k) * scale
     mask = attention_mask(query_positions, k.shape[0], window)
     scores = scores.masked_fill(~mask, float("-inf"))
-    return torch.einsum("hqk,khd->qhd", scores.softmax(dim=-1), v).to(q.dtype)
+    if sinks is None:
+        probs = scores.softmax(dim=-1)
+    else:
+        sink = sinks.float()[:, None, None].expand(-1, scores.shape[1], 1)
+        probs = torch.cat([scores, sink], dim=-1).softmax(dim=-1)[..., :-1]
+    return torch.einsum("hqk,khd->qhd", probs, v).to(q.dtype)
 
 
 def gather_pages(pages: torch.Tensor, page_ids: torch.Tensor, num_tokens: int) -> torch.Tensor:
@@ -59,6 +66,7 @@ class ReferenceAttention:
         meta: AttentionMetadata,
         window: int | None,
         scale: float,
+        sinks: torch.Tensor | None = None,
         kv_scales: tuple[torch.Tensor, torch.Tensor] | None = None,
     ) -> torch.Tensor:
         """Attention of the new queries over their sequences' pages (reads only)."""
@@ -72,7 +80,7 @@ class ReferenceAttention:
                 v = dequantize(v, kv_scales[1], torch.float32)
             positions = torch.arange(ctx - n, ctx, device=q.device)
             out[start : start + n] = dense_attention(
-                q[start : start + n], k, v, positions, window, scale
+                q[start : start + n], k, v, positions, window, scale, sinks
             )
             start += n
         return out

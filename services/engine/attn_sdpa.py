@@ -1,4 +1,9 @@
-"""`sdpa` backend: PyTorch scaled_dot_product_attention over pages gathered into a padded batch."""
+"""`sdpa` backend: PyTorch scaled_dot_product_attention over pages gathered into a padded batch.
+
+SDPA has no sink input. A sink is a key whose score is the head's sink logit and whose value is
+zero: so with sinks, one zero key and zero value are appended and the mask turns into an
+additive float mask whose last column is each head's sink logit (q . 0 + sink = sink).
+"""
 
 from __future__ import annotations
 
@@ -23,6 +28,7 @@ class SdpaAttention:
         meta: AttentionMetadata,
         window: int | None,
         scale: float,
+        sinks: torch.Tensor | None = None,
         kv_scales: tuple[torch.Tensor, torch.Tensor] | None = None,
     ) -> torch.Tensor:
         """Attention of the new queries over their sequences' pages (reads only)."""
@@ -43,9 +49,12 @@ class SdpaAttention:
         row, col = _padded_index(meta, q.device)
         q_pad = q.new_zeros(batch, max_q, *q.shape[1:])
         q_pad[row, col] = q
-        mask = self._mask(meta, num_keys, window, q.device)
+        mask = self._mask(meta, num_keys, window, q.device)[:, None]
+        if sinks is not None:
+            k, v = F.pad(k, (0, 0, 0, 1)), F.pad(v, (0, 0, 0, 1))
+            mask = _with_sink_column(mask, sinks, q.dtype)
         out = F.scaled_dot_product_attention(
-            q_pad.transpose(1, 2), k, v, attn_mask=mask[:, None], scale=scale
+            q_pad.transpose(1, 2), k, v, attn_mask=mask, scale=scale
         )
         return out.transpose(1, 2)[row, col]
 
@@ -65,6 +74,16 @@ class SdpaAttention:
         padded = row[None, :] >= q_lens[:, None]
         visible[:, :, 0] |= padded
         return visible
+
+
+def _with_sink_column(visible: torch.Tensor, sinks: torch.Tensor, dtype) -> torch.Tensor:
+    """Additive mask `[B, H, max_q, keys + 1]` of bool `visible [B, 1, max_q, keys]`: 0 where
+    visible, -inf elsewhere, and head h's sink logit in the last column."""
+    batch, _, rows, _ = visible.shape
+    bias = torch.zeros(visible.shape, dtype=dtype, device=visible.device)
+    bias = bias.masked_fill(~visible, float("-inf")).expand(-1, sinks.numel(), -1, -1)
+    sink = sinks.to(dtype)[None, :, None, None].expand(batch, -1, rows, 1)
+    return torch.cat([bias, sink], dim=-1)
 
 
 def _padded_index(

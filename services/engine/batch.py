@@ -11,6 +11,10 @@ already in its pages and `n[b]` new ones):
 | seqused_k       | [B]      | num_cached[b] + n[b]: keys each sequence attends to (int32)|
 | page_table[g]   | [B, P]   | page ids of group g in token order, padded with null (int32)|
 | slots[g]        | [T]      | page * page_size + offset where each new token's K/V goes  |
+| state_rows      | 3 x [B]  | decode graphs only: each row's SSM state pages (StateRows) |
+
+Recurrent (SSM) layers read their state pages from `chunks` in an eager step, and from
+`state_rows` in a decode-graph step, which has no chunks (models/paged_ssm.py).
 """
 
 from __future__ import annotations
@@ -57,6 +61,29 @@ class AttentionMetadata:
 
 
 @dataclass(frozen=True)
+class StateRows:
+    """Each decoding row's SSM state pages, `[B]` int64 on the device: `read` holds the state
+    before its token (the null page's zeros before a sequence's first), `write` takes the state
+    after it; `keep` (bool, None: every row) is False on a graph's pad rows, which store zeros
+    (models/ssm_step.py)."""
+
+    read: torch.Tensor
+    write: torch.Tensor
+    keep: torch.Tensor | None = None
+
+    @classmethod
+    def of(cls, chunks: Sequence, page_size: int, null_page: int, device) -> StateRows:
+        """The pages of one-token chunks (`num_cached`, `page_ids` as `SequenceChunk`'s)."""
+        read, write = [], []
+        for chunk in chunks:
+            start, pages = chunk.num_cached, chunk.page_ids[STATE_GROUP]
+            read.append(pages[(start - 1) // page_size] if start else null_page)
+            write.append(pages[start // page_size])
+        both = torch.tensor([read, write], dtype=torch.int64).to(device, non_blocking=True)
+        return cls(both[0], both[1])
+
+
+@dataclass(frozen=True)
 class ForwardBatch:
     """Flattened inputs of one forward step; build with `ForwardBatch.build`."""
 
@@ -67,6 +94,8 @@ class ForwardBatch:
     last_token_index: torch.Tensor
     # The chunks it was built from: recurrent layers read their own pages per sequence.
     chunks: tuple[SequenceChunk, ...] = ()
+    # A decode-graph step: every row's SSM state pages as device tensors (models/ssm_step.py).
+    state_rows: StateRows | None = None
 
     @property
     def num_sequences(self) -> int:

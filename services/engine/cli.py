@@ -140,7 +140,7 @@ def engine_config_from_args(args: argparse.Namespace):
 
 
 def run(args: argparse.Namespace) -> int:
-    from ..router.fleet_secret import load_fleet_secret
+    from ..router.fleet_secret import SECRET_ENV, load_fleet_secret
     from .config import PRESETS
     from .pod_ranks import pod_ranks
     from .rank import EngineRank, RankAddresses
@@ -149,6 +149,11 @@ def run(args: argparse.Namespace) -> int:
     config = engine_config_from_args(args)
     if not config.model_path and config.model not in PRESETS:
         raise SystemExit(f"--model: unknown model {config.model!r}; known: {sorted(PRESETS)}")
+    secret = load_fleet_secret(args.fleet_secret_file)
+    if secret:
+        # The disk tier (and the disk hand-off) derive their block-file key from it
+        # (kvstore/tiers/disk_key.py); so do the ranks a pod runs as processes of its own.
+        os.environ[SECRET_ENV] = secret
     if config.tensor_parallel > 1:
         if config.ranks_per_pod != 1:
             raise SystemExit(
@@ -168,7 +173,7 @@ def run(args: argparse.Namespace) -> int:
         router=args.router,
         rank_id=args.rank_id or os.uname().nodename,
         advertise_host=args.advertise_host,
-        fleet_secret=load_fleet_secret(args.fleet_secret_file),
+        fleet_secret=secret,
     )
     ranks = []
     for rank_config, rank_addresses in pod_ranks(config, addresses):

@@ -22,13 +22,14 @@ from .device import resolve_device
 from .device_kv_cache import DeviceKVCache
 from .engine_config import EngineConfig
 from .generation import default_dtype
+from .grammar_mask import LogitMasks
 from .kv_budget import kv_budget, probe_device_memory
 from .kv_calibration import calibrate_kv_scales
 from .kv_quant import KVScales, is_fp8
 from .kv_setup import build_kv, kv_cache_dtype, open_kv_tiers, tier_config
 from .sampling import NON_FINITE_LOGITS, RowResult, SampleFailure, sample_batch
 from .scheduler import ScheduledChunk
-from .tp import ShardedBytes, broadcast_chunks, load_sharded_checkpoint, shard_config
+from .tp import ShardedBytes, TPLayout, broadcast_chunks, load_sharded_checkpoint, shard_config
 from .tp.rank_group import join_rank_group, worker_device
 from .tp.step_plan import OPEN, send_to_workers
 from .weights import build_model, load_checkpoint
@@ -52,6 +53,8 @@ class TorchCompute:
                 f"model {self.model_config.name!r}: tensor_parallel {config.tensor_parallel} "
                 "does not split SSM layers yet (serve it at tensor_parallel 1)"
             )
+        if config.tensor_parallel > 1:  # before any worker starts: what shard_config refuses
+            shard_config(self.model_config, TPLayout(0, config.tensor_parallel))
         self.tp = join_rank_group(config, self.device)
         if self.tp.size > 1:
             self.device = worker_device(self.device, self.tp)
@@ -75,6 +78,7 @@ class TorchCompute:
         self.attention = make_backend(config.attention_backend, self.device)
         self.decode: DecodeRunner | None = None  # static-buffer decode over self.cache
         self._host_tokens: list[torch.Tensor] | None = None  # pinned: sampled tokens
+        self._masks = LogitMasks()  # grammar masks of constrained samples
 
     def open_tiers(self) -> KVTiers:
         """Fresh KV tiers (device KV, host rows, disk index) for a new manager.
@@ -106,8 +110,6 @@ class TorchCompute:
         mode = self.config.decode_graphs
         if mode == "off" or (mode == "auto" and self.device.type != "cuda") or self.tp.size > 1:
             return None
-        if self.model_config.ssm_layers:  # NOTE: the static decode buffers have no SSM path
-            return None
         return DecodeRunner(
             self.model, cache, self.attention, self.config.max_batch_size, mode == "auto"
         )
@@ -137,6 +139,7 @@ class TorchCompute:
                 broadcast_chunks(inputs)
             logits = self.model(ForwardBatch.build(inputs, self.cache), self.cache, self.attention)
         rows = [i for i, c in enumerate(chunks) if c.samples]
+        # A constrained row is never plain greedy: an all-plain-greedy batch has no mask to apply.
         if rows and all(chunks[i].sequence.sampling.plain_greedy for i in rows):
             # The whole batch's argmax on the device, then one copy of B ints to the host; a row
             # whose logits hold NaN or +inf comes back as -1 and fails alone.
@@ -154,6 +157,9 @@ class TorchCompute:
         tokens: list[RowResult | None] = [None] * len(chunks)
         if rows:
             sequences = [chunks[i].sequence for i in rows]
+            # Outside any graph, on its output logits (the graph's own argmax is not used here).
+            grammars = [(i, s.grammar) for i, s in zip(rows, sequences, strict=True) if s.grammar]
+            self._masks.apply(logits, grammars)
             sampled = sample_batch(
                 logits[rows],
                 [s.sampling for s in sequences],

@@ -11,6 +11,7 @@ FULL_GROUP = "full"
 WINDOW_GROUP = "window"
 STATE_GROUP = "ssm"
 ROPE_KINDS = ("linear", "dynamic", "yarn", "llama3")
+EXPERT_KINDS = ("swiglu", "gpt_oss")
 
 
 @dataclass(frozen=True)
@@ -55,6 +56,18 @@ class ModelConfig:
     scaling; and mixture-of-experts MLPs in `moe_layers` (`num_experts` SwiGLU experts of
     `moe_intermediate_size`, `num_experts_per_tok` of them per token, their softmax weights
     renormalised over the chosen ones when `norm_topk_prob`).
+
+    `attention_sinks` gives every attention head a learned sink logit (gpt-oss): one more
+    column in each query's softmax whose value is never read, so a head can attend to nothing.
+    `experts_kind` picks the experts' flavour (their blocks: `layers.MOE_BLOCKS`): `swiglu` (a
+    router without bias, SwiGLU experts) or `gpt_oss` (a router with bias, softmax over the
+    top-k logits, experts with biases and a SwiGLU clamped at `swiglu_limit` with sigmoid gain
+    `swiglu_alpha`).
+
+    Granite's scalars (1.0 / None elsewhere): embeddings times `embedding_multiplier`, each
+    residual branch times `residual_multiplier`, logits divided by `logits_scaling`, attention
+    scores scaled by `attention_scale` (None: 1/sqrt(head_dim)); `use_rope` False means
+    attention without positions (the SSM layers carry them).
     """
 
     vocab_size: int
@@ -83,6 +96,15 @@ class ModelConfig:
     moe_intermediate_size: int = 0
     norm_topk_prob: bool = True
     moe_layers: tuple[int, ...] = ()
+    experts_kind: str = "swiglu"
+    swiglu_alpha: float = 1.702
+    swiglu_limit: float = 7.0
+    attention_sinks: bool = False
+    embedding_multiplier: float = 1.0
+    residual_multiplier: float = 1.0
+    logits_scaling: float = 1.0
+    attention_scale: float | None = None
+    use_rope: bool = True
     # Hybrid models: these layers are a Mamba-2-style selective SSM (models/ssm.py) of
     # `ssm_num_heads` heads of `ssm_head_dim`, state size `ssm_state_size` and a causal conv
     # of `ssm_conv_kernel` taps; their recurrent state is the `ssm` layer group.
@@ -118,6 +140,8 @@ class ModelConfig:
                 f"num_experts ({self.num_experts}) and moe_intermediate_size > 0 "
                 f"(got {self.moe_intermediate_size})"
             )
+        if self.experts_kind not in EXPERT_KINDS:
+            raise ValueError(f"experts_kind {self.experts_kind!r} unknown; known: {EXPERT_KINDS}")
         if self.ssm_layers:
             self._check_ssm()
 
@@ -185,9 +209,11 @@ class ModelConfig:
         )
         attention = h * (q + 2 * kv) + q * h
         attention += (q + 2 * kv) * self.qkv_bias + h * self.o_bias
-        attention += 2 * self.head_dim * self.qk_norm
+        attention += 2 * self.head_dim * self.qk_norm + self.num_heads * self.attention_sinks
         dense = 3 * h * self.intermediate_size + (2 * self.intermediate_size + h) * self.mlp_bias
         experts = self.num_experts * (3 * h * self.moe_intermediate_size + h)
+        if self.experts_kind == "gpt_oss":  # expert biases, router bias
+            experts += self.num_experts * (2 * self.moe_intermediate_size + h + 1)
         moe = len(self.moe_layers)
         ssm = len(self.ssm_layers)
         inner, heads, conv = self.ssm_inner, self.ssm_num_heads, self.ssm_conv_dim

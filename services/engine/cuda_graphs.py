@@ -12,12 +12,16 @@ and replayed: one launch instead of ~45 per layer plus the attention wrapper's P
 | meta[SLOT0 + g] | [max_b] int64   | slot 0 of the null page                              |
 | seqused_k       | [max_b] int32   | 1 (the null page's first row)                        |
 | page_table[g]   | [max_b, W] int32| the null page in column 0                            |
+| meta[READ]      | [max_b] int64   | the null page (hybrid models: the SSM state read)    |
+| meta[WRITE]     | [max_b] int64   | the null page (the SSM state written: zeros, VALID 0)|
 
 The host fills pinned copies with numpy and copies them in asynchronously; the step's one
 device-to-host copy (the sampled tokens) happens after the replay, so the pinned buffers are
 free again when the next step fills them. Where no graph runs (CPU, a backend that cannot be
 captured, `decode_graphs: static`) the very same buffer code runs eagerly: what CI tests is
-what the GPU replays.
+what the GPU replays. A hybrid model's SSM layers step every row at once from its state pages
+(`models/ssm_step.py`): READ and WRITE, after the slot rows, exist only when the cache has an
+`ssm` group.
 """
 
 from __future__ import annotations
@@ -29,7 +33,8 @@ from collections.abc import Sequence
 import numpy as np
 import torch
 
-from .batch import AttentionMetadata, ForwardBatch
+from .batch import AttentionMetadata, ForwardBatch, StateRows
+from .config import STATE_GROUP
 from .fused import fusable
 from .kv_cache import PagedKVCache
 
@@ -69,6 +74,18 @@ class _PaddedWrites:
 
     def write(self, layer: int, k: torch.Tensor, v: torch.Tensor, slots: torch.Tensor) -> None:
         self._cache.write(layer, *zero_pad_rows(k, v, self._valid), slots)
+
+    # A hybrid model's state pages (StateRows.keep makes the pad rows store zeros).
+    def states(self, layer: int) -> torch.Tensor:
+        return self._cache.states(layer)
+
+    @property
+    def page_size(self) -> int:
+        return self._cache.page_size
+
+    @property
+    def null_page_id(self) -> int:
+        return self._cache.null_page_id
 
 
 @fusable
@@ -119,7 +136,9 @@ class DecodeRunner:
         self.groups = tuple(cache.num_pages)
         # A page table spans the whole context (a window group's old pages are null ones).
         self.widths = dict.fromkeys(self.groups, -(-cache.config.max_position // page))
-        rows = SLOT0 + len(self.groups) + 1
+        # READ / WRITE rows (a hybrid model's state pages) follow the slot rows.
+        self._state_row = SLOT0 + len(self.groups) if STATE_GROUP in self.groups else None
+        rows = SLOT0 + len(self.groups) + (2 if self._state_row is not None else 0) + 1
         self._feed_row = rows - 1  # per row, the row of the step before whose token it takes
         # Two sets of pinned buffers: with a step in flight, the host fills the next step's
         # set while the device may still be copying the other one in.
@@ -212,6 +231,8 @@ class DecodeRunner:
             )
             meta[SLOT0 + index, batch:padded] = null * page
             widths[group] = width
+            if group == STATE_GROUP:
+                self._load_state_rows(meta, table[:batch], starts, padded)
         self.meta.copy_(host.meta, non_blocking=True)
         self.seqused_k.copy_(host.seqused, non_blocking=True)
         for group, width in widths.items():
@@ -220,6 +241,16 @@ class DecodeRunner:
             self.page_tables[group][:padded, :width].copy_(scratch.view(padded, width))
         host.copied()
         return widths
+
+    def _load_state_rows(self, meta, table, starts, padded: int) -> None:
+        """READ: the page of block (start-1)//B (the null page's zeros at start 0); WRITE: the
+        page of the block the new token is in."""
+        read, write, null = self._state_row, self._state_row + 1, self.cache.null_page_id
+        rows, page = np.arange(len(starts)), self.cache.page_size
+        before = np.maximum(starts - 1, 0) // page
+        meta[read, : len(starts)] = np.where(starts > 0, table[rows, before], null)
+        meta[write, : len(starts)] = table[rows, starts // page]
+        meta[[read, write], len(starts) : padded] = null
 
     def _feed(self, previous: torch.Tensor, batch: int) -> None:
         """Input tokens of rows whose token the step before sampled, gathered on the device
@@ -254,14 +285,20 @@ class DecodeRunner:
                 page_size=page,
             )
             slots[group] = self.meta[SLOT0 + index, :padded]
+        valid = self.meta[VALID, :padded] != 0
+        state_rows = None
+        if self._state_row is not None:
+            read, write = self.meta[self._state_row : self._state_row + 2, :padded]
+            state_rows = StateRows(read, write, valid)
         batch = ForwardBatch(
             token_ids=self.meta[TOKENS, :padded],
             positions=self.meta[POSITIONS, :padded],
             attention=attention,
             slots=slots,
             last_token_index=self._rows[:padded],
+            state_rows=state_rows,
         )
-        cache = _PaddedWrites(self.cache, self.meta[VALID, :padded] != 0)
+        cache = _PaddedWrites(self.cache, valid)
         logits = self.model(batch, cache, self.backend)
         return logits, logits.argmax(dim=-1)
 

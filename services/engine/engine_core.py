@@ -37,6 +37,7 @@ from .engine_request import (
 from .kv_events import BlockEvent, BlockTokens
 from .lookahead import InflightStep, can_look_ahead, feed_rows, mark_pending
 from .metrics import EngineMetrics
+from .prefetch_holds import PrefetchResult
 from .request_handle import RequestHandle
 from .sampling import make_generator
 from .sampling_params import SampledToken, SampleFailure, TokenLogprob
@@ -51,6 +52,7 @@ IDLE_WAIT_SECONDS = 0.05
 CORE_CALL_TIMEOUT_SECONDS = 60.0
 CORE_CALL_POLL_SECONDS = 0.2
 RETAINED_RECOUNT_SECONDS = 0.5
+MAX_HOLD_SECONDS = 3600.0  # a prefetch hold longer than this is a client's mistake
 KVEventSink = Callable[[list[BlockEvent]], None]
 
 
@@ -82,7 +84,7 @@ class EngineCore:
         self.drain = DiskDrain(self.manager, self.metrics.drain_flushed_blocks)
         self._draining_mark = False  # the last mark handed to the core (set_draining's caller)
         self.scheduler = Scheduler(
-            self.manager, config.max_batch_size, config.max_num_batched_tokens
+            self.manager, config.max_batch_size, config.max_num_batched_tokens, clock
         )
         self._commands: queue.Queue[Callable[[], None]] = queue.Queue()
         self._handles: dict[str, RequestHandle] = {}
@@ -92,6 +94,7 @@ class EngineCore:
         self._ids = itertools.count()
         self._load = EngineLoad(config.max_batch_size, 0, 0, 0.0, 0)
         self._counted_preemptions = 0
+        self._counted_released = 0
         self._retained, self._retained_at = 0, -float("inf")
         self._inflight: InflightStep | None = None  # a decode step whose tokens are not read
         # What this rank's role does after a first token (context ranks park for a hand-off).
@@ -140,6 +143,25 @@ class EngineCore:
         if draining != self._draining_mark:
             self._draining_mark = draining
             self._commands.put(lambda: self.drain.set_draining(draining))
+
+    def prefetch_conversation(
+        self, conversation_id: str, hold_seconds: float, prompt: tuple[int, ...] = ()
+    ) -> PrefetchResult:
+        """Bring a conversation's blocks (of `prompt`, else its last prompt here) up to the
+        device and hold them for its next turn (`prefetch_holds.py`); runs on the core thread."""
+        if not conversation_id:
+            raise InvalidRequestError("conversation_id", "empty: name the conversation")
+        if not 0 < hold_seconds <= MAX_HOLD_SECONDS:
+            raise InvalidRequestError(
+                "hold_seconds", f"{hold_seconds} not in (0, {MAX_HOLD_SECONDS:g}]"
+            )
+        if len(prompt) > self.max_request_tokens():
+            raise InvalidRequestError(
+                "prompt_token_ids",
+                f"{len(prompt)} tokens > {self.max_request_tokens()} this rank serves",
+            )
+        holds = self.scheduler.holds
+        return self.call_on_core(lambda: holds.hold(conversation_id, prompt or None, hold_seconds))
 
     def call_on_core(
         self, fn: Callable[[], Any], timeout: float = CORE_CALL_TIMEOUT_SECONDS
@@ -222,6 +244,8 @@ class EngineCore:
             raise InvalidRequestError("prompt", f"{total} tokens need {short}")
         if call.request_id in self._handles:
             raise InvalidRequestError("request_id", f"{call.request_id!r} is already running")
+        if (call.grammar is None) != (not call.sampling.grammar):  # one without the other
+            raise InvalidRequestError("sampling.grammar", "a grammar comes with its compiled form")
 
     def _pool_shortfall(self, total: int) -> str | None:
         """Which pool cannot hold one request of `total` tokens alone (None: all can)."""
@@ -273,7 +297,11 @@ class EngineCore:
                 self._run_commands(block=block)
             chunks = self.scheduler.schedule()
             if chunks:
+                started = time.perf_counter()
                 self._step(chunks)
+                # NOTE: with overlapped decode this is the wait for the previous step's tokens
+                # plus this step's launch: one step's time in a steady batch.
+                self.metrics.observe_step(chunks, time.perf_counter() - started)
             elif self._inflight is not None:
                 self._resolve()
             self.role.tick()
@@ -313,6 +341,7 @@ class EngineCore:
                 generator=generator,
                 arrived_at=now,
                 parent=sequences[0] if sequences else None,
+                grammar=call.grammar.start() if call.grammar else None,
             )
             self.scheduler.add(sequence)
             self._block_tokens.extend(sequence.key, call.prompt_token_ids, call.extra_key)
@@ -325,7 +354,9 @@ class EngineCore:
     def new_sequence(self, call: GenerateCall) -> Sequence:
         """A single-sample sequence for `call`, not yet known to the scheduler."""
         generator = None if call.sampling.greedy else make_generator(call.sampling, "cpu")
-        return Sequence(f"{call.request_id}#0", call, 0, call.sampling, generator, self.clock())
+        sequence = Sequence(f"{call.request_id}#0", call, 0, call.sampling, generator, self.clock())
+        sequence.grammar = call.grammar.start() if call.grammar else None
+        return sequence
 
     def detach(self, request_id: str) -> RequestHandle:
         """Forget a request but keep its pages (its KV is handed off); returns its handle."""
@@ -342,6 +373,10 @@ class EngineCore:
         if call.request_id in self._handles:
             raise InvalidRequestError("request_id", f"{call.request_id!r} is already running")
         now = self.clock()
+        for token in tokens if sequence.grammar else ():  # sampled under the same grammar
+            problem = sequence.grammar.accept(token)
+            if problem:
+                raise InvalidRequestError("sampling.grammar", problem)
         sequence.admitted = True
         sequence.cached_tokens = reused_tokens
         sequence.output.extend(tokens)
@@ -439,14 +474,21 @@ class EngineCore:
             sequence.output[index] = token  # the last one: the next step is marked after this
         if sequence.first_token_at is None:
             sequence.first_token_at = now
-            self.metrics.ttft.observe(now - sequence.arrived_at)
+            self.metrics.first_token(now - sequence.arrived_at)
         else:
             gap = now - (sequence.last_token_at or now)
-            self.metrics.itl.observe(gap)
+            self.metrics.token_gap(gap)
             sequence.itl_total += gap
         sequence.last_token_at = now
         call, sampling = sequence.call, sequence.sampling
         reason = ""
+        if sequence.grammar is not None:
+            problem = sequence.grammar.accept(token)
+            if problem:  # only a backend that ignores masks (sim) gets here
+                self._fail_request(call.request_id, problem)
+                return
+            if sequence.grammar.ended:
+                reason = "stop"
         if sampling.is_stop(token) or (call.stop_check and call.stop_check(sequence.output)):
             reason = "stop"
         elif len(sequence.output) >= sampling.max_tokens:
@@ -515,6 +557,9 @@ class EngineCore:
         self.metrics.load(self._load)
         self.metrics.preemptions.inc(self.scheduler.preemptions - self._counted_preemptions)
         self._counted_preemptions = self.scheduler.preemptions
+        released = self.scheduler.retained.released
+        self.metrics.retained_released.inc(released - self._counted_released)
+        self._counted_released = released
 
     def _fail_request(self, request_id: str, reason: str) -> None:
         log.warning("request %s failed: %s", request_id, reason)

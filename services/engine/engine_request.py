@@ -4,8 +4,13 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
+from ...kvstore.hashing import salt_extra_key
 from .sampling_params import SamplingParams, TokenLogprob
+
+if TYPE_CHECKING:
+    from .grammar import CompiledGrammar
 
 
 class InvalidRequestError(ValueError):
@@ -40,11 +45,14 @@ class GenerateCall:
     # Prompt positions where later turns are likely to branch off (the end of the tools and
     # system prompt): the kvstore keeps a resume point there (its branch points).
     branch_hints: tuple[int, ...] = ()
+    # `sampling.grammar` compiled for the model's tokenizer (by the caller that has it, as
+    # `stop_check`); each sample steps a copy of its own.
+    grammar: CompiledGrammar | None = None
 
     @property
     def extra_key(self) -> bytes:
         """The block hash's extra key: the salt, so salted prefixes never match unsalted ones."""
-        return b"salt:" + self.cache_salt.encode() if self.cache_salt else b""
+        return salt_extra_key(self.cache_salt)
 
 
 @dataclass(frozen=True)

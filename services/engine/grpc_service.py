@@ -23,6 +23,7 @@ from .engine_request import (
     SampleOutput,
     SequenceFailedError,
 )
+from .grammar import GrammarCompiler, compile_grammar
 from .request_inputs import branch_hints_of, make_sampling
 from .tokenizer import Tokenizer
 
@@ -49,7 +50,10 @@ HANDOFF_ERRORS = (HandoffFailed, HandoffNoRoom, InvalidRequestError, ValueError)
 
 
 def call_from_proto(
-    request: engine_pb2.EngineGenerateRequest, tokenizer: Tokenizer, request_id: str
+    request: engine_pb2.EngineGenerateRequest,
+    tokenizer: Tokenizer,
+    request_id: str,
+    grammars: GrammarCompiler | None = None,
 ) -> GenerateCall:
     """A GenerateCall from an EngineGenerateRequest; InvalidRequestError names the field."""
     kind = request.WhichOneof("prompt")
@@ -73,6 +77,7 @@ def call_from_proto(
         frequency_penalty=sampling.frequency_penalty,
         repetition_penalty=sampling.repetition_penalty or None,  # proto: 0 = none
         logprobs=sampling.logprobs if sampling.HasField("logprobs") else None,
+        grammar=sampling.grammar,
     )
     if len(request.cache_salt) > MAX_SALT_CHARS:
         raise InvalidRequestError(
@@ -87,6 +92,7 @@ def call_from_proto(
         stop_check=StopChecker(tokenizer, params.stop).hit if params.stop else None,
         cache_salt=request.cache_salt,
         branch_hints=branch_hints_of(request.branch_hints, len(prompt)),
+        grammar=compile_grammar(grammars or GrammarCompiler(tokenizer), params),
     )
 
 
@@ -153,6 +159,7 @@ class EngineServicer(engine_pb2_grpc.EngineServicer):
     def __init__(self, core: EngineCore, tokenizer: Tokenizer) -> None:
         self._core = core
         self._tokenizer = tokenizer
+        self._grammars = GrammarCompiler(tokenizer)
         self.slots = SequenceSlots(core.config.max_batch_size)
 
     def Generate(self, request, context) -> Iterator[common_pb2.GenerationChunk]:
@@ -180,7 +187,7 @@ class EngineServicer(engine_pb2_grpc.EngineServicer):
         admits the next request on that slot at once finds it free."""
         request_id = request.request_id or self._core.next_request_id()
         try:
-            call = call_from_proto(request, self._tokenizer, request_id)
+            call = call_from_proto(request, self._tokenizer, request_id, self._grammars)
             if request.kv_source_address or request.handoff_token_ids:
                 handle = self._core.role.receiver().receive(
                     call, request.kv_source_address, tuple(request.handoff_token_ids)
@@ -215,6 +222,18 @@ class EngineServicer(engine_pb2_grpc.EngineServicer):
         if isinstance(error, EngineStoppedError) and not self._core.stopping:
             return grpc.StatusCode.INTERNAL
         return GRPC_CODES[type(error)]
+
+    def PrefetchConversation(self, request, context) -> engine_pb2.PrefetchReply:
+        prompt = tuple(request.prompt_token_ids.ids)
+        try:
+            result = self._core.prefetch_conversation(
+                request.conversation_id, request.hold_seconds, prompt
+            )
+        except (InvalidRequestError, EngineStoppedError, TimeoutError) as error:
+            context.abort(self._code_of(error), str(error))
+        return engine_pb2.PrefetchReply(
+            held=result.held, host_blocks=result.host_blocks, disk_blocks=result.disk_blocks
+        )
 
     def PullKvBlocks(self, request, context):
         side = getattr(self._core.role, "side", None)

@@ -26,6 +26,7 @@ from .engine_request import (
     SequenceFailedError,
     Usage,
 )
+from .grammar import GrammarCompiler, compile_grammar
 from .sampling_params import SamplingParams, TokenLogprob
 from .tokenizer import Tokenizer
 
@@ -80,9 +81,13 @@ class EngineBackend:
         self.model_names = model_names
         self.model_card = model_card(core.model_config)
         self.max_request_tokens: int | None = core.max_request_tokens()
+        self._grammars = GrammarCompiler(tokenizer)
 
     async def generate(self, request: BackendRequest) -> AsyncIterator[SampleOutput]:
         stops = request.sampling.stop
+        grammar = None
+        if request.sampling.grammar:  # compiling takes a while: off the loop (no GIL held)
+            grammar = await asyncio.to_thread(compile_grammar, self._grammars, request.sampling)
         handle = self.core.submit(
             GenerateCall(
                 request.request_id,
@@ -93,6 +98,7 @@ class EngineBackend:
                 StopChecker(self.tokenizer, stops).hit if stops else None,
                 request.cache_salt,
                 request.branch_hints,
+                grammar,
             )
         )
         try:
@@ -119,6 +125,7 @@ def sampling_to_proto(sampling: SamplingParams) -> common_pb2.SamplingParams:
         proto.seed = sampling.seed
     if sampling.logprobs is not None:
         proto.logprobs = sampling.logprobs
+    proto.grammar = sampling.grammar
     return proto
 
 

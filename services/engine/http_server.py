@@ -7,13 +7,21 @@ import time
 
 import uvicorn
 
+from .http_read_timeout import READ_IDLE_SECONDS, read_timeout_protocol
+
 
 class HttpServer:
     """A uvicorn server on a background thread; `port` is the bound port after `start`.
-    `tls=(certificate chain, key)` PEM files serve HTTPS instead of HTTP."""
+    `tls=(certificate chain, key)` PEM files serve HTTPS instead of HTTP. A connection whose
+    request stops arriving for `read_idle_seconds` is closed."""
 
     def __init__(
-        self, app, host: str = "127.0.0.1", port: int = 0, tls: tuple[str, str] | None = None
+        self,
+        app,
+        host: str = "127.0.0.1",
+        port: int = 0,
+        tls: tuple[str, str] | None = None,
+        read_idle_seconds: float = READ_IDLE_SECONDS,
     ) -> None:
         cert, key = tls or (None, None)
         config = uvicorn.Config(
@@ -24,6 +32,8 @@ class HttpServer:
             lifespan="off",
             ssl_certfile=cert,
             ssl_keyfile=key,
+            # A request that stops arriving is closed (http_read_timeout.py).
+            http=read_timeout_protocol(read_idle_seconds),
         )
         self._server = uvicorn.Server(config)
         self._thread = threading.Thread(target=self._server.run, name="http", daemon=True)

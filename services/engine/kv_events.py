@@ -23,6 +23,7 @@ class BlockEvent:
     block_hash: int
     parent_hash: int | None = None
     token_ids: tuple[int, ...] = ()
+    root_hash: int | None = None  # a block with no parent: its sequence's (salted) root
 
 
 class BlockTokens:
@@ -31,7 +32,9 @@ class BlockTokens:
     def __init__(self, block_size: int) -> None:
         self.block_size = block_size
         self._sequences: dict[str, tuple[SequenceHashes, list[int]]] = {}
-        self._blocks: dict[int, tuple[int | None, tuple[int, ...]]] = {}
+        # block hash -> (parent hash, or the root id for a first block; is it a first block,
+        # tokens)
+        self._blocks: dict[int, tuple[int, bool, tuple[int, ...]]] = {}
         self._retired: list[str] = []
 
     def extend(self, key: str, token_ids: Sequence[int], extra_key: bytes = b"") -> None:
@@ -48,9 +51,10 @@ class BlockTokens:
         before = len(hashes.hashes)
         hashes.extend(tokens[hashes.num_tokens : full])
         for index in range(before, len(hashes.hashes)):
-            parent = hashes.hashes[index - 1] if index else None
+            parent = hashes.hashes[index - 1] if index else hashes.root
             self._blocks[hashes.hashes[index]] = (
                 parent,
+                index == 0,
                 tuple(tokens[index * bs : (index + 1) * bs]),
             )
 
@@ -67,7 +71,12 @@ class BlockTokens:
             if event.kind == KVEventKind.STORED:
                 known = self._blocks.get(event.block_hash)
                 if known is not None:
-                    out.append(BlockEvent(event.kind, event.block_hash, known[0], known[1]))
+                    parent, first, tokens = known
+                    out.append(
+                        BlockEvent(event.kind, event.block_hash, None, tokens, parent)
+                        if first
+                        else BlockEvent(event.kind, event.block_hash, parent, tokens)
+                    )
             else:
                 out.append(BlockEvent(event.kind, event.block_hash))
         self._forget_retired()

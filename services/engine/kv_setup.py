@@ -6,7 +6,8 @@ Pool sizes come from kvstore's `plan_pools` for the typical step of this rank (k
 `rank_typical_step`: its slots, the model's context, the step budget, the retained turns),
 within the device KV's byte budget (kv_budget.py), unless `kv_pages` fixes them. The K/V
 tensors are the kvstore tiers' device KV (`open_kv_tiers`), under which sit a host tier and the
-shared disk tier; the model reads them through `DeviceKVCache`.
+shared disk tier, each split for what it holds (`plan_lower_tier`: conversations between turns,
+not the device's residents); the model reads them through `DeviceKVCache`.
 """
 
 from __future__ import annotations
@@ -22,7 +23,13 @@ import torch
 from ...kvstore.config import KVStoreConfig
 from ...kvstore.life_cycles import FullLifeCycle, LifeCycle, StateLifeCycle, WindowLifeCycle
 from ...kvstore.policies import REUSE_POLICIES, make_reuse_policy
-from ...kvstore.sizing import TypicalStep, plan_pool_bytes, plan_pools, rank_typical_step
+from ...kvstore.sizing import (
+    TypicalStep,
+    plan_lower_tier,
+    plan_pool_bytes,
+    plan_pools,
+    rank_typical_step,
+)
 from ...kvstore.tiers.build import TierConfig, build_tiers
 from ...kvstore.tiers.layout import KVLayout
 from ...kvstore.tiers.stack import KVTiers
@@ -187,17 +194,12 @@ def kv_layout(
 
 
 def tier_pages(
-    budget_bytes: float, device_pages: Mapping[str, int], layout: KVLayout
+    budget_bytes: float, step: TypicalStep, life_cycles: tuple[LifeCycle, ...], layout: KVLayout
 ) -> dict[str, int]:
-    """Split a tier's bytes between life cycles in the device pools' byte proportions."""
-    weights = {name: device_pages[name] * layout.page_bytes(name) for name in layout.layers}
-    total = sum(weights.values())
-    if budget_bytes <= 0 or total <= 0:
-        return dict.fromkeys(layout.layers, 0)
-    return {
-        name: int(budget_bytes * weight / total) // layout.page_bytes(name)
-        for name, weight in weights.items()
-    }
+    """Split a lower tier's bytes between life cycles for what it holds (`plan_lower_tier`:
+    one conversation's context and its latest endpoint per life cycle, by page bytes)."""
+    page_bytes = {lc.name: layout.page_bytes(lc.name) for lc in life_cycles}
+    return plan_lower_tier(step, life_cycles, layout.page_size, int(budget_bytes), page_bytes)
 
 
 def disk_tier_root(model: ModelConfig, config: EngineConfig) -> str:
@@ -218,11 +220,13 @@ def tier_config(
 ) -> TierConfig:
     """Host and disk pages per life cycle, the disk folder and the prefetch depth."""
     pools = dict(store_config.pool_pages)
-    host = _tier_pages(config.host_kv_pages, config.host_kv_gib, pools, layout)
+    step = typical_step(model, config)
+    lower = (pools, step, store_config.life_cycles, layout)
+    host = _tier_pages(config.host_kv_pages, config.host_kv_gib, *lower)
     disk_dir = None
     disk = dict.fromkeys(pools, 0)
     if config.disk_tier_dir and config.disk_tier_enabled:
-        disk = _tier_pages(config.disk_kv_pages, config.disk_kv_gib, pools, layout)
+        disk = _tier_pages(config.disk_kv_pages, config.disk_kv_gib, *lower)
         if any(disk.values()):
             disk_dir = disk_tier_root(model, config)
         else:
@@ -244,11 +248,16 @@ def open_kv_tiers(
 
 
 def _tier_pages(
-    pages: int | None, gib: float, device_pages: Mapping[str, int], layout: KVLayout
+    pages: int | None,
+    gib: float,
+    device_pages: Mapping[str, int],
+    step: TypicalStep,
+    life_cycles: tuple[LifeCycle, ...],
+    layout: KVLayout,
 ) -> dict[str, int]:
     if pages is not None:
         return dict.fromkeys(device_pages, pages)
-    return tier_pages(gib * GIB, device_pages, layout)
+    return tier_pages(gib * GIB, step, life_cycles, layout)
 
 
 def _gib(num_bytes: float) -> str:

@@ -13,10 +13,14 @@ from torch import nn
 
 from .config import ModelConfig
 from .fused import fusable
+from .models.gpt_oss_moe import GptOssMoE
 from .models.moe import SparseMoE
 from .models.rope import apply_rope, rope_angles
 
 __all__ = ["AttentionProjections", "DecoderLayer", "RMSNorm", "SwiGLU", "apply_rope", "rope_angles"]
+
+# ModelConfig.experts_kind -> the MoE block of that flavour.
+MOE_BLOCKS: dict[str, type[nn.Module]] = {"swiglu": SparseMoE, "gpt_oss": GptOssMoE}
 
 
 class RMSNorm(nn.Module):
@@ -60,8 +64,8 @@ def silu_mul(gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
 
 
 class AttentionProjections(nn.Module):
-    """q/k/v/o projections, per-head q/k norms (Qwen3) and RoPE of one layer; the attention
-    itself is a backend's job."""
+    """q/k/v/o projections, per-head q/k norms (Qwen3), RoPE and per-head sink logits (gpt-oss)
+    of one layer; the attention itself is a backend's job."""
 
     def __init__(self, config: ModelConfig) -> None:
         super().__init__()
@@ -76,16 +80,20 @@ class AttentionProjections(nn.Module):
             self.k_norm = RMSNorm(d, config.rms_norm_eps)
         else:
             self.q_norm = self.k_norm = None
+        self.sinks = nn.Parameter(torch.empty(config.num_heads)) if config.attention_sinks else None
 
     def qkv(
-        self, x: torch.Tensor, rope: tuple[torch.Tensor, torch.Tensor]
+        self, x: torch.Tensor, rope: tuple[torch.Tensor, torch.Tensor] | None
     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """Rotated q `[T, H, D]`, rotated k and v `[T, KVH, D]` of tokens `x [T, hidden]`."""
+        """Rotated q `[T, H, D]`, rotated k and v `[T, KVH, D]` of tokens `x [T, hidden]`
+        (not rotated when `rope` is None: a model without positional embeddings)."""
         q = self.q_proj(x).view(-1, self.num_heads, self.head_dim)
         k = self.k_proj(x).view(-1, self.num_kv_heads, self.head_dim)
         v = self.v_proj(x).view(-1, self.num_kv_heads, self.head_dim)
         if self.q_norm is not None:
             q, k = self.q_norm(q), self.k_norm(k)
+        if rope is None:
+            return q, k, v
         return apply_rope(q, rope), apply_rope(k, rope), v
 
 
@@ -97,4 +105,5 @@ class DecoderLayer(nn.Module):
         self.input_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
         self.self_attn = AttentionProjections(config)
         self.post_attention_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
-        self.mlp = SparseMoE(config) if config.is_moe_layer(layer) else SwiGLU(config)
+        moe = MOE_BLOCKS[config.experts_kind]
+        self.mlp = moe(config) if config.is_moe_layer(layer) else SwiGLU(config)

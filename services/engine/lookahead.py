@@ -6,9 +6,10 @@ computes; that next step takes the pending tokens straight from the device (`fee
 the host learns them, and emits them, while the next step runs. The core looks ahead only where
 planning cannot depend on the tokens: no request waiting (no admission), pages free for every
 running sequence (no preemption, no release of retained turns), every running sequence in the
-step in flight, none reaching max_tokens with its pending token, and no command queued (a
-cancel or a call on the core sees settled state). A stop token is learnt one step late: that
-sequence's row of the next step is computed and dropped.
+step in flight, none constrained by a grammar (its next mask needs the token), none reaching
+max_tokens with its pending token, and no command queued (a cancel or a call on the core sees
+settled state). A stop token is learnt one step late: that sequence's row of the next step is
+computed and dropped.
 """
 
 from __future__ import annotations
@@ -67,6 +68,7 @@ def can_look_ahead(inflight: InflightStep, scheduler, manager, commands_waiting:
     running = scheduler.running
     if len(running) != len(pending) or any(id(s) not in pending for s in running):
         return False
+    # (a constrained sequence is never plain greedy: its next mask needs its token)
     if any(not s.sampling.plain_greedy or len(s.output) >= s.sampling.max_tokens for s in running):
         return False
     return all(pool.num_available() >= len(running) for pool in manager.pools.values())

@@ -59,13 +59,15 @@ class CausalLM(nn.Module):
             cache.write(layer, k, v, batch.slots[group])
             k_pages, v_pages = cache.kv(layer)
             meta = batch.attention[group]
+            window = self.config.layer_window(layer)
             return backend.forward(
                 q,
                 k_pages,
                 v_pages,
                 meta,
-                self.config.layer_window(layer),
+                window,
                 self._scale,
+                sinks=self._sinks(layer),
                 kv_scales=cache.kv_scales(layer),
             )
 
@@ -80,7 +82,8 @@ class CausalLM(nn.Module):
         positions = torch.arange(token_ids.numel(), device=token_ids.device)
 
         def attend(layer: int, q, k, v, pos) -> torch.Tensor:
-            return dense_attention(q, k, v, pos, self.config.layer_window(layer), self._scale)
+            window = self.config.layer_window(layer)
+            return dense_attention(q, k, v, pos, window, self._scale, self._sinks(layer))
 
         return self._logits(self._run_layers(token_ids, positions, attend))
 
@@ -94,7 +97,8 @@ class CausalLM(nn.Module):
         def attend(layer: int, q, k, v, pos) -> torch.Tensor:
             amax[layer, 0] = k.abs().amax(dim=(0, 2)).float().cpu()
             amax[layer, 1] = v.abs().amax(dim=(0, 2)).float().cpu()
-            return dense_attention(q, k, v, pos, self.config.layer_window(layer), self._scale)
+            window = self.config.layer_window(layer)
+            return dense_attention(q, k, v, pos, window, self._scale, self._sinks(layer))
 
         self._run_layers(token_ids, positions, attend)
         return amax
@@ -102,6 +106,9 @@ class CausalLM(nn.Module):
     @property
     def _scale(self) -> float:
         return self.config.head_dim**-0.5
+
+    def _sinks(self, layer: int) -> torch.Tensor | None:
+        return self.model.layers[layer].self_attn.sinks
 
     def _run_layers(
         self, token_ids: torch.Tensor, positions: torch.Tensor, attend: AttendFn

@@ -64,7 +64,7 @@ def write_model_dir(path: str | Path, model: ModelConfig) -> Path:
 # Kept here (not imported from the registry) so `kvfleet --help` does not import torch.
 ARCHITECTURES = (
     "LlamaForCausalLM", "MistralForCausalLM", "MixtralForCausalLM", "Qwen2ForCausalLM",
-    "Qwen3ForCausalLM", "Qwen3MoeForCausalLM",
+    "Qwen3ForCausalLM", "Qwen3MoeForCausalLM", "GptOssForCausalLM", "GraniteMoeHybridForCausalLM",
 )  # fmt: skip
 
 

@@ -15,7 +15,7 @@ app knows the checkpoint's call syntax (`tool_family`, openai_tools.py).
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Mapping
 from typing import Any
 
 from fastapi import FastAPI, Request
@@ -43,10 +43,12 @@ def build_app(
     max_body_bytes: int = DEFAULT_MAX_BODY_BYTES,
     healthy: HealthCheck | None = None,
     tool_family: str | None = None,
+    health_details: Callable[[], Mapping[str, str]] | None = None,
 ) -> FastAPI:
     """The FastAPI app; mount it on an engine rank or in front of the router.
 
     `healthy` decides `/health` (200 when it says True, else 503); without it, always 200.
+    `health_details` adds its fields to the body (the router's Redis state).
     `tool_family` is the model's tool-call syntax (tool_calls.py); None: calls stay text.
     """
     app = FastAPI(title="kvfleet", docs_url=None, redoc_url=None)
@@ -55,9 +57,10 @@ def build_app(
 
     @app.get("/health")
     async def health() -> JSONResponse:
+        details = dict(health_details()) if health_details is not None else {}
         if healthy is not None and not await asyncio.to_thread(healthy):
-            return JSONResponse({"status": "unavailable"}, status_code=503)
-        return JSONResponse({"status": "ok"})
+            return JSONResponse({"status": "unavailable", **details}, status_code=503)
+        return JSONResponse({"status": "ok", **details})
 
     @app.get("/v1/models")
     async def models() -> dict[str, Any]:
@@ -90,7 +93,7 @@ async def _respond(
     chat: bool,
     family: str | None = None,
 ):
-    call = backend_request(backend, request, body, prompt)
+    call = backend_request(backend, request, body, prompt, family)
     stream = backend.generate(call)
     # Pull the first output before answering, so bad input is a 400, not a broken stream.
     first = await anext(stream, None)

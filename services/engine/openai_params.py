@@ -1,8 +1,9 @@
 """From a validated OpenAI body to a backend request: prompt, sampling, conversation, salt.
 
-Parameters that would change what a client gets and that the engine does not do (structured
-output, logit bias, echo, suffix, best_of) are refused by name, never ignored. Tools and
-`tool_choice` are checked here (openai_tools.py) and parsed from the answer.
+Parameters that would change what a client gets and that the engine does not do (logit bias,
+echo, suffix, best_of) are refused by name, never ignored. Tools and `tool_choice` are checked
+here (openai_tools.py) and parsed from the answer; a forcing `tool_choice`, `strict` tools and
+a JSON `response_format` become the request's output grammar (constrained_output.py).
 """
 
 from __future__ import annotations
@@ -12,10 +13,11 @@ import uuid
 from fastapi import Request
 
 from .chat_template import render_chat
+from .constrained_output import output_grammar
 from .engine_request import InvalidRequestError
 from .http_backends import BackendRequest, GenerateBackend
 from .openai_schema import ChatCompletionRequest, CompletionRequest
-from .openai_tools import check_tool_choice, check_tools
+from .openai_tools import check_tool_choice, check_tools, openai_ask
 from .request_inputs import branch_hints_of, make_sampling
 from .session_identity import PrefixParts, conversation_of
 from .tokenizer import stop_ids_of
@@ -29,9 +31,6 @@ def refuse_unsupported(body: Body) -> None:
     # its answer (openai_tools.py), so only the request's own shape can be wrong here.
     check_tools(body.tools)
     check_tool_choice(body.tool_choice, body.tools)
-    if body.response_format and body.response_format.get("type", "text") != "text":
-        kind = body.response_format.get("type")
-        raise InvalidRequestError("response_format", f'only type "text" is supported, not {kind!r}')
     if body.logit_bias:
         raise InvalidRequestError("logit_bias", "not supported")
     if isinstance(body, CompletionRequest):
@@ -126,11 +125,27 @@ def context_room(backend: GenerateBackend, prompt: list[int]) -> int | None:
     return context - len(prompt)
 
 
+def request_grammar(body: Body, backend: GenerateBackend, tool_family: str | None) -> str:
+    """The output grammar `body` asks for ("" when none); InvalidRequestError names the field."""
+    if isinstance(body, CompletionRequest):
+        ask = openai_ask(None, None, body.response_format)
+    else:
+        choice, parallel = body.tool_choice, body.parallel_tool_calls
+        ask = openai_ask(body.tools, choice, body.response_format, parallel)
+    return output_grammar(ask, tool_family, backend.tokenizer)
+
+
 def backend_request(
-    backend: GenerateBackend, request: Request, body: Body, prompt: list[int]
+    backend: GenerateBackend,
+    request: Request,
+    body: Body,
+    prompt: list[int],
+    tool_family: str | None = None,
 ) -> BackendRequest:
-    """The backend call for `body`; InvalidRequestError names the client's field."""
+    """The backend call for `body`; InvalidRequestError names the client's field.
+    `tool_family`: the model's tool-call syntax, which a forced or strict call is written in."""
     refuse_unsupported(body)
+    grammar = request_grammar(body, backend, tool_family)
     if body.model not in backend.model_names:
         raise InvalidRequestError(
             "model", f"unknown model {body.model!r}; known: {list(backend.model_names)}"
@@ -157,6 +172,7 @@ def backend_request(
         frequency_penalty=body.frequency_penalty,
         repetition_penalty=body.repetition_penalty,
         logprobs=top_logprobs(body),
+        grammar=grammar,
     )
     conversation = conversation_of(
         request.headers,

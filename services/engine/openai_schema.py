@@ -82,8 +82,9 @@ class _Common(BaseModel):
     # Checked and honoured in openai_tools.py (chat only).
     tools: list[dict[str, Any]] | None = None
     tool_choice: Text | dict[str, Any] | None = None
-    # Accepted so that a request using them is refused by name, never silently ignored.
+    # A JSON answer (json_object, json_schema): constrained (openai_tools.openai_ask).
     response_format: dict[str, Any] | None = None
+    # Accepted so that a request using it is refused by name, never silently ignored.
     logit_bias: dict[str, Annotated[float, Finite]] | None = None
 
     def stop_strings(self) -> tuple[str, ...]:
@@ -132,5 +133,6 @@ class ChatCompletionRequest(_Common):
 
     messages: Annotated[list[ChatMessage], Field(min_length=1)]
     max_completion_tokens: Annotated[int | None, Field(ge=1, lt=2**31)] = None
+    parallel_tool_calls: StrictBool | None = None  # false: at most one constrained call
     logprobs: StrictBool = False
     top_logprobs: Annotated[int | None, Field(ge=0, le=MAX_TOP_LOGPROBS)] = None

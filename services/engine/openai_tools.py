@@ -1,9 +1,10 @@
 """OpenAI tool calling on /v1/chat/completions: checking `tools` and `tool_choice`, and
 turning the model's text into `message.tool_calls` (whole) or `delta.tool_calls` (streamed).
 
-The calls are parsed from the text (tool_calls.py); generation is not constrained, so a
-`tool_choice` of "required" or a named function is honoured only as far as the model follows
-the prompt: when it answers without a call, the answer comes back as text.
+The calls are parsed from the text (tool_calls.py). A `tool_choice` of "required" or a named
+function, a tool with `strict: true` and a `response_format` of `json_schema` / `json_object`
+constrain generation (`openai_ask`, constrained_output.py): the model can only write a call in
+its family's syntax with arguments valid against the tool's schema, or the JSON asked for.
 """
 
 from __future__ import annotations
@@ -11,7 +12,9 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
+from .constrained_output import OutputAsk, tool_spec
 from .engine_request import InvalidRequestError
+from .grammar_spec import ToolMode
 from .openai_shapes import ResponseShape, sse_event
 from .sampling_params import TokenLogprob
 from .tool_calls import ContentDelta, Event, ToolCall, ToolCallStream, parse_tool_calls
@@ -54,6 +57,64 @@ def check_tool_choice(tool_choice: str | dict[str, Any] | None, tools: list | No
     known = [t["function"]["name"] for t in tools or ()]
     if name not in known:
         raise InvalidRequestError("tool_choice", f"function {name!r} is not in tools {known}")
+
+
+RESPONSE_FORMATS = ("text", "json_object", "json_schema")
+
+
+def openai_ask(
+    tools: list | None,
+    tool_choice: Any,
+    response_format: dict[str, Any] | None,
+    parallel_tool_calls: bool | None = None,
+) -> OutputAsk:
+    """What a chat (or completion: no tools) request asks of its output; InvalidRequestError
+    names a bad `response_format` (tools and tool_choice are checked by check_tools and
+    check_tool_choice)."""
+    json_schema, json_field = _response_format(response_format)
+    tools = tools or []
+    parallel = parallel_tool_calls is not False
+    only = tool_choice.get("function", {}).get("name") if isinstance(tool_choice, dict) else None
+    if not tools or tool_choice == "none":
+        mode = None
+    elif tool_choice == "required" or only:
+        mode = ToolMode(True, only, parallel and not only)
+    elif any(_strict(tool) for tool in tools):
+        mode = ToolMode(False, None, parallel)
+    else:
+        mode = None
+    forced = mode is not None and mode.forced
+    specs = [
+        tool_spec(
+            tool["function"]["name"],
+            tool["function"].get("parameters"),
+            f"tools[{index}].function.parameters",
+            forced or _strict(tool),
+        )
+        for index, tool in enumerate(tools)
+    ]
+    choice_field = "tool_choice" if forced else "tools"
+    return OutputAsk(specs, mode, choice_field, json_schema, json_field)
+
+
+def _strict(tool: dict[str, Any]) -> bool:
+    return tool["function"].get("strict") is True
+
+
+def _response_format(response_format: dict[str, Any] | None) -> tuple[Any, str]:
+    """(schema, field) of a JSON response format; (None, "") for text."""
+    kind = (response_format or {}).get("type", "text")
+    if kind not in RESPONSE_FORMATS:
+        raise InvalidRequestError("response_format.type", f"{kind!r} not in {RESPONSE_FORMATS}")
+    if kind == "text":
+        return None, ""
+    if kind == "json_object":
+        return {"type": "object"}, "response_format"
+    spec = response_format.get("json_schema")
+    if not isinstance(spec, dict):
+        raise InvalidRequestError("response_format.json_schema", "must be an object")
+    schema = spec.get("schema", {})  # OpenAI: no schema is any JSON value
+    return schema, "response_format.json_schema.schema"
 
 
 def parsing_family(family: str | None, tools: list | None, tool_choice: Any) -> str | None:

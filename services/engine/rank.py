@@ -61,7 +61,7 @@ class EngineRank:
         self.tool_family = resolve_tool_family(
             tool_call_parser, getattr(self.tokenizer, "chat_template", None), config.model_path
         )
-        self.metrics = EngineMetrics()
+        self.metrics = EngineMetrics(config.model)
         self.link: RouterLink | None = None
         self.core = EngineCore(config, metrics=self.metrics, kv_event_sink=self._publish)
         self.model_names = (config.model, "kvfleet")

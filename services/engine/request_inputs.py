@@ -26,6 +26,7 @@ def make_sampling(
     frequency_penalty: float | None = None,
     repetition_penalty: float | None = None,
     logprobs: int | None = None,
+    grammar: str = "",
 ) -> SamplingParams:
     """SamplingParams from client values; InvalidRequestError names the bad field."""
     temperature = 1.0 if temperature is None else float(temperature)
@@ -64,6 +65,7 @@ def make_sampling(
         stop_token_ids=tuple(int(t) for t in stop_token_ids),
         stop=tuple(s for s in stop if s),
         logprobs=logprobs,
+        grammar=grammar,
         **values,
     )
 

@@ -16,7 +16,7 @@ import grpc
 
 from ...kvstore.events import KVEventKind
 from ...proto import common_pb2, router_pb2, router_pb2_grpc
-from ..router.fleet_secret import secret_metadata
+from ..router.fleet_secret import KV_BATCH_BYTES, secret_metadata
 from .engine_request import EngineLoad
 from .kv_events import BlockEvent
 
@@ -41,6 +41,8 @@ def event_proto(event: BlockEvent) -> router_pb2.KvEvent:
         )
         if event.parent_hash is not None:
             stored.parent_block_hash = event.parent_hash
+        elif event.root_hash is not None:
+            stored.root_hash = event.root_hash
         return router_pb2.KvEvent(stored=stored)
     return router_pb2.KvEvent(removed=router_pb2.BlocksRemoved(block_hashes=[event.block_hash]))
 
@@ -151,9 +153,7 @@ class RouterLink:
                 continue
             if events is None:
                 return
-            yield router_pb2.KvEventBatch(
-                rank_id=self.rank_id, events=[event_proto(e) for e in events]
-            )
+            yield from split_batches(self.rank_id, [event_proto(e) for e in events])
 
     def _publish(self) -> None:
         # NOTE: events lost while the router is away are not replayed; the router forgets a
@@ -170,3 +170,21 @@ class RouterLink:
                 self._stop.wait(RETRY_SECONDS)
             finally:
                 call_ended.set()
+
+
+def split_batches(
+    rank_id: str, events: list[router_pb2.KvEvent], most_bytes: int = KV_BATCH_BYTES
+) -> Iterator[router_pb2.KvEventBatch]:
+    """The events in batches of at most `most_bytes` (one larger event goes alone): the router
+    caps a batch at what this cut needs (fleet_secret.py)."""
+    batch: list[router_pb2.KvEvent] = []
+    size = 0
+    for event in events:
+        event_bytes = event.ByteSize() + 8  # field tag and length prefix
+        if batch and size + event_bytes > most_bytes:
+            yield router_pb2.KvEventBatch(rank_id=rank_id, events=batch)
+            batch, size = [], 0
+        batch.append(event)
+        size += event_bytes
+    if batch:
+        yield router_pb2.KvEventBatch(rank_id=rank_id, events=batch)

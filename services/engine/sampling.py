@@ -8,6 +8,7 @@ whose logits hold NaN or +inf comes back as a SampleFailure for that row alone.
 from __future__ import annotations
 
 from collections.abc import Sequence
+from math import inf
 
 import torch
 
@@ -155,7 +156,8 @@ def _token_logprob(row: torch.Tensor, token: int, params: SamplingParams) -> Tok
     top: tuple[tuple[int, float], ...] = ()
     if params.logprobs:
         values, ids = row.topk(params.logprobs)
-        top = tuple(zip(ids.tolist(), values.tolist(), strict=True))
+        # A grammar's refused tokens (-inf) are no alternatives.
+        top = tuple((i, v) for i, v in zip(ids.tolist(), values.tolist(), strict=True) if v > -inf)
     return TokenLogprob(token, float(row[token]), top)
 
 

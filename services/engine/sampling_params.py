@@ -6,6 +6,7 @@ validates requests without importing torch.
 
 from __future__ import annotations
 
+import functools
 import math
 from dataclasses import dataclass
 
@@ -22,7 +23,8 @@ class SamplingParams:
     Penalties follow OpenAI/vLLM: `presence_penalty` and `frequency_penalty` subtract from the
     logits of tokens already generated (once, or per occurrence); `repetition_penalty` divides
     positive (multiplies negative) logits of tokens in the prompt or the output. `logprobs`:
-    None = none; k = the sampled token's log probability plus the k most likely.
+    None = none; k = the sampled token's log probability plus the k most likely. `grammar`:
+    each token is drawn from those the grammar allows next, and its end ends the sample.
     """
 
     temperature: float = 0.0
@@ -35,6 +37,8 @@ class SamplingParams:
     frequency_penalty: float = 0.0
     repetition_penalty: float = 1.0
     logprobs: int | None = None
+    # An llguidance grammar (grammar_spec.py) the output must match; "" = unconstrained.
+    grammar: str = ""
 
     def __post_init__(self) -> None:
         if not (math.isfinite(self.temperature) and 0.0 <= self.temperature <= 100.0):
@@ -60,10 +64,11 @@ class SamplingParams:
     def greedy(self) -> bool:
         return self.temperature < SAMPLING_EPS
 
-    @property
+    @functools.cached_property  # NOTE: read per row every step (frozen: computed once)
     def plain_greedy(self) -> bool:
-        """Greedy with nothing to apply or report: the batch's argmax on the device will do."""
-        return self.greedy and not self.penalized and self.logprobs is None
+        """Greedy with nothing to apply or report (no penalty, logprobs or grammar): the batch's
+        argmax on the device will do."""
+        return self.greedy and not self.penalized and self.logprobs is None and not self.grammar
 
     @property
     def penalized(self) -> bool:

@@ -13,10 +13,13 @@ sequence is re-added with its output so far and resumes from whatever prefix is 
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+import time
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
+from ...kvstore.manager import KVCacheManager
 from ..core.step_planner import StepPlanner
+from .prefetch_holds import PrefetchHolds
 from .sequence import Sequence
 
 
@@ -42,6 +45,16 @@ class ScheduledChunk:
 
 class Scheduler(StepPlanner[Sequence, ScheduledChunk]):
     """Waiting queue, running set and the step plan of sequences, over one kvstore manager."""
+
+    def __init__(
+        self,
+        manager: KVCacheManager,
+        max_batch_size: int,
+        token_budget: int,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        super().__init__(manager, max_batch_size, token_budget)
+        self.holds = PrefetchHolds(manager, clock)  # router-driven prefetch between turns
 
     # -- membership ------------------------------------------------------------------------------
 
@@ -95,7 +108,16 @@ class Scheduler(StepPlanner[Sequence, ScheduledChunk]):
         """Pick this step's chunks and allocate their pages; empty when nothing can run."""
         # Queued requests' disk blocks head for host in the background; finished reads land.
         self.manager.prefetch([sequence.key for sequence in self.waiting])
+        self.holds.expire()
         return self.plan_step()
+
+    def context_ended(self, item: Sequence) -> None:
+        super().context_ended(item)
+        self.holds.remember(item.conversation_id, item.prompt, item.call.extra_key)
+
+    def _free_for(self, fits: Callable[[], bool], keep: str | None = None) -> bool:
+        # Retained turns go first, then held prefetches; only then is anything preempted.
+        return self.retained.fits_or_release(fits) or self.holds.cancel_until(fits, keep)
 
     def _next_count(self, sequence: Sequence, budget: int) -> int:
         start = self.manager.progress(sequence.key).num_computed_tokens
@@ -133,11 +155,13 @@ class Scheduler(StepPlanner[Sequence, ScheduledChunk]):
     def _admit(self, sequence: Sequence, budget: int) -> ScheduledChunk | None:
         match = self.manager.match(sequence.key)
         count = min(sequence.num_tokens - match.num_reusable_tokens, budget)
-        if not self.retained.fits_or_release(lambda: self.manager.can_admit(sequence.key, count)):
+        conversation = sequence.conversation_id
+        if not self._free_for(lambda: self.manager.can_admit(sequence.key, count), conversation):
             return None
         # NOTE: admission onboards host/disk blocks and may reuse less than the match said
         # (a disk file that failed its checks); the chunk starts where reuse really ends.
         reused = self.manager.admit(sequence.key, count).num_reused_tokens
+        self.holds.take(conversation)  # the sequence holds the pages now
         sequence.admitted = True
         if sequence.cached_tokens is None:
             sequence.cached_tokens = reused

@@ -3,11 +3,15 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 import torch
 
 from .engine_request import GenerateCall
 from .sampling import SamplingParams
+
+if TYPE_CHECKING:
+    from .grammar import GrammarState
 
 
 @dataclass(eq=False)
@@ -36,6 +40,7 @@ class Sequence:
     last_token_at: float | None = None
     itl_total: float = 0.0
     finished: bool = False
+    grammar: GrammarState | None = None  # where a constrained sample is in its grammar
 
     @property
     def prompt(self) -> tuple[int, ...]:

@@ -22,6 +22,11 @@ PER_TIER = (
     ("copy_seconds", "Seconds spent copying pages into the tier", "copy_seconds"),
     ("evictions", "Pages evicted from the tier", "evictions"),
     ("errors", "Refused writes (disk: writes pause, then are retried)", "errors"),
+    (
+        "refused_files",
+        "Non-regular files (FIFO, device, link) where a block file should be: misses",
+        "refused_files",
+    ),
 )
 # (metric suffix, help, field moved in, field moved out) of the counters by tier and direction.
 PER_DIRECTION = (

@@ -43,6 +43,10 @@ class Tokenizer(Protocol):
         """Text of `ids`; special tokens are left out."""
         ...
 
+    def to_json(self) -> str:
+        """The vocabulary as a `tokenizers` JSON (what the grammar library builds masks from)."""
+        ...
+
 
 def stop_ids_of(tokenizer: Tokenizer) -> tuple[int, ...]:
     """Tokens that end a generation: the model's stop ids, else the tokenizer's eos."""
@@ -80,6 +84,12 @@ class ByteTokenizer:
     def decode(self, ids: list[int]) -> str:
         """Bytes back to text; special and out-of-range ids are dropped, bad UTF-8 replaced."""
         return bytes(i for i in ids if 0 <= i < 256).decode("utf-8", errors="replace")
+
+    def to_json(self) -> str:
+        """This vocabulary as a `tokenizers` JSON (what the grammar library reads)."""
+        from .model_dir import byte_tokenizer_json
+
+        return byte_tokenizer_json(self.special_tokens)
 
 
 class JsonTokenizer:
@@ -128,6 +138,10 @@ class JsonTokenizer:
     def decode(self, ids: list[int]) -> str:
         """Text of `ids`; special tokens are left out."""
         return self._tok.decode(ids, skip_special_tokens=True)
+
+    def to_json(self) -> str:
+        """The `tokenizers` JSON (what the grammar library reads)."""
+        return self._tok.to_str()
 
 
 def tokenizer_for_model(model_path: str | Path | None) -> Tokenizer:

@@ -85,11 +85,10 @@ def build_model(
 ) -> CausalLM:
     """A model with seeded random weights, allocated directly on `device` in `dtype` (a
     hybrid SSM/attention model when the config names `ssm_layers`)."""
-    from .models.hybrid import HybridLM
+    from .models.classes import model_class
 
-    kind = HybridLM if config.ssm_layers else CausalLM
     with torch.device("meta"):
-        model = kind(config)
+        model = model_class(config)(config)
     model = model.to_empty(device=device)
     if config.tie_embeddings:
         model.lm_head.weight = model.model.embed_tokens.weight

@@ -7,6 +7,7 @@ clients too. Pins live in Redis under a fresh key prefix when one answers, else 
 from __future__ import annotations
 
 import logging
+import secrets
 import time
 import uuid
 from dataclasses import dataclass, field
@@ -81,13 +82,22 @@ class EmbeddedFleet:
         from ..router.server import RouterConfig, create_server
 
         c = self.config
+        # The ranks register on the client port: a secret of this fleet's own keeps anyone who
+        # reaches that port from registering a rank of theirs (and receiving traffic).
+        secret = secrets.token_urlsafe(32)
         router_config = RouterConfig(
-            admission=c.admission, redis_url=self.redis_url, redis_prefix=self.redis_prefix
+            admission=c.admission,
+            redis_url=self.redis_url,
+            redis_prefix=self.redis_prefix,
+            fleet_secret=secret,
         )
         self.router, self.router_port = create_server(f"{c.host}:{c.router_port}", router_config)
         for index in range(c.num_ranks):
             addresses = RankAddresses(
-                host=c.host, router=self.router_address, rank_id=f"rank-{index}"
+                host=c.host,
+                router=self.router_address,
+                rank_id=f"rank-{index}",
+                fleet_secret=secret,
             )
             self.ranks.append(EngineRank(c.engine, addresses).start())
         first = self.ranks[0]  # every rank runs the same model

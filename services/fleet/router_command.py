@@ -21,10 +21,11 @@ def run(args: argparse.Namespace) -> int:
     return router_cli.run(args, front=start_front)
 
 
-def start_front(args: argparse.Namespace, grpc_port: int):
+def start_front(args: argparse.Namespace, grpc_port: int, details=None):
     """The OpenAI HTTP front over this process's router on `grpc_port` (plain gRPC: the
     loopback port when the client port serves TLS). With the router's certificate the HTTP
-    port serves HTTPS too, so neither client door is left in the clear."""
+    port serves HTTPS too, so neither client door is left in the clear. `details`: what
+    /health adds (the router's Redis state)."""
     from ..engine.tool_calls import resolve_tool_family
     from .router_front import RouterFront, front_tokenizer
 
@@ -35,5 +36,6 @@ def start_front(args: argparse.Namespace, grpc_port: int):
     template = getattr(tokenizer, "chat_template", None)
     family = resolve_tool_family(args.tool_call_parser, template, args.model_path)
     return RouterFront(
-        f"{local}:{grpc_port}", tokenizer, names, None, args.host, args.http_port, tls, family
-    ).start()
+        f"{local}:{grpc_port}", tokenizer, names, None, args.host, args.http_port, tls, family,
+        health_details=details,
+    ).start()  # fmt: skip

@@ -3,12 +3,14 @@
 `kvfleet router --http-port 8000` starts one beside the router (the router Service's `http`
 port in a deployed fleet), and `kvfleet up` starts one in front of its embedded router, so
 OpenAI clients get the router's conversation pins. `GET /health` is 200 while the router's
-gRPC health answers SERVING (Kubernetes httpGet probes), else 503. Nothing here imports torch.
+gRPC health answers SERVING (Kubernetes httpGet probes), else 503; its body says where pins
+live and, while the router runs degraded on local state, Redis's last error (a wrong password
+shows there). Nothing here imports torch.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from pathlib import Path
 
 import grpc
@@ -43,6 +45,7 @@ class RouterFront:
         tls: tuple[str, str] | None = None,
         tool_family: str | None = None,
         max_request_tokens: int | None = None,
+        health_details: Callable[[], Mapping[str, str]] | None = None,
     ) -> None:
         """`router_address` is plain gRPC (the router's loopback port when its client port
         serves TLS); `tls=(certificate chain, key)` serves HTTPS; `tool_family` is the
@@ -54,7 +57,12 @@ class RouterFront:
         self._health_channel = grpc.insecure_channel(router_address)
         self._health = health_pb2_grpc.HealthStub(self._health_channel)
         self.tool_family = tool_family
-        app = build_app(self.backend, healthy=self.serving, tool_family=tool_family)
+        app = build_app(
+            self.backend,
+            healthy=self.serving,
+            tool_family=tool_family,
+            health_details=health_details,
+        )
         self.http = HttpServer(app, host, port, tls)
 
     @property

@@ -135,6 +135,7 @@ def fleet_config(args: argparse.Namespace):
 
 def run(args: argparse.Namespace) -> int:
     from ..engine.config import PRESETS
+    from ..router.redis_connect import redacted
     from .embedded import EmbeddedFleet
 
     logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(name)s %(message)s")
@@ -147,9 +148,10 @@ def run(args: argparse.Namespace) -> int:
         return 2
     fleet = EmbeddedFleet(fleet_config(args))
     if fleet.redis_url:
-        print(f"pins: Redis at {fleet.redis_url} (key prefix {fleet.redis_prefix})", flush=True)
+        where = redacted(fleet.redis_url)
+        print(f"pins: Redis at {where} (key prefix {fleet.redis_prefix})", flush=True)
     else:
-        print(f"WARNING: no Redis answers at {args.redis_url}: pins are kept IN-PROCESS "
+        print(f"WARNING: no Redis answers at {redacted(args.redis_url)}: pins are kept IN-PROCESS "
               "(one router only)", flush=True)  # fmt: skip
     stop = threading.Event()
     for signum in (signal.SIGINT, signal.SIGTERM):

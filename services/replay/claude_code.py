@@ -56,7 +56,10 @@ class _SessionBuilder:
         tool_tokens = int(node.get("tool_tokens", 0))
         tool_and_system = tool_tokens + int(node.get("system_tokens", 0))
         prefix_blocks = tool_and_system // self.block_size
-        segment_ends = sorted({tool_tokens, tool_and_system} - {0})
+        # One hint, where the tools and the system prompt end: what the engine's chat path
+        # derives from the template (docs/engine.md, "Branch hints"); the tools' own end is
+        # not a position the product knows.
+        segment_ends = (tool_and_system,) if tool_and_system else ()
         reference: tuple[int, ...] | None = None
         steps: list[Turn | SubAgentSpawn] = []
         children: list[tuple[float, Conversation]] = []

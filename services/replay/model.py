@@ -21,8 +21,8 @@ class Turn:
     `hash_ids` are the trace's ids for the prompt blocks in `namespace`. The first
     `shared_prefix_blocks` blocks belong instead to the common chain `shared_namespace`
     (ids 0, 1, 2... by position), which models a prompt prefix shared across sessions.
-    `branch_hints`: prompt positions (tokens) where later turns are likely to branch off, the
-    ends of the tools and of the system prompt (what an engine's chat template knows).
+    `branch_hints`: prompt positions (tokens) where later turns are likely to branch off: where
+    the tools and the system prompt end (what the engine's chat path derives from its template).
     `tool_tokens` and `system_tokens`: the sizes of those two leading parts (0 when the trace
     does not say), which chat targets send as tools and a system prompt.
     """

@@ -57,6 +57,10 @@ class FleetOptions:
     retained_snapshot_sizing: bool = True  # pools count retained turns' from-end snapshots
     tick_seconds: float = 0.05
     max_decode_run_steps: int = 64
+    prefetch: bool = False  # router-driven prefetch: held blocks for a returning turn
+    migrate_kv: bool = True  # a turn placed away from its home pulls the home's blocks
+    drain_rank: str = ""  # scale-in: this rank drains at `drain_at_s` (virtual seconds)
+    drain_at_s: float = 0.0
 
     def __post_init__(self) -> None:
         positive = (

@@ -33,6 +33,7 @@ from ..router.store import LocalStore, StoreIntegrityError
 from .sim_clock import ScheduledEvent, VirtualClock
 from .sim_config import FleetOptions, SimConfig
 from .sim_handoff import HandoffStats, Reservation, page_bytes_of
+from .sim_moves import FleetMoves
 from .sim_prefix_feed import PrefixFeed
 from .sim_rank import SimRank
 from .sim_request import SimRequest
@@ -80,6 +81,7 @@ class SimFleet:
         self.deferrals = 0
         self.placements: dict[str, int] = {}
         self.handoffs: list[HandoffStats] = []
+        self.moves = FleetMoves(self)
 
     # -- building --------------------------------------------------------------------------------
 
@@ -105,6 +107,7 @@ class SimFleet:
             role,
             self._on_parked,
             self._on_reserved,
+            self.page_bytes,
         )
         return rank
 
@@ -130,6 +133,7 @@ class SimFleet:
         future: asyncio.Future[SimRequest] = asyncio.get_running_loop().create_future()
         self._futures[request_id] = future
         self._requests[request_id] = request
+        self.moves.arrived(request)
         prompt = tuple(tokens) if self.config.fleet.placement == "prefix" else ()
         self.queue.enqueue(PendingRequest(request_id, conversation_id, now, prompt_tokens=prompt))
         self._admission_pass()
@@ -138,11 +142,14 @@ class SimFleet:
     def _admission_pass(self) -> None:
         """One router pass per queue; admitted requests go to their ranks; waiters get a tick."""
         for rank_id, rank in self.ranks.items():
-            load = RankLoad(0, len(rank.waiting), rank.kv_usage())
+            draining = rank_id in self.moves.draining
+            load = RankLoad(0, len(rank.waiting), rank.kv_usage(), draining)
             self.store.heartbeat(rank_id, load, self.clock.now())
         for admission in self._run_pass(self.queue, ""):
             request = self._requests[admission.request.request_id]
+            self.moves.placed(request, admission.rank.rank_id)
             self.ranks[admission.rank.rank_id].submit(request)
+        self.moves.waiting(self._requests[p.request_id] for p in self.queue.waiting())
         if len(self.generation_queue):
             for admission in self._run_pass(self.generation_queue, "generation "):
                 request_id = admission.request.request_id.removesuffix(GENERATION_PIN_SUFFIX)
@@ -175,6 +182,7 @@ class SimFleet:
         if context is not None and request.request_id in context.parked:
             context.release_hold(request)  # it failed on the generation rank before the move
         self._requests.pop(request.request_id, None)
+        self.moves.finished(request)
         future = self._futures.pop(request.request_id)
         if not future.done():
             future.set_result(request)

@@ -19,20 +19,20 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from ...kvstore.manager import KVCacheManager
-from ...kvstore.tiers.metrics import DISK, HOST
 from ..core.cost_model import CostModel
 from ..core.step_planner import StepPlanner
 from ..router.model import Role
 from .sim_clock import VirtualClock
 from .sim_decode_run import DecodeRun, plan_decode_run
 from .sim_handoff import HandoffSide, ReservedCallback
+from .sim_holds import HoldSide
 from .sim_request import SimRequest
 from .sim_step import Chunk, KVAdmission, step_work
 
 FinishedCallback = Callable[[SimRequest], None]
 
 
-class SimRank(HandoffSide, StepPlanner[SimRequest, Chunk]):
+class SimRank(HandoffSide, HoldSide, StepPlanner[SimRequest, Chunk]):
     """The engine side of one rank; the only caller of its kvstore manager."""
 
     def __init__(
@@ -48,6 +48,7 @@ class SimRank(HandoffSide, StepPlanner[SimRequest, Chunk]):
         role: Role = Role.BOTH,
         on_parked: FinishedCallback | None = None,
         on_reserved: ReservedCallback | None = None,
+        page_bytes: dict[str, int] | None = None,
     ) -> None:
         StepPlanner.__init__(self, manager, max_batch_size, token_budget)
         self.rank_id = rank_id
@@ -63,6 +64,8 @@ class SimRank(HandoffSide, StepPlanner[SimRequest, Chunk]):
         self._busy = False
         self._run: DecodeRun | None = None
         self._init_handoff(on_parked, on_reserved)
+        self._init_holds()
+        self.page_bytes = page_bytes or {}
 
     @property
     def released_conversations(self) -> int:
@@ -86,6 +89,23 @@ class SimRank(HandoffSide, StepPlanner[SimRequest, Chunk]):
             self._busy = True
             self.clock.call_at(self.clock.now(), self._start_step)
 
+    def _ready(self, item: SimRequest) -> bool:
+        # A turn whose blocks are being pulled in waits for them (the pull wakes the rank).
+        return self.ready_at(item) <= self.clock.now()
+
+    @property
+    def pulling(self) -> bool:
+        """True while a waiting turn's blocks are still being pulled in (it wakes the rank)."""
+        now = self.clock.now()
+        return any(self.ready_at(request) > now for request in self.waiting)
+
+    def wake_at(self, when: float) -> None:
+        """Start a step at `when` (a pull lands then)."""
+        self.clock.call_at(when, self._wake)
+
+    def _free_for(self, fits) -> bool:
+        return self._free_until(fits)
+
     def _branch_hints(self, item: SimRequest) -> tuple[int, ...]:
         return item.branch_hints
 
@@ -108,7 +128,7 @@ class SimRank(HandoffSide, StepPlanner[SimRequest, Chunk]):
             return
         chunks = self.plan_step()
         # NOTE: pages held by hand-offs come back without a step here, and wake the rank then.
-        while not chunks and not self.idle and not self.pages_coming_back:
+        while not chunks and not self.idle and not self.pages_coming_back and not self.pulling:
             self._fail(self.running[0] if self.running else self.waiting[0])
             chunks = self.plan_step()
         if not chunks:
@@ -224,17 +244,22 @@ class SimRank(HandoffSide, StepPlanner[SimRequest, Chunk]):
         def fits() -> bool:
             return manager.admissible_tokens(rid, budget) is not None
 
-        if not self.retained.fits_or_release(fits):
+        if not self._free_until(fits, keep=request.conversation_id):
             return None
         match = manager.match(rid)
         start = match.num_reusable_tokens
-        host = sum(tier == HOST for where in match.locations.values() for tier in where)
-        disk = sum(tier == DISK for where in match.locations.values() for tier in where)
+        host_pages, disk_pages = self._lower_pages(match)
+        host, disk = sum(host_pages.values()), sum(disk_pages.values())
+        request.host_bytes_in += self._bytes(host_pages)
+        request.disk_bytes_in += self._bytes(disk_pages)
         self.current = request
         try:
             allocation = manager.admit(rid, min(request.prompt_len - start, budget))
         finally:
             self.current = None
+        hold = self.take_hold(request)
+        if hold is not None and hold.ready_s > self.clock.now():
+            host, disk = host + hold.host_pages, disk + hold.disk_pages  # copy still in flight
         return KVAdmission(start, allocation, host, disk)
 
     def _allocate(self, request: SimRequest, count: int) -> None:

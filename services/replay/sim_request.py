@@ -34,6 +34,10 @@ class SimRequest:
     retain: bool = True
     host_pages_in: int = 0
     disk_pages_in: int = 0
+    host_bytes_in: int = 0  # bytes of those pages
+    disk_bytes_in: int = 0
+    moved_from: str | None = None  # its conversation's home, when it was placed elsewhere
+    pulled_bytes: int = 0  # of its prefix, pulled from that home or the shared disk
     preemptions: int = 0
     token_times: list[float] = field(default_factory=list)
     error: str | None = None

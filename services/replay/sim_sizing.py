@@ -4,15 +4,22 @@ The device pools are split by the kvstore's own sizing rule for the typical step
 from the fleet's options (`rank_typical_step`, as the engine does): `gpu_pages` pages by count
 (`plan_pools`), or with `gpu_gib` the rank's bytes by each pool's page bytes
 (`plan_pool_bytes`: an SSM state page is tens of attention pages). The host and disk tiers are
-split like the device pools: by bytes with `host_gib`, else by pages. Page bytes are in the
-fleet's `kv_cache_dtype`, so an fp8 fleet's `gpu_gib` / `host_gib` hold twice the pages.
+split for what they hold (`plan_lower_tier`: conversations between turns, no resident
+request), by bytes with `host_gib`, else by pages. Page bytes are in the fleet's
+`kv_cache_dtype`, so an fp8 fleet's `gpu_gib` / `host_gib` hold twice the pages.
 """
 
 from __future__ import annotations
 
 from ...kvstore.config import KVStoreConfig
 from ...kvstore.policies import ReusePolicy, make_reuse_policy
-from ...kvstore.sizing import TypicalStep, plan_pool_bytes, plan_pools, rank_typical_step
+from ...kvstore.sizing import (
+    TypicalStep,
+    plan_lower_tier,
+    plan_pool_bytes,
+    plan_pools,
+    rank_typical_step,
+)
 from ...kvstore.tiers.stack import KVTiers
 from ..core.cost_figures import ModelShape
 from .sim_config import FleetOptions, kv_dtype_bytes
@@ -23,15 +30,7 @@ GIB = 1 << 30
 def rank_kvstore(fleet: FleetOptions, model: ModelShape) -> tuple[KVStoreConfig, KVTiers | None]:
     """A new rank's kvstore config and its host/disk tiers (None without lower tiers)."""
     life_cycles = model.build_life_cycles()
-    policy_params = {
-        "max_num_turns": fleet.max_num_turns,
-        "keep_root": fleet.keep_root,
-        "keep_branch_points": fleet.keep_branch_points,
-        "discover_branch_points": fleet.discover_branch_points,
-    }
-    if fleet.reuse_policy != "per_conversation":
-        policy_params = {}
-    policy = make_reuse_policy(fleet.reuse_policy, **policy_params)
+    policy = rank_policy(fleet)
     step = typical_step(fleet, policy)
     page_bytes = model.page_bytes(fleet.block_size, kv_dtype_bytes(fleet, model))
     if fleet.gpu_gib > 0:
@@ -45,16 +44,30 @@ def rank_kvstore(fleet: FleetOptions, model: ModelShape) -> tuple[KVStoreConfig,
     )
     if not (fleet.host_pages or fleet.host_gib or fleet.disk_pages):
         return kv_config, None
+    bs = fleet.block_size
     if fleet.host_gib > 0:
-        host = split_bytes_like_pools(int(fleet.host_gib * GIB), pool_pages, page_bytes)
+        host = plan_lower_tier(step, life_cycles, bs, int(fleet.host_gib * GIB), page_bytes)
     else:
-        host = split_like_pools(fleet.host_pages, pool_pages)
+        host = plan_lower_tier(step, life_cycles, bs, fleet.host_pages)
     tiers = KVTiers(
         host,
-        split_like_pools(fleet.disk_pages, pool_pages),
+        plan_lower_tier(step, life_cycles, bs, fleet.disk_pages),
         dict.fromkeys((lc.name for lc in life_cycles), 0),
     )
     return kv_config, tiers
+
+
+def rank_policy(fleet: FleetOptions) -> ReusePolicy:
+    """The rank's kvstore reuse policy, from the fleet's options."""
+    policy_params = {
+        "max_num_turns": fleet.max_num_turns,
+        "keep_root": fleet.keep_root,
+        "keep_branch_points": fleet.keep_branch_points,
+        "discover_branch_points": fleet.discover_branch_points,
+    }
+    if fleet.reuse_policy != "per_conversation":
+        policy_params = {}
+    return make_reuse_policy(fleet.reuse_policy, **policy_params)
 
 
 def typical_step(fleet: FleetOptions, policy: ReusePolicy) -> TypicalStep:
@@ -68,18 +81,3 @@ def typical_step(fleet: FleetOptions, policy: ReusePolicy) -> TypicalStep:
         fleet.checkpoint,
         fleet.retained_snapshot_sizing,
     )
-
-
-def split_like_pools(total: int, pool_pages: dict[str, int]) -> dict[str, int]:
-    """A lower tier's pages split like the device pools."""
-    weight = sum(pool_pages.values())
-    return {name: total * pages // weight for name, pages in pool_pages.items()}
-
-
-def split_bytes_like_pools(
-    budget_bytes: int, pool_pages: dict[str, int], page_bytes: dict[str, int]
-) -> dict[str, int]:
-    """A lower tier's bytes split in the device pools' byte proportions, in whole pages."""
-    weights = {name: pages * page_bytes[name] for name, pages in pool_pages.items()}
-    total = sum(weights.values())
-    return {name: budget_bytes * weights[name] // total // page_bytes[name] for name in weights}

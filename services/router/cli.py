@@ -58,7 +58,11 @@ def register(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
         "--model-path", default=None, help="checkpoint dir whose tokenizer the OpenAI API uses"
     )
     parser.add_argument(
-        "--redis-url", default=None, help="redis://HOST:6379/0; without it all state is in-process"
+        "--redis-url",
+        default=None,
+        help="redis://HOST:6379/0 (default: $KVFLEET_REDIS_URL, which keeps a password in it off "
+        "the command line, where every process of the node can read it); without either all "
+        "state is in-process",
     )
     parser.add_argument("--redis-prefix", default="kvfleet", help="key prefix (one per fleet)")
     parser.add_argument(
@@ -106,6 +110,13 @@ def register(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
         type=float,
         default=30.0,
         help="the same bound in time (the one that binds by default)",
+    )
+    parser.add_argument(
+        "--prefetch",
+        action=argparse.BooleanOptionalAction,
+        default=False,
+        help="ask a conversation's home rank to bring its KV up before its next turn "
+        "(timed by the conversation's own gaps) and while the turn waits for a slot there",
     )
     parser.add_argument(
         "--placement",
@@ -160,7 +171,7 @@ def router_config(args: argparse.Namespace):
     """The `RouterConfig` the command line asks for."""
     from .admission import AdmissionConfig
     from .fleet_secret import load_fleet_secret
-    from .redis_connect import load_password
+    from .redis_connect import URL_ENV, load_password
     from .server import RouterConfig
 
     secret = load_fleet_secret(args.fleet_secret_file)
@@ -175,7 +186,7 @@ def router_config(args: argparse.Namespace):
     extra = {"router_id": args.replica_id} if args.replica_id else {}
     return RouterConfig(
         admission=admission,
-        redis_url=args.redis_url,
+        redis_url=args.redis_url or os.environ.get(URL_ENV) or None,
         redis_prefix=args.redis_prefix,
         redis_password=load_password(args.redis_password_file),
         redis_ca_file=args.redis_ca_file,
@@ -184,6 +195,7 @@ def router_config(args: argparse.Namespace):
         redis_tls=args.redis_tls,
         max_queue_seconds=args.max_queue_seconds,
         max_call_seconds=args.max_call_seconds,
+        prefetch=args.prefetch,
         lease_seconds=args.lease_seconds,
         redis_timeout_seconds=args.redis_timeout_seconds,
         stream_idle_seconds=args.stream_idle_seconds,
@@ -197,7 +209,8 @@ def router_config(args: argparse.Namespace):
 
 
 # Starts the OpenAI HTTP front for (args, router gRPC port); returns something to `stop()`.
-FrontStarter = Callable[[argparse.Namespace, int], Any]
+# (args, the plain gRPC port to call, what /health adds) -> the running front
+FrontStarter = Callable[[argparse.Namespace, int, Callable[[], dict]], Any]
 
 
 def run(args: argparse.Namespace, front: FrontStarter | None = None) -> int:
@@ -235,7 +248,7 @@ def run(args: argparse.Namespace, front: FrontStarter | None = None) -> int:
     http = None
     if front is not None and args.http_port >= 0:
         try:
-            http = front(args, server.front_port)
+            http = front(args, server.front_port, server.health_details)
         except OSError as error:  # FileNotFoundError included: no tokenizer.json
             print(f"kvfleet router: {error}; --http-port 0 picks a free port, -1 serves no HTTP",
                   file=sys.stderr, flush=True)  # fmt: skip

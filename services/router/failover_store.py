@@ -44,6 +44,9 @@ class FailoverStore:
         self._on_redis_error = on_redis_error
         self._on_degraded = on_degraded
         self.degraded = False
+        # Why Redis last failed while degraded (the last retry's error: a wrong password says
+        # so here until fixed); None while Redis answers.
+        self.degraded_reason: str | None = None
         self._flag_lock = threading.Lock()  # degraded turns on or off once per outage
         self.recovered_at: float | None = None  # `now` of the last resync
         self.live_replicas: list[str] = []  # replica ids holding a lease, at the last beat
@@ -56,11 +59,12 @@ class FailoverStore:
             return True, call()
         except redis.RedisError as error:
             self._on_redis_error(error)
-            self._set_degraded(True, f"{type(error).__name__}: {error}")
+            self._set_degraded(True, _reason(error))
             return False, None
 
     def _set_degraded(self, degraded: bool, reason: str) -> None:
         with self._flag_lock:
+            self.degraded_reason = reason if degraded else None
             if degraded == self.degraded:
                 return
             self.degraded = degraded
@@ -165,6 +169,7 @@ class FailoverStore:
             )
         except redis.RedisError as error:
             self._on_redis_error(error)
+            self.degraded_reason = _reason(error)
             return False
         self.recovered_at = now
         self._set_degraded(False, "resync done")
@@ -175,3 +180,8 @@ class FailoverStore:
     def check_integrity(self) -> None:
         self.local.check_integrity()
         self._remote_call(self.remote.check_integrity)
+
+
+def _reason(error: Exception) -> str:
+    """What /health and the log say of a Redis failure (redis-py's messages hold no secret)."""
+    return f"{type(error).__name__}: {error}"

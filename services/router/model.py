@@ -5,6 +5,8 @@ from __future__ import annotations
 import enum
 from dataclasses import dataclass, field
 
+from .prefix_index import UNSALTED_ROOT
+
 
 class Role(enum.StrEnum):
     """What part of serving a rank does (mirrors kvfleet.RankRole)."""
@@ -77,6 +79,8 @@ class PendingRequest:
     explicit_rank: str | None = None
     relax_rank: bool = False
     prompt_tokens: tuple[int, ...] = ()
+    # Where the prompt's block keys chain from: the tenant's cache salt (prefix_index.py).
+    prefix_root: int = UNSALTED_ROOT
     deferrals: int = 0
 
     @property

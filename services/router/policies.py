@@ -121,7 +121,9 @@ class PrefixPlacement:
         def overlap(slots: RankSlots) -> int:
             size = slots.info.block_size
             if size not in keys_by_block_size:
-                keys_by_block_size[size] = chain_keys(request.prompt_tokens, size)
+                keys_by_block_size[size] = chain_keys(
+                    request.prompt_tokens, size, request.prefix_root
+                )
             return self._index.overlap(slots.info.rank_id, keys_by_block_size[size])
 
         return sorted(candidates, key=lambda slots: (-overlap(slots), *_load_key(slots)))

@@ -2,8 +2,11 @@
 
 Engines name blocks by their own hash; the router re-keys every stored block by a chained hash
 of its tokens (`parent key, tokens`), so it can hash a new prompt the same way without knowing
-the engine's hash function. The router's gRPC layer is the only writer; placement reads. Each
-call locks the index (KV event streams and the admission pass run on different threads).
+the engine's hash function. A chain starts at its sequence's root id, which the tenant's cache
+salt changes (kvstore `root_hash`): two tenants' equal prompts get different keys, so where one
+tenant's prefix lives never steers (nor, by which rank answers, shows itself to) the other.
+The router's gRPC layer is the only writer; placement reads. Each call locks the index (KV
+event streams and the admission pass run on different threads).
 """
 
 from __future__ import annotations
@@ -12,13 +15,21 @@ import threading
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
-ROOT_KEY = 0
+from ...kvstore.hashing import root_hash, salt_extra_key
+
+UNSALTED_ROOT = root_hash()
 
 
-def chain_keys(tokens: Sequence[int], block_size: int) -> list[int]:
-    """Chained keys of the full blocks of `tokens` (a partial last block has none)."""
+def prompt_root(cache_salt: str) -> int:
+    """The root id a request's blocks chain from: the engine's, for the same cache salt."""
+    return root_hash(salt_extra_key(cache_salt))
+
+
+def chain_keys(tokens: Sequence[int], block_size: int, root: int = UNSALTED_ROOT) -> list[int]:
+    """Chained keys of the full blocks of `tokens` from `root` (a partial last block has
+    none)."""
     keys = []
-    parent = ROOT_KEY
+    parent = root
     for start in range(0, len(tokens) - block_size + 1, block_size):
         parent = hash((parent, tuple(tokens[start : start + block_size])))
         keys.append(parent)
@@ -50,8 +61,10 @@ class PrefixIndex:
         parent_hash: int | None,
         token_ids: Sequence[int],
         block_size: int,
+        root: int | None = None,
     ) -> int:
-        """Record blocks a rank stored; returns how many were indexed.
+        """Record blocks a rank stored; returns how many were indexed. `root`: with no parent,
+        the sequence's root id (None: unsalted).
 
         Blocks whose parent the index never saw cannot be keyed and are skipped.
         """
@@ -60,12 +73,12 @@ class PrefixIndex:
                 f"token_ids: {len(token_ids)} tokens for {len(block_hashes)} blocks of {block_size}"
             )
         with self._lock:
-            return self._stored(rank_id, block_hashes, parent_hash, token_ids, block_size)
+            return self._stored(rank_id, block_hashes, parent_hash, token_ids, block_size, root)
 
-    def _stored(self, rank_id, block_hashes, parent_hash, token_ids, block_size) -> int:
+    def _stored(self, rank_id, block_hashes, parent_hash, token_ids, block_size, root) -> int:
         blocks = self._ranks.setdefault(rank_id, _RankBlocks())
         if parent_hash is None:
-            parent_key = ROOT_KEY
+            parent_key = UNSALTED_ROOT if root is None else root
         elif parent_hash in blocks.engine_to_key:
             parent_key = blocks.engine_to_key[parent_hash]
         else:

@@ -2,7 +2,8 @@
 
 | setting            | from                                                             |
 |--------------------|------------------------------------------------------------------|
-| address            | `--redis-url`, or `--redis-sentinel host:port,...` with          |
+| address            | `--redis-url` or `$KVFLEET_REDIS_URL` (keeps a password in the   |
+|                    | URL off the command line), or `--redis-sentinel host:port,...` with |
 |                    | `--redis-sentinel-master NAME` (redis-py's own Sentinel support) |
 | password           | in the URL, else `--redis-password-file`, else                   |
 |                    | `$KVFLEET_REDIS_PASSWORD` (a Kubernetes Secret fills either)     |
@@ -23,6 +24,7 @@ import redis
 from redis.sentinel import Sentinel
 
 PASSWORD_ENV = "KVFLEET_REDIS_PASSWORD"
+URL_ENV = "KVFLEET_REDIS_URL"  # the URL (with its password) where `ps` cannot show it
 
 
 @dataclass(frozen=True)
@@ -75,6 +77,17 @@ def connect(settings: RedisSettings, timeout: float) -> redis.Redis:
     }  # fmt: skip
     secure = tls if url.startswith("rediss://") else {}
     return redis.Redis.from_url(url, decode_responses=True, **password, **secure, **common)
+
+
+def redacted(url: str) -> str:
+    """The URL as logs may show it: any password replaced by `***`."""
+    parts = urlparse(url)
+    if parts.password is None:
+        return url
+    user = parts.username or ""
+    host = parts.hostname or ""
+    port = f":{parts.port}" if parts.port else ""
+    return parts._replace(netloc=f"{user}:***@{host}{port}").geturl()
 
 
 def _host_port(address: str) -> tuple[str, int]:

@@ -54,13 +54,16 @@ class RankRegistryServicer(router_pb2_grpc.RankRegistryServicer):
             context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(error))
         if not request.address:
             context.abort(grpc.StatusCode.INVALID_ARGUMENT, "address: empty")
-        live = self._runtime.live_address(info.rank_id, self._timeout)
-        if live is not None and live != info.address:
-            # NOTE: re-pointing a live rank would send its pinned conversations elsewhere; a
-            # rank that really moved registers once the old address misses its heartbeats.
+        live = self._runtime.live_info(info.rank_id, self._timeout)
+        if live is not None and live != info:
+            # NOTE: re-pointing a live rank would send its pinned conversations elsewhere, and
+            # resizing it would change the slots reservations are counted against under the
+            # requests it holds; a rank that really moved or changed registers once the old
+            # registration misses its heartbeats (a restart, which drains).
+            changed = _changes(live, info)
             context.abort(
                 grpc.StatusCode.FAILED_PRECONDITION,
-                f"rank_id: {info.rank_id!r} is live at {live}; not re-pointed to {info.address}",
+                f"rank_id: {info.rank_id!r} is live with {changed}; not changed while live",
             )
         if live is None:
             self._on_start(info)
@@ -115,8 +118,21 @@ def _apply_event(index, rank_id: str, event, block_size: int) -> None:
     if kind == "stored":
         stored = event.stored
         parent = stored.parent_block_hash if stored.HasField("parent_block_hash") else None
-        index.stored(rank_id, list(stored.block_hashes), parent, list(stored.token_ids), block_size)
+        root = stored.root_hash if stored.HasField("root_hash") else None
+        index.stored(
+            rank_id, list(stored.block_hashes), parent, list(stored.token_ids), block_size, root
+        )
     elif kind == "removed":
         index.removed(rank_id, list(event.removed.block_hashes))
     elif kind == "cleared":
         index.clear(rank_id)
+
+
+def _changes(live: RankInfo, asked: RankInfo) -> str:
+    """What a Register would change of a live rank, as `field live -> asked`."""
+    fields = ("address", "max_batch_size", "role", "block_size")
+    return ", ".join(
+        f"{name} {getattr(live, name)} (asked {getattr(asked, name)})"
+        for name in fields
+        if getattr(live, name) != getattr(asked, name)
+    )

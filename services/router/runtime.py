@@ -21,6 +21,7 @@ from .failover_store import FailoverStore
 from .metrics import RouterMetrics
 from .model import Admission, PendingRequest, RankInfo, RankLoad, RankSlots
 from .prefix_index import PrefixIndex
+from .store import AdmissionStore
 
 log = logging.getLogger(__name__)
 
@@ -79,6 +80,9 @@ class RouterRuntime:
         self._draining_lock = threading.Lock()
         # Called with a rank id whenever this router removes a rank (its calls are cancelled).
         self.removal_listeners: list[Callable[[str], None]] = []
+        # Called after each pass of the context queue with its waiting requests (prefetch).
+        self.after_pass: list[Callable[[list[PendingRequest], AdmissionStore, dict, float], None]]
+        self.after_pass = []
         self._tickets: dict[str, Ticket] = {}
         self._draining: set[str] = set()  # ranks last heard draining (for the log only)
         self._stopped = False
@@ -176,12 +180,12 @@ class RouterRuntime:
         """Every rank with its slots now."""
         return {rank_id: slots for rank_id, (slots, _) in self.store.snapshot().items()}
 
-    def live_address(self, rank_id: str, timeout: float) -> str | None:
-        """The address of a registered rank heard from within `timeout` seconds, else None."""
+    def live_info(self, rank_id: str, timeout: float) -> RankInfo | None:
+        """What a registered rank heard from within `timeout` seconds registered, else None."""
         entry = self.store.snapshot().get(rank_id)
         if entry is None or self._clock() - entry[1] > timeout:
             return None
-        return entry[0].info.address
+        return entry[0].info
 
     def with_prefix_index(self, apply: Callable[[PrefixIndex], object]) -> object:
         """Run a change on the prefix index as one step (KV events)."""
@@ -268,6 +272,10 @@ class RouterRuntime:
                         ),
                     )
         self.metrics.record_pass(result, sum(len(q) for q in self._queues.values()))
+        if self.after_pass and queue is self.queue and len(queue):
+            waiting, ranks = queue.waiting(), self.ranks()
+            for listener in self.after_pass:
+                listener(waiting, self.store, ranks, now)
 
     @staticmethod
     def _decide(

@@ -19,8 +19,9 @@ from ...proto import router_pb2, router_pb2_grpc
 from ...proto.pooled_server import PooledServer
 from .admission import GENERATION_ROLES, AdmissionConfig, AdmissionQueue
 from .failover_store import FailoverStore
-from .fleet_secret import FleetSecretInterceptor
+from .fleet_secret import RANK_PORT_MESSAGE_BYTES, FleetSecretInterceptor
 from .metrics import RouterMetrics
+from .prefetch import PrefetchPlanner
 from .prefix_index import PrefixIndex
 from .redis_connect import RedisSettings, connect
 from .redis_store import RedisStore
@@ -64,6 +65,10 @@ class RouterConfig:
     max_queue_seconds: float = 600.0
     # Cap on one forwarded engine call (None: the client's deadline alone, or none).
     max_call_seconds: float | None = None
+    # Router-driven prefetch: a home rank brings a conversation's blocks up before its next
+    # turn (its own inter-turn gaps say when) and while the turn waits for a slot there. Off:
+    # no gain measured on the tuning half (docs/prefetch.md).
+    prefetch: bool = False
     # An engine stream silent this long is cancelled and its rank taken for failed.
     stream_idle_seconds: float = 120.0
     tick_seconds: float = 0.05
@@ -108,6 +113,7 @@ class RouterServer:
         self.front_port = 0  # plain gRPC for the HTTP front beside the router (create_server)
         self.grpc_server = grpc_server
         self.lease = lease
+        self.prefetch: PrefetchPlanner | None = None  # set by create_server when it is on
         self.runtime = runtime
         self.metrics = metrics
         self._channels = channels
@@ -130,6 +136,8 @@ class RouterServer:
             self.rank_server.stop(0)
         self.grpc_server.stop(grace).wait(timeout=(grace or 0) + 5)
         self.runtime.stop()
+        if self.prefetch is not None:
+            self.prefetch.stop()
         if self._watch is not None:
             self._watch.stop()
         if self.lease is not None:
@@ -138,6 +146,15 @@ class RouterServer:
         if self._metrics_http is not None:
             self._metrics_http.shutdown()
             self._metrics_http.server_close()
+
+    def health_details(self) -> dict[str, str]:
+        """What /health adds to its status: where pins live and, while degraded, why."""
+        store = self.runtime.store
+        if not isinstance(store, FailoverStore):
+            return {"redis": "none (in-process state)"}
+        if store.degraded:
+            return {"redis": "degraded", "redis_error": store.degraded_reason or "unknown"}
+        return {"redis": "ok"}
 
     def wait_for_termination(self, timeout: float | None = None) -> bool:
         return self.grpc_server.wait_for_termination(timeout)
@@ -158,8 +175,8 @@ def build_store(config: RouterConfig, metrics: RouterMetrics) -> AdmissionStore:
     )
 
 
-def _grpc_server(config: RouterConfig, name: str, interceptors) -> PooledServer:
-    return PooledServer(config.max_workers, name, interceptors=interceptors)
+def _grpc_server(config: RouterConfig, name: str, interceptors, **options) -> PooledServer:
+    return PooledServer(config.max_workers, name, interceptors=interceptors, **options)
 
 
 def _bind(server: grpc.Server, address: str, config: RouterConfig) -> int:
@@ -207,12 +224,16 @@ def create_server(
     channels = EngineChannels()
     watch = StreamWatch(config.stream_idle_seconds, lambda: set(runtime.ranks())).start()
     runtime.removal_listeners.append(watch.rank_removed)
-    interceptors = (FleetSecretInterceptor(config.fleet_secret),) if config.fleet_secret else ()
+    interceptors = (FleetSecretInterceptor(config.fleet_secret),)
     grpc_server = _grpc_server(config, "router-grpc", interceptors)
-    router_pb2_grpc.add_RouterServicer_to_server(
-        RouterServicer(runtime, channels, config.limits, clock, watch, config.max_call_seconds),
-        grpc_server,
+    planner = None
+    if config.prefetch:
+        planner = PrefetchPlanner(channels.stub, clock, config.admission.max_wait_seconds)
+        runtime.after_pass.append(planner.after_pass)
+    servicer = RouterServicer(
+        runtime, channels, config.limits, clock, watch, config.max_call_seconds, planner
     )
+    router_pb2_grpc.add_RouterServicer_to_server(servicer, grpc_server)
     registry = RankRegistryServicer(
         runtime,
         config.admission.heartbeat_timeout_seconds,
@@ -222,7 +243,12 @@ def create_server(
     if config.rank_address is None:
         router_pb2_grpc.add_RankRegistryServicer_to_server(registry, grpc_server)
     else:
-        rank_server = _grpc_server(config, "router-ranks", interceptors)
+        # No message a rank sends needs the client port's 80 MiB (proto/limits.py).
+        rank_limits = (
+            ("grpc.max_receive_message_length", RANK_PORT_MESSAGE_BYTES),
+            ("grpc.max_send_message_length", RANK_PORT_MESSAGE_BYTES),
+        )
+        rank_server = _grpc_server(config, "router-ranks", interceptors, options=rank_limits)
         router_pb2_grpc.add_RankRegistryServicer_to_server(registry, rank_server)
     health_servicer = health.HealthServicer()
     for target in (grpc_server, rank_server):
@@ -249,10 +275,13 @@ def create_server(
     if isinstance(store, FailoverStore):
         lease = ReplicaLease(store, config.lease_seconds).start()
     runtime.start()
+    if planner is not None:
+        planner.start()
     grpc_server.start()
     server = RouterServer(
         grpc_server, runtime, channels, metrics, health_servicer, lease, watch, rank_server
     )
+    server.prefetch = planner
     server.rank_port = rank_port
     server.front_port = front_port
     if config.metrics_port is not None:

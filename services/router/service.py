@@ -26,6 +26,8 @@ from .errors import (
 )
 from .handoff import HandoffForwarder, as_first_token, is_handoff
 from .model import Admission, PendingRequest
+from .prefetch import PrefetchPlanner
+from .prefix_index import prompt_root
 from .runtime import RouterRuntime
 from .stream_watch import (
     IDLE_REASON,
@@ -95,8 +97,10 @@ class RouterServicer(router_pb2_grpc.RouterServicer):
         clock: Callable[[], float],
         watch: StreamWatch,
         max_call_seconds: float | None = None,
+        prefetch: PrefetchPlanner | None = None,
     ) -> None:
         self._runtime = runtime
+        self._prefetch = prefetch
         self._watch = watch
         self._channels = channels
         self._limits = limits
@@ -122,6 +126,8 @@ class RouterServicer(router_pb2_grpc.RouterServicer):
         except RouterError as error:
             self._abort(context, error)
         arrived = self._clock()
+        if self._prefetch is not None:
+            self._prefetch.turn_arrived(request.conversation_id)
         try:
             for sent, response in enumerate(self._serve(request, request_id, context)):
                 if sent == 0:
@@ -157,6 +163,8 @@ class RouterServicer(router_pb2_grpc.RouterServicer):
                     yield response
                 if handoff:
                     break  # the context slot is given back first (finally), then generation
+                if self._prefetch is not None:
+                    self._prefetch.turn_ended(request.conversation_id, admission.rank.address)
                 return
             except grpc.RpcError as error:
                 outcome = outcome_of(error.code())
@@ -229,6 +237,7 @@ class RouterServicer(router_pb2_grpc.RouterServicer):
             explicit_rank=explicit,
             relax_rank=relax,
             prompt_tokens=tokens,
+            prefix_root=prompt_root(request.cache_salt),
         )
 
     def _wait_for_admission(

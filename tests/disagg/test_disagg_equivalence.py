@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+
 import pytest
 from disagg_kit import (
     assert_clean,
@@ -12,6 +14,8 @@ from disagg_kit import (
     start_router,
     tokens,
 )
+from kvfleet.proto import common_pb2
+from kvfleet.services.engine.grammar_spec import json_grammar
 
 PROMPT = list(range(1, 100))  # 99 tokens: 6 full blocks of 16 and a partial one
 
@@ -81,3 +85,18 @@ def test_second_turn_skips_the_blocks_the_generation_rank_already_holds(fleets):
     # Moved: turn 1 all 7 `full` + 7 `window` blocks (checkpoint and endpoint windows, the
     # partial block); turn 2 blocks 6 (now full) of both, each life cycle.
     assert received == 14 + 2
+
+
+def test_a_constrained_turn_keeps_its_grammar_across_the_hand_off(fleets):
+    """The context rank samples the first token under the grammar, the generation rank steps
+    the same grammar past it: the answer is the JSON asked for, ended at the grammar's end."""
+    _, dis_address, _context, _generation = fleets
+    schema = {"type": "object", "properties": {"ok": {"type": "boolean"}}, "required": ["ok"],
+              "additionalProperties": False}  # fmt: skip
+    sampling = common_pb2.SamplingParams(temperature=0.0, grammar=json_grammar(schema, "schema"))
+    responses = router_generate(dis_address, "json-dis", PROMPT, 40, sampling)
+    ranks = [r.rank_id for r in responses]
+    assert ranks[0] == "context" and set(ranks[1:]) == {"generation"}
+    text = bytes(t for t in tokens(responses) if t < 256).decode()
+    assert json.loads(text) in ({"ok": True}, {"ok": False})
+    assert responses[-1].chunk.finish_reason == "stop"

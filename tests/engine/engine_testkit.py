@@ -3,12 +3,13 @@
 from __future__ import annotations
 
 import random
+import threading
 import time
 
 from kvfleet.services.engine.compute import TorchCompute
 from kvfleet.services.engine.engine_config import EngineConfig
 from kvfleet.services.engine.engine_core import EngineCore
-from kvfleet.services.engine.engine_request import GenerateCall, SampleOutput
+from kvfleet.services.engine.engine_request import GenerateCall, SampleOutput, SequenceFailedError
 from kvfleet.services.engine.sampling import SamplingParams
 
 # Small pools and a small step budget, so chunked prefill and paging are exercised; a short
@@ -62,6 +63,24 @@ def turn_two(first: GenerateCall, output: list[int], appended: list[int]) -> Gen
 def run_call(core: EngineCore, call: GenerateCall, timeout: float = 30.0) -> list[SampleOutput]:
     """Every output of one request."""
     return list(core.submit(call).outputs(timeout))
+
+
+def run_together(core: EngineCore, calls: list[GenerateCall]) -> dict[str, list | BaseException]:
+    """Submit `calls` while the core thread is held, so their first steps share a batch; each
+    request's outputs, or the SequenceFailedError it ended with."""
+    release = threading.Event()
+    held = threading.Thread(target=core.call_on_core, args=(lambda: release.wait(30),))
+    held.start()
+    handles = [core.submit(call) for call in calls]
+    release.set()
+    held.join()
+    results: dict[str, list | BaseException] = {}
+    for call, handle in zip(calls, handles, strict=True):
+        try:
+            results[call.request_id] = list(handle.outputs(60))
+        except SequenceFailedError as error:
+            results[call.request_id] = error
+    return results
 
 
 def tokens_of(outputs: list[SampleOutput], sample: int = 0) -> list[int]:

@@ -6,6 +6,7 @@ sharded checkpoint (model.safetensors.index.json) exactly as it would a real one
 
 from __future__ import annotations
 
+from contextlib import contextmanager
 from pathlib import Path
 
 import torch
@@ -47,6 +48,38 @@ ARCHS: dict[str, tuple[str, dict]] = {
         },
     ),
     "MixtralForCausalLM": ("MixtralConfig", {"num_local_experts": 4, "num_experts_per_tok": 2}),
+    # Layers 0 and 2 slide a 24-token window, layer 1 attends to everything; a clamp low enough
+    # that the random experts' activations cross it.
+    "GptOssForCausalLM": (
+        "GptOssConfig",
+        {
+            "head_dim": 16,
+            "num_local_experts": 4,
+            "num_experts_per_tok": 2,
+            "sliding_window": 24,
+            "swiglu_limit": 0.3,
+        },
+    ),
+    # Mamba at 0 and 2, attention at 1 and 3; every multiplier off 1, and a scan chunk of 16
+    # so that transformers' chunking differs from ours.
+    "GraniteMoeHybridForCausalLM": (
+        "GraniteMoeHybridConfig",
+        {
+            "num_hidden_layers": 4,
+            "layer_types": ["mamba", "attention", "mamba", "attention"],
+            "mamba_n_heads": 4,
+            "mamba_d_state": 16,
+            "mamba_chunk_size": 16,
+            "shared_intermediate_size": 48,
+            "num_local_experts": 4,
+            "num_experts_per_tok": 2,
+            "position_embedding_type": "rope",
+            "embedding_multiplier": 2.0,
+            "residual_multiplier": 0.7,
+            "logits_scaling": 1.5,
+            "attention_multiplier": 0.3,
+        },
+    ),
 }
 
 
@@ -78,19 +111,41 @@ def hf_logits(model, tokens: list[int]) -> torch.Tensor:
         return model(torch.tensor([tokens])).logits[0].float()
 
 
-def paged_logits(model, tokens: list[int], cuts: list[int], page_size: int = 4) -> torch.Tensor:
-    """Our all-token logits of `tokens` fed through a paged cache in chunks ending at `cuts`."""
+def paged_logits(
+    model, tokens: list[int], cuts: list[int], page_size: int = 4, backend: str = "reference"
+) -> torch.Tensor:
+    """Our all-token logits of `tokens` fed through a paged cache in chunks ending at `cuts`
+    (a hybrid's SSM layers resume from the state its pages hold at each cut)."""
     num_pages = -(-len(tokens) // page_size) + 1
-    cache = PagedKVCache(model.config, num_pages, page_size, dtype=next(model.parameters()).dtype)
-    pages = {group: list(range(1, num_pages)) for group in cache.num_pages}
-    backend = make_backend("reference", "cpu")
-    pieces, start = [], 0
-    for end in [*cuts, len(tokens)]:
-        batch = ForwardBatch.build([SequenceChunk(tokens[start:end], start, pages)], cache)
-        pieces.append(model(batch, cache, backend, all_logits=True))
-        start = end
-    cache.check_integrity()
+    dtype = next(model.parameters()).dtype
+    with _paged_cache(model.config, num_pages, page_size, dtype) as cache:
+        pages = {group: list(range(1, num_pages)) for group in cache.num_pages}
+        attention = make_backend(backend, "cpu")
+        pieces, start = [], 0
+        for end in [*cuts, len(tokens)]:
+            batch = ForwardBatch.build([SequenceChunk(tokens[start:end], start, pages)], cache)
+            pieces.append(model(batch, cache, attention, all_logits=True))
+            start = end
+        cache.check_integrity()
     return torch.cat(pieces)
+
+
+@contextmanager
+def _paged_cache(config, num_pages: int, page_size: int, dtype):
+    """A `PagedKVCache`; for a hybrid, the tiers' device KV with its SSM state pool."""
+    if not config.ssm_layers:
+        yield PagedKVCache(config, num_pages, page_size, dtype=dtype)
+        return
+    from kvfleet.services.engine.device_kv_cache import DeviceKVCache
+    from kvfleet.services.engine.engine_config import EngineConfig
+    from kvfleet.services.engine.kv_setup import build_kv, open_kv_tiers
+
+    engine = EngineConfig(kv_pages=num_pages, page_size=page_size)
+    tiers = open_kv_tiers(config, engine, build_kv(config, engine, dtype), "cpu")
+    try:
+        yield DeviceKVCache(config, tiers.device_kv)
+    finally:
+        tiers.close()
 
 
 def random_tokens(n: int, seed: int, vocab: int = 300) -> list[int]:

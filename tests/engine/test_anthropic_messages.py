@@ -9,6 +9,8 @@ turn 1 leaves exactly its prompt's whole blocks for turn 2 to read.
 
 from __future__ import annotations
 
+import json
+
 import anthropic
 import httpx
 import pytest
@@ -140,6 +142,7 @@ def marked(text: str, ttl: str = "5m") -> dict:
 
 
 HI = [{"role": "user", "content": "hi"}]
+TOOL = {"name": "f", "input_schema": {"type": "object", "properties": {"a": {"type": "integer"}}}}
 
 
 @pytest.mark.parametrize(
@@ -156,6 +159,17 @@ HI = [{"role": "user", "content": "hi"}]
          400, "messages[2].content[0].tool_use_id"),
         ({"messages": HI, "model": "claude-none"}, 404, "model"),
         ({"messages": HI, "tool_choice": {"type": "any"}}, 400, "tool_choice.type"),
+        ({"messages": HI, "tools": [TOOL], "tool_choice": {"type": "tool", "name": "g"}},
+         400, "tool_choice.name"),
+        ({"messages": HI, "tools": [{**TOOL, "input_schema": {"type": "nosuch"}}],
+          "tool_choice": {"type": "any"}}, 400, "tools[0].input_schema"),
+        ({"messages": HI, "tools": [{**TOOL, "strict": True, "input_schema": {"$ref": "#/x"}}]},
+         400, "tools[0].input_schema"),
+        # The tiny model's byte tokenizer teaches no call syntax: a call cannot be forced.
+        ({"messages": HI, "tools": [TOOL], "tool_choice": {"type": "any"}}, 400, "tool_choice"),
+        ({"messages": HI, "output_config": {"format": {"type": "json_schema",
+                                                       "schema": {"type": "nosuch"}}}},
+         400, "output_config.format.schema"),
     ],
 )  # fmt: skip
 def test_bad_input_is_an_anthropic_error_naming_the_field(rank, body, status, names):
@@ -168,6 +182,19 @@ def test_bad_input_is_an_anthropic_error_naming_the_field(rank, body, status, na
     assert shape["type"] == "error" and shape["error"]["message"].startswith(f"{names}: ")
     kind = {400: "invalid_request_error", 404: "not_found_error"}[status]
     assert shape["error"]["type"] == kind
+
+
+def test_output_format_is_held_on_both_fronts(base):
+    """output_config.format reaches the rank's sampler through the router front too (the
+    grammar travels in the sampling params): the random model's answer is the JSON asked for."""
+    schema = {"type": "object", "properties": {"ok": {"type": "boolean"}}, "required": ["ok"],
+              "additionalProperties": False}  # fmt: skip
+    message = client_for(base).messages.create(
+        model="kvfleet", max_tokens=40, messages=HI,
+        output_config={"format": {"type": "json_schema", "schema": schema}},
+    )  # fmt: skip
+    assert message.stop_reason == "end_turn"
+    assert json.loads(message.content[0].text) in ({"ok": True}, {"ok": False})
 
 
 def test_missing_max_tokens_and_an_oversized_body_are_anthropic_errors(rank):

@@ -102,3 +102,29 @@ def test_retained_turns_hold_pages_and_are_reported(core):
         retaining.check_integrity()
     finally:
         retaining.stop()
+
+
+def test_releases_and_steps_are_counted_on_metrics():
+    """The fleet benches read why a turn lost its prefix and how long steps took from these:
+    the release counter must follow the scheduler's releases, and both step kinds are timed."""
+    small = TEST_CONFIG.with_changes(reuse_policy="per_conversation", kv_pages=40)
+    tight = make_core(small, storage="released")
+    try:
+        for i in range(6):
+            run_call(tight, GenerateCall(f"q{i}", tuple(range(i + 1, i + 300)), greedy(4), f"c{i}"))
+        wait_until(lambda: tight.load().running == 0)
+        released = tight.scheduler.retained.released
+        counted = tight.metrics.registry.get_sample_value(
+            "kvfleet_engine_retained_conversations_released_total"
+        )
+        assert released > 0
+        assert counted == released
+        steps = {
+            kind: tight.metrics.registry.get_sample_value(
+                "kvfleet_engine_step_seconds_count", {"kind": kind}
+            )
+            for kind in ("prefill", "decode")
+        }
+        assert steps["prefill"] >= 6 and steps["decode"] >= 6 * 3, steps
+    finally:
+        tight.stop()

@@ -2,10 +2,16 @@
 
 from __future__ import annotations
 
-import threading
-
 import pytest
-from engine_testkit import TEST_CONFIG, final, greedy, make_core, pages_in_use, tokens_of
+from engine_testkit import (
+    TEST_CONFIG,
+    final,
+    greedy,
+    make_core,
+    pages_in_use,
+    run_together,
+    tokens_of,
+)
 from kvfleet.services.engine.engine_request import GenerateCall, SequenceFailedError
 from kvfleet.services.engine.sampling import SamplingParams
 
@@ -17,23 +23,6 @@ def poisoned(max_tokens: int) -> SamplingParams:
     params = SamplingParams(temperature=1.0, max_tokens=max_tokens, seed=3)
     object.__setattr__(params, "temperature", float("nan"))
     return params
-
-
-def run_together(core, calls: list[GenerateCall]) -> dict[str, list | BaseException]:
-    """Submit `calls` while the core thread is held, so their first steps share a batch."""
-    release = threading.Event()
-    held = threading.Thread(target=core.call_on_core, args=(lambda: release.wait(30),))
-    held.start()
-    handles = [core.submit(call) for call in calls]
-    release.set()
-    held.join()
-    results: dict[str, list | BaseException] = {}
-    for call, handle in zip(calls, handles, strict=True):
-        try:
-            results[call.request_id] = list(handle.outputs(60))
-        except SequenceFailedError as error:
-            results[call.request_id] = error
-    return results
 
 
 def good_calls() -> list[GenerateCall]:

@@ -71,6 +71,7 @@ def test_kv_events_reach_the_router_prefix_index(fleet):
         ({"sampling": common_pb2.SamplingParams(temperature=-1)}, "sampling.temperature"),
         ({"sampling": common_pb2.SamplingParams(top_p=1.5)}, "sampling.top_p"),
         ({"max_tokens": 0}, "max_tokens"),
+        ({"sampling": common_pb2.SamplingParams(grammar="start: (")}, "sampling.grammar"),
     ],
 )
 def test_engine_rejects_bad_input_with_invalid_argument_naming_the_field(fleet, change, field):

@@ -300,6 +300,40 @@ def test_rendered_router_args_parse_with_the_router_cli():
     assert parsed.replica_id == "$(POD_NAME)"  # expanded by the kubelet
 
 
+@pytest.mark.parametrize(
+    ("redis", "expected_url"),
+    [
+        ({"mode": "managed"}, "redis://f-redis:6379/0"),
+        ({"mode": "external", "url": "redis://:pw-in-url@r:6379/0"}, "redis://:pw-in-url@r:6379/0"),
+        ({"mode": "external", "urlSecretRef": {"name": "s", "key": "url"}}, "from-the-secret"),
+    ],
+    ids=["managed", "external-url", "external-secret"],
+)
+def test_no_redis_secret_is_on_the_router_command_line(redis, expected_url, monkeypatch):
+    """`ps` on the node shows a pod's command line to every process there: the Redis password
+    (or a URL holding one) must reach the router through its environment only."""
+    from kvfleet.operator.names import FleetRef
+    from kvfleet.operator.render_router import render_router
+    from kvfleet.operator.spec import parse_spec
+    from kvfleet.services.router.cli import router_config
+
+    raw = {"model": {"name": "tiny", "path": ""}, "redis": redis}
+    deployment, _service = render_router(FleetRef("f", "ns", "uid"), parse_spec(raw), {})
+    container = deployment["spec"]["template"]["spec"]["containers"][0]
+    command_line = " ".join(container["args"])
+    assert "pw-in-url" not in command_line and "REDIS" not in command_line
+    secrets = {"redis-password": "managed-pw", "url": "from-the-secret", "fleet-secret": "f"}
+    for entry in container["env"]:  # what the kubelet would set, Secrets resolved
+        if "value" in entry:
+            monkeypatch.setenv(entry["name"], entry["value"])
+        elif "secretKeyRef" in entry.get("valueFrom", {}):
+            monkeypatch.setenv(entry["name"], secrets[entry["valueFrom"]["secretKeyRef"]["key"]])
+    config = router_config(_router_parser().parse_args(container["args"][1:]))
+    assert config.redis_url == expected_url
+    if redis["mode"] == "managed":
+        assert config.redis_password == "managed-pw"
+
+
 def test_engines_register_on_the_routers_rank_port_and_its_service_exposes_it():
     """The router serves RankRegistry only on its rank port: engines pointed at the client
     port would never register, and a Service without the port would not reach it."""

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import pytest
 import torch
+from kvfleet.kvstore.life_cycles import FullLifeCycle, WindowLifeCycle
+from kvfleet.kvstore.sizing import TypicalStep
 from kvfleet.kvstore.tiers.layout import KVLayout
 from kvfleet.services.engine.cli import engine_config_from_args
 from kvfleet.services.engine.compute import resolve_model_config
@@ -15,6 +17,7 @@ from kvfleet.services.engine.kv_setup import (
     open_kv_tiers,
     tier_config,
     tier_pages,
+    typical_step,
 )
 
 # full: 2 layers -> 2 * 2 * 16 * 2 * 8 * 4 = 4096 bytes a page; window: 1 layer -> 2048.
@@ -23,16 +26,21 @@ LAYOUT = KVLayout(
 )
 
 
-def test_tier_pages_split_bytes_like_the_device_pools():
-    """A tier sized by page counts, not bytes, would starve the life cycle with bigger pages."""
-    # device bytes: full 100 * 4096 = 409600, window 100 * 2048 = 204800 (2 : 1)
-    pages = tier_pages(3 * 409600, {"full": 100, "window": 100}, LAYOUT)
-    assert pages == {"full": 200, "window": 200}
+STEP = TypicalStep(2, 256, 32, retained_turns=4, full_tokens_per_retained_turn=128)
+CYCLES = (FullLifeCycle("full"), WindowLifeCycle("window", 32, replay_tokens=16))
+
+
+def test_tier_pages_split_bytes_for_what_the_tier_holds():
+    """A tier sized by page counts would starve the life cycle with bigger pages, and one
+    split like the device would keep resident windows it never holds out of the full pool."""
+    # one conversation: full 256 / 16 = 16 pages x 4096 bytes, window (1 + ckpt) x 2 pages x 2048
+    pages = tier_pages(16 * 4096 + 4 * 2048, STEP, CYCLES, LAYOUT)
+    assert pages == {"full": 16, "window": 4}
 
 
 def test_tier_pages_of_no_budget_are_zero():
     """A zero budget must mean no tier, not a division by zero."""
-    assert tier_pages(0, {"full": 10, "window": 10}, LAYOUT) == {"full": 0, "window": 0}
+    assert tier_pages(0, STEP, CYCLES, LAYOUT) == {"full": 0, "window": 0}
 
 
 def test_engine_yaml_kv_tiers_map_onto_the_config():
@@ -97,7 +105,8 @@ def test_tier_config_gives_the_disk_tier_its_gib_and_folder(tmp_path):
     kv = build_kv(model, config, torch.float32)
     tiers = tier_config(model, config, kv.store_config, kv.layout)
     assert tiers.disk_dir == disk_tier_root(model, config)
-    split = tier_pages(GIB, kv.store_config.pool_pages, kv.layout)
+    step = typical_step(model, config)
+    split = tier_pages(GIB, step, kv.store_config.life_cycles, kv.layout)
     assert dict(tiers.disk_pages) == split and all(split.values())
     assert dict(tiers.host_pages) == {"full": 0, "window": 0}
 

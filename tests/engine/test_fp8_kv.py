@@ -42,8 +42,9 @@ def fp8_case(spec, page_size, window, seed=0):
     return fp8, meta, q
 
 
-def dequantized_reference(cache, meta, q, window):
-    """Dense fp32 attention over each sequence's pages read as `stored * scale`."""
+def dequantized_reference(cache, meta, q, window, sinks=None):
+    """Dense fp32 attention over each sequence's pages read as `stored * scale` (with `sinks`:
+    each head's sink column added after that dequantization)."""
     k_scale, v_scale = cache.kv_scales(0)
     k_pages, v_pages = (pages.float() for pages in cache.kv(0))
     out, start = [], 0
@@ -51,7 +52,7 @@ def dequantized_reference(cache, meta, q, window):
         k = gather_pages(k_pages, meta.page_table[b], ctx) * k_scale[:, None]
         v = gather_pages(v_pages, meta.page_table[b], ctx) * v_scale[:, None]
         positions = torch.arange(ctx - n, ctx)
-        out.append(dense_attention(q[start : start + n], k, v, positions, window, SCALE))
+        out.append(dense_attention(q[start : start + n], k, v, positions, window, SCALE, sinks))
         start += n
     return torch.cat(out)
 

@@ -98,12 +98,14 @@ def _resume_point(previous: list[int], prompt: list[int]) -> int:
     return max((b for b in boundaries if b <= shared), default=0)
 
 
+@pytest.mark.parametrize("decode", ["off", "static"])
 @pytest.mark.parametrize("policy", ["per_conversation", "per_request"])
-def test_greedy_output_with_cache_equals_without(policy):
+def test_greedy_output_with_cache_equals_without(policy, decode):
     """A wrong snapshot restored, or attention pages that disagree with it, would change the
-    tokens; a missing snapshot would show as a resume point other than the boundary."""
+    tokens; a missing snapshot would show as a resume point other than the boundary. `static`:
+    the decodes through the static buffers CUDA graphs replay, against an eager fresh run."""
     config = CONFIG.with_changes(reuse_policy=policy)
-    core = _core(config, "hybrid-cached")
+    core = _core(config.with_changes(decode_graphs=decode), f"hybrid-cached-{decode}")
     rng = random.Random(7)
     prompt, output = [rng.randrange(256) for _ in range(150)], []
     try:

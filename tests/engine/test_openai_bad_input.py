@@ -69,8 +69,23 @@ NESTED = "[" * 100_000 + "]" * 100_000
         ("/v1/chat/completions",
          CHAT % '"tools": [{"function": {"name": "f"}}], "tool_choice": '
                 '{"type": "function", "function": {"name": "g"}}', "tool_choice"),
-        ("/v1/chat/completions", CHAT % '"response_format": {"type": "json_object"}',
-         "response_format"),
+        ("/v1/chat/completions", CHAT % '"response_format": {"type": "xml"}',
+         "response_format.type"),
+        ("/v1/chat/completions", CHAT % '"response_format": {"type": "json_schema"}',
+         "response_format.json_schema"),
+        ("/v1/chat/completions",
+         CHAT % '"response_format": {"type": "json_schema", "json_schema": {"name": "a", '
+                '"schema": {"type": "nosuch"}}}', "response_format.json_schema.schema"),
+        ("/v1/completions",
+         COMPLETION % '"prompt": "hi", "response_format": {"type": "json_schema", '
+                      '"json_schema": {"name": "a", "schema": {"$ref": "#/$defs/gone"}}}',
+         "response_format.json_schema.schema"),
+        ("/v1/chat/completions",
+         CHAT % '"tools": [{"function": {"name": "f", "parameters": {"type": "nosuch"}}}], '
+                '"tool_choice": "required"', "tools[0].function.parameters"),
+        ("/v1/chat/completions",
+         CHAT % '"tools": [{"function": {"name": "f", "strict": true, "parameters": '
+                '{"properties": {"a": {"type": 5}}}}}]', "tools[0].function.parameters"),
         ("/v1/chat/completions", CHAT % '"top_logprobs": 3', "top_logprobs"),
     ],
 )  # fmt: skip

@@ -9,8 +9,6 @@ the tokenizer is the byte tokenizer with `<|im_end|>` as its eos.
 
 from __future__ import annotations
 
-import json
-
 import httpx
 import openai
 import pytest
@@ -20,11 +18,9 @@ from kvfleet.services.engine.engine_core import EngineCore
 from kvfleet.services.engine.engine_request import GenerateCall, InvalidRequestError
 from kvfleet.services.engine.http_backends import EngineBackend
 from kvfleet.services.engine.http_server import HttpServer
-from kvfleet.services.engine.model_dir import byte_tokenizer_json
 from kvfleet.services.engine.openai_http import build_app
 from kvfleet.services.engine.sampling_params import SamplingParams
-from kvfleet.services.engine.tokenizer import load_model_tokenizer
-from tool_call_kit import ScriptedCompute
+from tool_call_kit import ScriptedCompute, write_tool_tokenizer
 
 SPECIALS = ("<|endoftext|>", "<|im_start|>", "<|im_end|>")
 TEMPLATE = """{%- for message in messages %}
@@ -37,11 +33,7 @@ MESSAGES = [{"role": "user", "content": "hi"}]
 
 @pytest.fixture(scope="module")
 def tokenizer(tmp_path_factory):
-    path = tmp_path_factory.mktemp("scripted-tokenizer")
-    (path / "tokenizer.json").write_text(byte_tokenizer_json(SPECIALS))
-    config = {"eos_token": "<|im_end|>", "chat_template": TEMPLATE}
-    (path / "tokenizer_config.json").write_text(json.dumps(config))
-    return load_model_tokenizer(path)
+    return write_tool_tokenizer(tmp_path_factory, SPECIALS, TEMPLATE)
 
 
 @pytest.fixture(scope="module")

@@ -87,12 +87,25 @@ def test_tool_choice_none_leaves_the_text_alone(served):
     assert '"name": "get_weather"' in reply.message.content
 
 
-@pytest.mark.parametrize("served", [("hermes", "It is sunny in Paris.")], indirect=True)
-def test_required_choice_without_a_call_still_answers_with_text(served):
-    """Generation is not constrained: an answer without a call is returned, not refused."""
+HERMES_CALL = ANSWERS["hermes"][0].removeprefix("Let me check.\n")
+
+
+@pytest.mark.parametrize("served", [("hermes", HERMES_CALL)], indirect=True)
+def test_required_choice_takes_the_call_its_grammar_allows(served):
+    """A forced call (constrained: the scripted answer is one the grammar allows) ends the
+    sample at the grammar's end and comes back as tool_calls."""
     reply = ask(served, tool_choice="required").choices[0]
-    assert reply.message.content == "It is sunny in Paris."
-    assert reply.message.tool_calls is None and reply.finish_reason == "stop"
+    assert reply.finish_reason == "tool_calls" and reply.message.content is None
+    assert json.loads(reply.message.tool_calls[0].function.arguments) == ARGUMENTS
+
+
+@pytest.mark.parametrize("served", [("hermes", "It is sunny in Paris.")], indirect=True)
+def test_a_token_the_grammar_refuses_fails_that_request_alone(served):
+    """The scripted compute ignores masks: a refused token fails the request with a 5xx that
+    says so (a real model never samples one), and the engine serves the next request."""
+    with pytest.raises(openai.InternalServerError, match="breaks the request's grammar"):
+        ask(served, tool_choice="required")
+    assert ask(served).choices[0].message.content == "It is sunny in Paris."
 
 
 @pytest.mark.parametrize("served", [(None, ANSWERS["hermes"][0])], indirect=True)

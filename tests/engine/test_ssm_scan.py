@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 from kvfleet.services.engine.config import preset
-from kvfleet.services.engine.models.ssd_scan import run_ends
+from kvfleet.services.engine.models.ssd_scan import chunk_scan
 from kvfleet.services.engine.models.ssm import SelectiveSSM, SSMShape, SSMState
 
 
@@ -56,8 +56,20 @@ def test_chunked_scan_equals_the_token_by_token_scan(count):
     assert sorted(kept) == sorted(ref_kept)
 
 
-def test_runs_cover_the_tokens_in_chunks():
-    """A run longer than the chunk would build an [L, L] matrix of any length."""
-    assert run_ends(150) == [64, 128, 150]
-    assert run_ends(10) == [10]
-    assert run_ends(128, chunk_tokens=64) == [64, 128]
+@pytest.mark.parametrize("chunk_tokens", [1, 7, 64, 150, 512])
+def test_chunk_size_changes_nothing(chunk_tokens):
+    """Padding the last chunk, or passing the state between chunks, done wrong shows at some
+    chunk size (one token a chunk, sizes that do not divide the length, one chunk for all)."""
+    torch.manual_seed(chunk_tokens)
+    count, heads, width, size = 150, 4, 8, 8
+    x, b, c = torch.randn(count, heads, width), torch.randn(count, size), torch.randn(count, size)
+    dt, h0 = torch.rand(count, heads) * 0.2, torch.randn(heads, width, size)
+    decay_rate, skip = -torch.linspace(1.0, 16.0, heads), torch.ones(heads)
+    keep = (0, 15, 63, 64, 100, 149)
+    want = chunk_scan(x, b, c, dt, decay_rate, skip, h0, keep, chunk_tokens=count)
+    got = chunk_scan(x, b, c, dt, decay_rate, skip, h0, keep, chunk_tokens=chunk_tokens)
+    torch.testing.assert_close(got[0], want[0], rtol=1e-4, atol=1e-5)
+    torch.testing.assert_close(got[1], want[1], rtol=1e-4, atol=1e-5)
+    assert sorted(got[2]) == list(keep)
+    for t in keep:
+        torch.testing.assert_close(got[2][t], want[2][t], rtol=1e-4, atol=1e-5)

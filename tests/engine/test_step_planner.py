@@ -138,6 +138,29 @@ def test_a_returning_conversation_moves_to_the_back_of_the_release_order():
     manager.check_integrity()
 
 
+def test_a_conversation_with_a_request_on_the_rank_is_released_last():
+    """On a saturated rank the returning conversation is the one whose context ended longest
+    ago: releasing it first hands the prefix its waiting turn is about to reuse to eviction
+    (per_conversation then reused less than plain LRU on the load shape)."""
+    manager = make_manager(PerConversation(max_num_turns=2))
+    waiting = ["a"]
+    retained = RetainedConversations(manager, lambda: waiting)
+    for conversation, first in (("a", 0), ("b", 100), ("c", 200)):
+        prompt = list(range(first, first + 8))
+        manager.add_request(conversation, prompt, conversation)
+        manager.admit(conversation, len(prompt))
+        manager.commit(conversation, len(prompt))
+        retained.context_ended(conversation, conversation)
+        manager.finish_request(conversation)
+    assert list(retained) == ["a", "b", "c"]
+    assert retained.release_until(lambda: retained.released == 2)
+    assert list(retained) == ["a"] and manager.retained_turns("a")
+    waiting.clear()
+    assert retained.release_until(lambda: retained.released == 3)
+    assert not list(retained)
+    manager.check_integrity()
+
+
 def test_pressure_takes_every_branch_record_before_any_turn():
     """A branch record serves a reset; a turn serves the conversation's next turn: releasing
     the oldest conversation first would trade the likely reuse for the unlikely one."""

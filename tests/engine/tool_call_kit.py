@@ -101,11 +101,12 @@ class ScriptedCompute(SimCompute):
         return self.script[done] if done < len(self.script) else self.after
 
 
-def write_tool_tokenizer(tmp_path_factory):
-    """A tokenizer directory with the markers as special tokens and TEMPLATE as its template."""
+def write_tool_tokenizer(tmp_path_factory, specials=SPECIALS, template=TEMPLATE):
+    """A byte tokenizer directory with `specials` (default: the markers too) as special tokens,
+    `<|im_end|>` as its eos and `template` as its chat template."""
     path = tmp_path_factory.mktemp("tool-tokenizer")
-    (path / "tokenizer.json").write_text(byte_tokenizer_json(SPECIALS))
-    config = {"eos_token": "<|im_end|>", "chat_template": TEMPLATE}
+    (path / "tokenizer.json").write_text(byte_tokenizer_json(specials))
+    config = {"eos_token": "<|im_end|>", "chat_template": template}
     (path / "tokenizer_config.json").write_text(json.dumps(config))
     return load_model_tokenizer(path)
 

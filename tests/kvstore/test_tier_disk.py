@@ -3,11 +3,13 @@
 import logging
 import os
 import shutil
+import subprocess
+import sys
 
 import pytest
 from kvfleet.kvstore.hashing import block_hashes
 from kvfleet.kvstore.tiers.disk_files import HEADER, DiskFiles
-from kvfleet.kvstore.tiers.disk_key import KEY_FILE, SECRET_ENV
+from kvfleet.kvstore.tiers.disk_key import SECRET_ENV
 from tier_factories import BLOCK, make_tiered, prompt_of, serve
 
 
@@ -112,8 +114,7 @@ def test_writes_leave_no_temp_files():
     """Atomic writes rename their temp files; none may be left behind."""
     manager = _a_on_disk()
     root = manager.tiers.disk.files.root
-    kept = (".kvb", KEY_FILE)
-    assert [p for p in root.rglob("*") if p.is_file() and not p.name.endswith(kept)] == []
+    assert [p for p in root.rglob("*") if p.is_file() and p.suffix != ".kvb"] == []
     manager.tiers.close()
 
 
@@ -128,6 +129,12 @@ def test_a_file_for_another_block_hash_is_not_returned(tmp_path):
 
 
 FINGERPRINT = {"full": b"full/1x2x4x2x8/float32"}
+READ_BLOCK_3 = """
+import sys
+from kvfleet.kvstore.tiers.disk_files import DiskFiles
+files = DiskFiles(sys.argv[1], {"full": b"full/1x2x4x2x8/float32"})
+print(files.read_into("full", 3, memoryview(bytearray(64))))
+"""
 
 
 def test_a_block_forged_without_the_fleet_key_is_a_miss(tmp_path):
@@ -157,12 +164,19 @@ def test_the_fleet_secret_keys_every_folder_alike(tmp_path, monkeypatch):
     assert other.read_into("full", 9, memoryview(bytearray(64))) is False
 
 
-def test_without_a_secret_a_folder_keeps_one_private_key(tmp_path, monkeypatch):
-    """If this fails, local ranks sharing a folder cannot read each other's blocks, or the key
-    is readable by other users."""
+def test_without_a_secret_blocks_stay_with_their_process(tmp_path, monkeypatch):
+    """If this fails, a key kept in the shared folder lets every writer of it forge blocks:
+    without a fleet secret a process's key is its own, in memory, never in the folder."""
     monkeypatch.delenv(SECRET_ENV, raising=False)
     first, second = DiskFiles(tmp_path, FINGERPRINT), DiskFiles(tmp_path, FINGERPRINT)
     first.write("full", 3, b"\x03" * 64)
-    assert second.read_into("full", 3, memoryview(bytearray(64)))
-    assert first.key == second.key and len(first.key) == 32
-    assert (tmp_path / KEY_FILE).stat().st_mode & 0o077 == 0
+    assert second.read_into("full", 3, memoryview(bytearray(64)))  # ranks of one process
+    assert [p.name for p in tmp_path.rglob("*") if p.is_file()] == [first.path("full", 3).name]
+    other_process = subprocess.run(
+        [sys.executable, "-c", READ_BLOCK_3, str(tmp_path)],
+        env={k: v for k, v in os.environ.items() if k != SECRET_ENV},
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert other_process.stdout.strip() == "False", other_process.stderr

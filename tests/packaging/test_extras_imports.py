@@ -31,6 +31,7 @@ IMPORT_NAMES = {
     "kubernetes": "kubernetes",
     "matplotlib": "matplotlib",
     "grpcio-tools": "grpc_tools",
+    "llguidance": "llguidance",
 }
 PROBE = textwrap.dedent(
     """

@@ -52,8 +52,22 @@ class ServerLog:
     conversation_headers: list[str | None] = field(default_factory=list)
 
 
+@dataclass
+class LastTokenGate:
+    """Holds each stream's last token: `held` is set once the others are sent, and the last
+    one goes out when the test sets `release` (so a test can tell chunk times apart by
+    events instead of by sleeps)."""
+
+    held: threading.Event = field(default_factory=threading.Event)
+    release: threading.Event = field(default_factory=threading.Event)
+
+
 def build_app(
-    cache: BlockPrefixCache, log: ServerLog, token_delay_s: float, fail_status: int | None
+    cache: BlockPrefixCache,
+    log: ServerLog,
+    token_delay_s: float,
+    fail_status: int | None,
+    gate: LastTokenGate | None = None,
 ) -> FastAPI:
     app = FastAPI()
 
@@ -73,6 +87,9 @@ def build_app(
             for index in range(max_tokens):
                 if token_delay_s:
                     await asyncio.sleep(token_delay_s)
+                if gate is not None and index == max_tokens - 1:
+                    gate.held.set()
+                    await asyncio.to_thread(gate.release.wait, 30)
                 chunk = {"choices": [{"index": 0, "text": f" t{index}"}], "usage": None}
                 yield f"data: {json.dumps(chunk)}\n\n"
             if with_usage:
@@ -91,11 +108,14 @@ def build_app(
 
 @contextmanager
 def running_server(
-    token_delay_s: float = 0.0, fail_status: int | None = None, start_timeout_s: float = 10.0
+    token_delay_s: float = 0.0,
+    fail_status: int | None = None,
+    start_timeout_s: float = 10.0,
+    gate: LastTokenGate | None = None,
 ) -> Iterator[tuple[str, BlockPrefixCache, ServerLog]]:
     """Serve on a free loopback port in a thread; yields (base URL, cache, log)."""
     cache, log = BlockPrefixCache(), ServerLog()
-    app = build_app(cache, log, token_delay_s, fail_status)
+    app = build_app(cache, log, token_delay_s, fail_status, gate)
     sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     sock.bind(("127.0.0.1", 0))

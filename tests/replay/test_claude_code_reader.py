@@ -102,11 +102,12 @@ def test_trace_order_interleaves_subagents_by_arrival() -> None:
 
 
 def test_turns_hint_where_the_tools_and_the_system_prompt_end() -> None:
-    """The engine's chat template knows these ends; without them the replay would plan no
-    resume point where a context reset comes back to (trace_0002: 12448 + 2882 tokens)."""
+    """One hint per turn, where the chat path derives it (the tools' and the system prompt's
+    end, from the template): a replay that hinted more than the product derives measured
+    resumes users do not get (trace_0002: 12448 + 2882 tokens)."""
     raw = json.loads(PLAIN_SESSION.read_text())
     assert (raw["tool_tokens"], raw["system_tokens"]) == (12448, 2882)
     for conversation in read_claude_code(SUBAGENT_SESSION).all_conversations():
         for turn in conversation.turns():
             assert all(0 < hint <= turn.input_tokens for hint in turn.branch_hints)
-    assert list(read_claude_code(PLAIN_SESSION).turns())[1].branch_hints == (12448, 12448 + 2882)
+    assert list(read_claude_code(PLAIN_SESSION).turns())[1].branch_hints == (12448 + 2882,)

@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import asyncio
+
 import pytest
 from kvfleet.services.replay.http_target import CONVERSATION_HEADER, OpenAICompletionsTarget
 from kvfleet.services.replay.target_types import TargetError
-from replay_cache_server import running_server
+from replay_cache_server import LastTokenGate, running_server
 
 
 async def test_reads_cached_tokens_from_usage() -> None:
@@ -21,19 +23,42 @@ async def test_reads_cached_tokens_from_usage() -> None:
     assert (second.prompt_tokens, second.cached_tokens, second.output_tokens) == (42, 32, 2)
 
 
+class CountingClock:
+    """The target's wall clock, counting its readings so the test knows when a chunk was timed."""
+
+    def __init__(self, clock) -> None:
+        self.clock = clock
+        self.readings = 0
+
+    def now(self) -> float:
+        self.readings += 1
+        return self.clock.now()
+
+
 async def test_times_every_chunk_from_first_token() -> None:
-    """If this fails, TTFT or inter-token latency are taken from the wrong moments."""
-    with running_server(token_delay_s=0.02) as (url, _cache, _log):
+    """If this fails, TTFT or inter-token latency are taken from the wrong moments: the server
+    holds the last token until the client has timed three chunks and the test has taken a
+    mark, so the first three times must fall before the mark and the last after it."""
+    gate = LastTokenGate()
+    with running_server(gate=gate) as (url, _cache, _log):
         target = OpenAICompletionsTarget(url, timeout_s=10)
+        clock = target.clock = CountingClock(target.clock)
         try:
-            generation = await target.generate("c", [1, 2, 3], 4)
+            generation = asyncio.create_task(target.generate("c", [1, 2, 3], 4))
+            assert await asyncio.to_thread(gate.held.wait, 30)
+            deadline = clock.clock.now() + 30
+            while clock.readings < 3 and clock.clock.now() < deadline:
+                await asyncio.sleep(0.01)
+            mark = clock.clock.now()
+            gate.release.set()
+            generation = await generation
         finally:
+            gate.release.set()
             await target.aclose()
     times = generation.token_times_s
     assert len(times) == 4
     assert generation.first_token_s == times[0]
-    assert list(times) == sorted(times)
-    assert times[-1] - times[0] >= 3 * 0.02 * 0.9
+    assert max(times[:3]) < mark < times[3]
     assert generation.finish_s >= times[-1]
 
 

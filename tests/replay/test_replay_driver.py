@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import asyncio
 import json
+import threading
+import time
 from itertools import pairwise
 from pathlib import Path
 
@@ -16,7 +18,7 @@ from kvfleet.services.replay.records import RequestRecord
 from kvfleet.services.replay.runner import run_arm
 from kvfleet.services.replay.target import open_target
 from kvfleet.services.replay.tokens import TokenSynthesizer
-from replay_cache_server import running_server
+from replay_cache_server import LastTokenGate, running_server
 from replay_paths import CLAUDE_CODE
 
 RUN_TIMEOUT_S = 60
@@ -126,13 +128,29 @@ async def test_one_session_runs_conversations_one_after_another(tmp_path: Path) 
 async def test_sessions_start_at_staggered_offsets(tmp_path: Path) -> None:
     """If this fails, all sessions start at once and the first turns arrive as one burst."""
     conversations = _mooncake(tmp_path, [(0, 600, 2, [1, 2]), (0, 600, 2, [3, 4])])
-    with running_server(token_delay_s=0.1) as (url, _cache, _log):
-        records = await _drive(url, conversations, DriverOptions(2, 0.0, 0.1))
+    # Each stream's last token waits until both first turns have arrived (or 30 s): sessions
+    # that ran one after the other would show as a first turn that finishes before the second.
+    gate = LastTokenGate()
+    with running_server(gate=gate) as (url, _cache, log):
+        waiter = threading.Thread(target=_release_when, args=(gate, lambda: len(log.bodies) >= 2))
+        waiter.start()
+        try:
+            records = await _drive(url, conversations, DriverOptions(2, 0.0, 0.1))
+        finally:
+            gate.release.set()
+            waiter.join()
     first, second = sorted(records, key=lambda r: r.arrival_s)
     # Slot 1 may not start before its offset from the run's start; slot 0 may start late on a
     # loaded machine, so the gap between the two is not the rule.
     assert second.arrival_s >= 0.1 - 0.005  # asyncio may wake a timer within its clock resolution
     assert second.arrival_s < first.finish_s  # both sessions run at once
+
+
+def _release_when(gate: LastTokenGate, condition, limit_s: float = 30.0) -> None:
+    deadline = time.monotonic() + limit_s
+    while not condition() and time.monotonic() < deadline and not gate.release.is_set():
+        time.sleep(0.01)
+    gate.release.set()
 
 
 async def test_think_time_is_scaled(tmp_path: Path) -> None:

@@ -6,9 +6,9 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from kvfleet.kvstore.sizing import plan_pools
+from kvfleet.kvstore.sizing import lower_tier_demand, plan_pools
 from kvfleet.services.replay.sim_config import SimConfigError, load_sim_config
-from kvfleet.services.replay.sim_sizing import GIB, rank_kvstore, typical_step
+from kvfleet.services.replay.sim_sizing import GIB, rank_kvstore, rank_policy, typical_step
 from kvfleet.services.replay.sim_target import SimTarget
 
 BLOCK = 64
@@ -43,7 +43,8 @@ def test_preset_pages_are_bytes_of_their_layers():
 
 def test_gpu_and_host_bytes_are_split_by_page_bytes():
     """The device pools take the rank's bytes (never more), in the plan's byte proportions,
-    and the host tier's bytes follow the device pools' bytes."""
+    and the host tier's bytes follow what it holds: one conversation's context and endpoint per
+    pool, by page bytes (`plan_lower_tier`), all of them given out."""
     config = load_sim_config(PRESET, {"gpu_gib": "20", "host_gib": "10", "slots": "4"})
     store, tiers = rank_kvstore(config.fleet, config.model)
     assert tiers is not None
@@ -52,8 +53,11 @@ def test_gpu_and_host_bytes_are_split_by_page_bytes():
     assert 20 * GIB - sum(page_bytes.values()) < sum(device.values()) <= 20 * GIB
     host = {name: pages * page_bytes[name] for name, pages in tiers.host.capacity.items()}
     assert 10 * GIB - sum(page_bytes.values()) < sum(host.values()) <= 10 * GIB
-    for name in device:
-        assert abs(host[name] / (10 * GIB) - device[name] / (20 * GIB)) < 0.01, name
+    step = typical_step(config.fleet, rank_policy(config.fleet))
+    held = lower_tier_demand(step, config.model.build_life_cycles(), BLOCK)
+    weights = {name: held[name] * page_bytes[name] for name in held}
+    for name in host:
+        assert abs(host[name] / (10 * GIB) - weights[name] / sum(weights.values())) < 0.01, name
 
 
 def test_negative_bytes_are_refused():

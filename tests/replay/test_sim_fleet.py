@@ -64,7 +64,9 @@ def crafted_saturation():
 async def test_strict_affinity_beats_lenient_under_saturation() -> None:
     """If this fails, strict affinity with bounded deferral no longer keeps turns on their
     prefix when ranks are saturated."""
+    # migrate_kv off: a turn lenient sends away would pull its prefix and hide the difference.
     common = {"ranks": 2, "slots": 1, "gpu_pages": 4000, "max_wait_passes": 1000}
+    common["migrate_kv"] = False
     strict, strict_target = await replay_sim(crafted_saturation(), 3, affinity="strict", **common)
     lenient, _ = await replay_sim(crafted_saturation(), 3, affinity="lenient", **common)
     assert strict.measures.prefix_reuse > lenient.measures.prefix_reuse

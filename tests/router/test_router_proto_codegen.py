@@ -56,4 +56,5 @@ def test_contracts_have_the_fields_other_parts_use():
     assert set(engine_pb2.DESCRIPTOR.services_by_name["Engine"].methods_by_name) == {
         "Generate",
         "PullKvBlocks",
+        "PrefetchConversation",
     }

@@ -88,6 +88,33 @@ def test_a_live_rank_is_not_re_pointed_to_another_address(router):
         engine.kill()
 
 
+def test_a_live_ranks_capacity_is_not_changed_by_a_register(router):
+    """A second Register with more slots would let the router overfill a rank whose requests
+    hold reservations against the old size; the same registration again is welcome."""
+    server, _port = router
+    engine = FakeEngine("r0", 2)
+    engine.join(f"127.0.0.1:{server.rank_port}", secret=SECRET)
+    try:
+        wait_until(lambda: "r0" in server.runtime.ranks())
+        same = router_pb2.RegisterRequest(
+            rank_id="r0", address=engine.address, max_batch_size=2, block_size=4,
+            role=common_pb2.RANK_ROLE_BOTH,
+        )  # fmt: skip
+        bigger = router_pb2.RegisterRequest()
+        bigger.CopyFrom(same)
+        bigger.max_batch_size = 64
+        with grpc.insecure_channel(f"127.0.0.1:{server.rank_port}") as channel:
+            registry = router_pb2_grpc.RankRegistryStub(channel)
+            with pytest.raises(grpc.RpcError) as caught:
+                registry.Register(bigger, timeout=5, metadata=secret_metadata(SECRET))
+            assert caught.value.code() == grpc.StatusCode.FAILED_PRECONDITION
+            assert "max_batch_size 2 (asked 64)" in caught.value.details()
+            registry.Register(same, timeout=5, metadata=secret_metadata(SECRET))
+        assert server.runtime.ranks()["r0"].info.max_batch_size == 2
+    finally:
+        engine.kill()
+
+
 def test_a_real_rank_registers_through_the_rank_port_with_the_secret(router, monkeypatch):
     """Ranks read the secret from the environment the Kubernetes Secret fills."""
     server, port = router

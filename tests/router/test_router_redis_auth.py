@@ -2,15 +2,23 @@
 
 from __future__ import annotations
 
+import os
+import re
 import subprocess
+import sys
+from pathlib import Path
 
 import grpc
+import httpx
 import pytest
 import redis
 from kvfleet.proto import common_pb2, router_pb2, router_pb2_grpc
+from kvfleet.services.router.fleet_secret import SECRET_ENV
+from kvfleet.services.router.redis_connect import URL_ENV
 from kvfleet.services.router.server import RouterConfig, create_server
 from own_redis import OwnRedis, free_port
 from router_fake_engine import FakeEngine, wait_until
+from router_process import TEST_FLEET_SECRET
 
 PASSWORD = "redis-password-for-tests"
 
@@ -101,3 +109,42 @@ def test_the_router_finds_the_master_through_sentinel(locked_redis, tmp_path):
     finally:
         sentinel.terminate()
         sentinel.wait(timeout=10)
+
+
+def test_a_wrong_password_shows_on_health_and_nowhere_else(locked_redis):
+    """A router refused by Redis serves degraded for good: /health must say why (the operator
+    cannot tell otherwise), and the password, given in $KVFLEET_REDIS_URL, must not show on its
+    command line nor in its output."""
+    wrong = "wrong-password-for-tests"
+    process = subprocess.Popen(
+        [sys.executable, "-m", "kvfleet.services.cli", "router", "--host", "127.0.0.1",
+         "--grpc-port", "0", "--rank-port", "0", "--metrics-port", "-1", "--http-port", "0",
+         "--redis-prefix", "wrongpw"],
+        env={**os.environ, SECRET_ENV: TEST_FLEET_SECRET,
+             URL_ENV: f"redis://:{wrong}@127.0.0.1:{locked_redis.port}/0"},
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )  # fmt: skip
+    output = []
+    try:
+        port = None
+        for line in process.stdout:
+            output.append(line)
+            if match := re.search(r"http port (\d+)", line):
+                port = int(match.group(1))
+                break
+        assert port is not None, "".join(output)
+        assert wrong not in Path(f"/proc/{process.pid}/cmdline").read_text()
+
+        def health() -> dict:
+            return httpx.get(f"http://127.0.0.1:{port}/health", timeout=10).json()
+
+        wait_until(lambda: health().get("redis") == "degraded", timeout=30)
+        body = health()
+        assert "AuthenticationError" in body["redis_error"], body
+        assert wrong not in body["redis_error"]
+    finally:
+        process.terminate()
+        output.append(process.communicate(timeout=60)[0])
+    assert wrong not in "".join(output)

@@ -32,6 +32,22 @@ _EXPERT = re.compile(
     r"^(model\.layers\.\d+\.mlp\.experts)\.(\d+)\.(gate_proj|up_proj|down_proj|w1|w3|w2)\.weight$"
 )
 _GATE, _UP = ("gate_proj", "w1"), ("up_proj", "w3")
+# Names older layouts give a tensor -> the name the model uses (Granite's experts as the hub
+# stores them; transformers 5 renames them the same way on load).
+_RENAMES = (
+    (
+        re.compile(r"\.block_sparse_moe\.input_linear\.weight$"),
+        ".block_sparse_moe.experts.gate_up_proj",
+    ),
+    (
+        re.compile(r"\.block_sparse_moe\.output_linear\.weight$"),
+        ".block_sparse_moe.experts.down_proj",
+    ),
+    (re.compile(r"\.block_sparse_moe\.router\.layer\.weight$"), ".block_sparse_moe.router.weight"),
+    (re.compile(r"\.conv1d\.bias$"), ".conv_bias"),
+)
+# Mamba's depthwise nn.Conv1d weight [C, 1, K]; the SSM keeps it as conv_weight [C, K].
+_CONV1D = re.compile(r"^(.*)\.conv1d\.weight$")
 
 
 def config_from_dict(data: dict[str, Any], name: str = "checkpoint") -> ModelConfig:
@@ -68,7 +84,13 @@ def weight_files(directory: Path) -> list[Path]:
 
 def _target(name: str, config: ModelConfig, params: dict[str, torch.Tensor]):
     """(parameter, the view of it that tensor `name` fills), or None for a known leftover."""
-    name = name.replace(".block_sparse_moe.", ".mlp.")
+    for pattern, replacement in _RENAMES:
+        name = pattern.sub(replacement, name)
+    conv = _CONV1D.match(name)
+    if conv and f"{conv.group(1)}.conv_weight" in params:
+        return f"{conv.group(1)}.conv_weight", params[f"{conv.group(1)}.conv_weight"].unsqueeze(1)
+    if name not in params:
+        name = name.replace(".block_sparse_moe.", ".mlp.")  # Mixtral's name of the MLP
     if name in params:
         return name, params[name]
     match = _EXPERT.match(name)
@@ -91,8 +113,10 @@ def empty_model(
     config: ModelConfig, dtype: torch.dtype, device: torch.device | str
 ) -> tuple[CausalLM, dict[str, torch.Tensor]]:
     """The model allocated (not initialised) on `device` in `dtype`, and its parameters by name."""
+    from .classes import model_class
+
     with torch.device("meta"):
-        model = CausalLM(config).to(dtype)
+        model = model_class(config)(config).to(dtype)
     model = model.to_empty(device=device)
     if config.tie_embeddings:
         model.lm_head.weight = model.model.embed_tokens.weight

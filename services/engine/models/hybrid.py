@@ -7,9 +7,10 @@ holds each SSM layer's state after token (j+1)*B - 1 once block j is computed, a
 state until then. A chunk starting at token n reads the state in the page of block (n-1)//B
 (a snapshot when n is a block boundary), writes the state after each block end it passes whose
 page exists, and the running state into the page of its last token, so a prefix-cache hit and
-a recompute run the same code from different starting points. Which blocks have pages (the
-snapshot boundaries; the rest are holes, the null page) is the kvstore's business, not the
-model's.
+a recompute run the same code from different starting points (`paged_ssm.py`: prefill chunks
+one sequence at a time, every decoding sequence in one batched step). Which blocks have pages
+(the snapshot boundaries; the rest are holes, the null page) is the kvstore's business, not
+the model's.
 """
 
 from __future__ import annotations
@@ -22,9 +23,10 @@ from torch import nn
 from ..attention import AttentionBackend
 from ..attn_reference import dense_attention
 from ..batch import ForwardBatch
-from ..config import STATE_GROUP, ModelConfig
+from ..config import ModelConfig
 from ..device_kv_cache import DeviceKVCache
 from ..layers import AttentionProjections, RMSNorm, SwiGLU
+from .paged_ssm import SSMBatchPlan
 from .rope import rope_angles
 from .ssm import SelectiveSSM, SSMShape, SSMState
 
@@ -59,23 +61,28 @@ class HybridStack(nn.Module):
 
 
 class HybridLM(nn.Module):
-    """Hybrid decoder plus LM head over a `DeviceKVCache` with an `ssm` state group."""
+    """Hybrid decoder plus LM head over a `DeviceKVCache` with an `ssm` state group.
+
+    A checkpoint family with other layer parts (`granite_hybrid.py`) names its `stack_class`
+    and overrides `_run_layers`, `_scale` and `_logits`; the paged forward stays this one."""
+
+    stack_class: type[nn.Module] = HybridStack
 
     def __init__(self, config: ModelConfig) -> None:
         super().__init__()
         if not config.ssm_layers:
             raise ValueError(f"model {config.name!r} has no ssm_layers: use CausalLM")
         self.config = config
-        self.model = HybridStack(config)
+        self.model = self.stack_class(config)
         self.lm_head = nn.Linear(config.hidden_size, config.vocab_size, bias=False)
         if config.tie_embeddings:
             self.lm_head.weight = self.model.embed_tokens.weight
 
     def reset_ssm_parameters(self) -> None:
         """The SSM's own starting values (decay rates, skip, dt bias) after a generic init."""
-        for layer in self.model.layers:
-            if hasattr(layer, "mixer"):
-                layer.mixer.reset_dynamics()
+        for module in self.modules():
+            if isinstance(module, SelectiveSSM):
+                module.reset_dynamics()
 
     @torch.inference_mode()
     def forward(
@@ -97,14 +104,15 @@ class HybridLM(nn.Module):
                 q, k_pages, v_pages, meta, None, self._scale, kv_scales=cache.kv_scales(layer)
             )
 
+        plan = SSMBatchPlan.of(batch, cache.page_size, cache.null_page_id)
+
         def mix(layer: int, mixer: SelectiveSSM, x: torch.Tensor) -> torch.Tensor:
-            states = cache.states(layer)
-            return paged_scan(mixer, x, batch, states, cache.page_size, cache.null_page_id)
+            return plan.run(mixer, x, cache.states(layer))
 
         hidden = self._run_layers(batch.token_ids, batch.positions, attend, mix)
         if not all_logits:
             hidden = hidden[batch.last_token_index]
-        return self.lm_head(hidden).float()
+        return self._logits(hidden)
 
     @torch.inference_mode()
     def forward_dense(self, token_ids: torch.Tensor) -> torch.Tensor:
@@ -117,11 +125,14 @@ class HybridLM(nn.Module):
         def mix(layer: int, mixer: SelectiveSSM, x: torch.Tensor) -> torch.Tensor:
             return mixer(x, SSMState.zeros(mixer.shape, x.device))[0]
 
-        return self.lm_head(self._run_layers(token_ids, positions, attend, mix)).float()
+        return self._logits(self._run_layers(token_ids, positions, attend, mix))
 
     @property
     def _scale(self) -> float:
         return self.config.head_dim**-0.5
+
+    def _logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        return self.lm_head(hidden).float()
 
     def _run_layers(
         self, token_ids: torch.Tensor, positions: torch.Tensor, attend: AttendFn, mix: MixFn
@@ -138,41 +149,3 @@ class HybridLM(nn.Module):
             hidden = hidden + mixed
             hidden = hidden + layer.mlp(layer.post_attention_layernorm(hidden))
         return self.model.norm(hidden)
-
-
-def paged_scan(
-    mixer: SelectiveSSM,
-    x: torch.Tensor,
-    batch: ForwardBatch,
-    states: torch.Tensor,
-    page_size: int,
-    null_page: int,
-) -> torch.Tensor:
-    """One SSM layer over every sequence of `batch`, each from the state in its pages.
-
-    `states` is the layer's `[num_pages, floats]` fp32 view of the `ssm` pool. Sequence b's
-    chunk starts at token n = num_cached: it resumes from page `(n-1)//B` (zeros at n = 0),
-    writes the state after each block end it passes into that block's page where the block
-    has one (a hole, `null_page`, stores nothing), and the state after its last token into
-    the page of the block holding it.
-    """
-    shape, outputs, offset = mixer.shape, [], 0
-    for chunk in batch.chunks:
-        start, count = chunk.num_cached, len(chunk.new_tokens)
-        pages = chunk.page_ids[STATE_GROUP]
-        if start == 0:
-            state = SSMState.zeros(shape, x.device)
-        else:
-            state = SSMState.from_flat(shape, states[pages[(start - 1) // page_size]])
-        ends = frozenset(
-            i
-            for i in range(count - 1)
-            if (start + i + 1) % page_size == 0 and pages[(start + i) // page_size] != null_page
-        )
-        y, final, kept = mixer(x[offset : offset + count], state, ends)
-        for index, snapshot in kept.items():
-            states[pages[(start + index) // page_size]].copy_(snapshot.flat())
-        states[pages[(start + count - 1) // page_size]].copy_(final.flat())
-        outputs.append(y)
-        offset += count
-    return torch.cat(outputs)

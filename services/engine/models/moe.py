@@ -11,6 +11,8 @@ Weights are stacked per layer as transformers stores them: `experts.gate_up_proj
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import torch
 import torch.nn.functional as F
 from torch import nn
@@ -72,20 +74,37 @@ class Experts(nn.Module):
     def forward(
         self, x: torch.Tensor, weights: torch.Tensor, experts: torch.Tensor
     ) -> torch.Tensor:
-        tokens, top_k = experts.shape
-        flat = experts.reshape(-1)
-        order = torch.argsort(flat, stable=True)
-        # Rows per expert without bincount (whose CUDA kernel syncs to size its output).
-        counts = torch.zeros(self.num_experts, dtype=torch.int64, device=x.device)
-        counts.scatter_add_(0, flat, torch.ones_like(flat))
-        offsets = counts.cumsum(0).to(torch.int32)
-        rows = x[order // top_k]
+        return dispatch(x, weights, experts, self.num_experts, self._mlp)
+
+    def _mlp(self, rows: torch.Tensor, offsets: torch.Tensor, _expert_ids) -> torch.Tensor:
         gate, up = grouped_linear(rows, self.gate_up_proj, offsets).chunk(2, dim=-1)
-        out = grouped_linear(F.silu(gate) * up, self.down_proj, offsets)
-        unsorted = torch.empty_like(out)
-        unsorted[order] = out
-        per_choice = unsorted.view(tokens, top_k, -1) * weights.to(x.dtype)[..., None]
-        return per_choice.sum(dim=1)
+        return grouped_linear(F.silu(gate) * up, self.down_proj, offsets)
+
+
+# The experts' MLP over rows sorted by expert: (rows, offsets, expert id of each row) -> out.
+ExpertMLP = Callable[[torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]
+
+
+def dispatch(
+    x: torch.Tensor,
+    weights: torch.Tensor,
+    experts: torch.Tensor,
+    num_experts: int,
+    mlp: ExpertMLP,
+) -> torch.Tensor:
+    """Each token's top-k experts' outputs of `mlp`, summed with the router's `weights`."""
+    tokens, top_k = experts.shape
+    flat = experts.reshape(-1)
+    order = torch.argsort(flat, stable=True)
+    # Rows per expert without bincount (whose CUDA kernel syncs to size its output).
+    counts = torch.zeros(num_experts, dtype=torch.int64, device=x.device)
+    counts.scatter_add_(0, flat, torch.ones_like(flat))
+    offsets = counts.cumsum(0).to(torch.int32)
+    out = mlp(x[order // top_k], offsets, flat[order])
+    unsorted = torch.empty_like(out)
+    unsorted[order] = out
+    per_choice = unsorted.view(tokens, top_k, -1) * weights.to(x.dtype)[..., None]
+    return per_choice.sum(dim=1)
 
 
 class SparseMoE(nn.Module):

@@ -136,6 +136,121 @@ def _mixtral(r: KeyReader) -> dict:
     return _window(fields, list(range(n)), r.get("sliding_window"))
 
 
+def _layer_types(r: KeyReader, num_layers: int, default: list[str]) -> list[int]:
+    """The sliding layers that `layer_types` (else `default`) names."""
+    types = r.get("layer_types") or default
+    bad = sorted(set(types) - {"full_attention", "sliding_attention"})
+    if bad or len(types) != num_layers:
+        raise ConfigError(
+            f"{r.architecture}: layer_types must list {num_layers} of "
+            f"full_attention/sliding_attention, got {types}"
+        )
+    return [i for i, t in enumerate(types) if t == "sliding_attention"]
+
+
+def _gpt_oss(r: KeyReader) -> dict:
+    # transformers' GptOssConfig defaults: theta 150000, YaRN x32 over 4096 (untruncated).
+    if r.data.get("rope_parameters") is None and r.data.get("rope_scaling") is None:
+        r.data = {**r.data, "rope_parameters": dict(GPT_OSS_ROPE)}
+    fields = _experts(r, _dense(r, 131072, 1e-5, theta=150000.0), "num_local_experts")
+    n, bias = fields["num_layers"], bool(r.get("attention_bias", True))
+    fields.update(
+        qkv_bias=bias,
+        o_bias=bias,
+        attention_sinks=True,
+        experts_kind="gpt_oss",
+        moe_layers=tuple(range(n)),
+        moe_intermediate_size=fields["intermediate_size"],
+        swiglu_alpha=float(r.get("swiglu_alpha", 1.702)),
+        swiglu_limit=float(r.get("swiglu_limit", 7.0)),
+    )
+    # Even layers slide, odd layers attend to everything, unless layer_types says otherwise.
+    default = ["sliding_attention" if i % 2 == 0 else "full_attention" for i in range(n)]
+    # An absent sliding_window is transformers' default, 128; a null one means no window.
+    size = r.get("sliding_window") if "sliding_window" in r.data else 128
+    return _window(fields, _layer_types(r, n, default), size)
+
+
+def _json_float(value: Any) -> float:
+    """A float of config.json; transformers 5 writes infinities as {"__float__": "Infinity"}."""
+    return float(value["__float__"] if isinstance(value, dict) else value)
+
+
+# Granite's layer kinds, in transformers 5's names and the hub configs' older ones.
+_GRANITE_SSM, _GRANITE_ATTENTION = {"linear_attention", "mamba"}, {"full_attention", "attention"}
+
+
+def _granite_hybrid(r: KeyReader) -> dict:
+    fields = _dense(r, 2048, 1e-6)
+    n, hidden = fields["num_layers"], fields["hidden_size"]
+    r.accept("layer_types", "layers_block_type")
+    types = r.data.get("layer_types") or r.data.get("layers_block_type") or ["mamba"] * n
+    bad = sorted(set(types) - _GRANITE_SSM - _GRANITE_ATTENTION)
+    if bad or len(types) != n:
+        raise ConfigError(
+            f"{r.architecture}: layer_types must list {n} of mamba/attention, got {types}"
+        )
+    if int(r.get("mamba_n_groups", 1)) != 1:
+        raise ConfigError(
+            f"{r.architecture}: mamba_n_groups {r.get('mamba_n_groups')} is not supported; "
+            "supported: 1"
+        )
+    heads, expand = int(r.get("mamba_n_heads", 128)), int(r.get("mamba_expand", 2))
+    head_dim = r.get("mamba_d_head", "auto")
+    head_dim = expand * hidden // heads if head_dim == "auto" else int(head_dim)
+    if heads * head_dim != expand * hidden:
+        raise ConfigError(
+            f"{r.architecture}: mamba_n_heads * mamba_d_head != mamba_expand * hidden_size"
+        )
+    limit = [_json_float(v) for v in r.get("time_step_limit", (0.0, float("inf")))]
+    if limit != [0.0, float("inf")]:
+        raise ConfigError(
+            f"{r.architecture}: time_step_limit {limit} is not supported; supported: [0.0, inf]"
+        )
+    r.expect("mamba_conv_bias", True)
+    r.expect("mamba_proj_bias", False)
+    r.accept("mamba_chunk_size")  # how the scan is cut, not what it computes
+    position = r.get("position_embedding_type")
+    if position not in (None, "rope"):
+        raise ConfigError(
+            f"{r.architecture}: position_embedding_type {position!r} is not supported; "
+            "supported: None, 'rope'"
+        )
+    bias = bool(r.get("attention_bias", False))
+    fields.update(
+        qkv_bias=bias,
+        o_bias=bias,
+        use_rope=position == "rope",
+        # intermediate_size is the experts' width; the shared MLP has its own.
+        intermediate_size=int(r.get("shared_intermediate_size", 1024)),
+        ssm_layers=tuple(i for i, t in enumerate(types) if t in _GRANITE_SSM),
+        ssm_num_heads=heads,
+        ssm_head_dim=head_dim,
+        ssm_state_size=int(r.get("mamba_d_state", 256)),
+        ssm_conv_kernel=int(r.get("mamba_d_conv", 4)),
+        embedding_multiplier=float(r.get("embedding_multiplier", 1.0)),
+        residual_multiplier=float(r.get("residual_multiplier", 1.0)),
+        logits_scaling=float(r.get("logits_scaling", 1.0)),
+        attention_scale=float(r.get("attention_multiplier", 1.0)),
+    )
+    if int(r.get("num_local_experts", 8)) > 0:
+        fields = _experts(r, fields, "num_local_experts")
+        fields.update(moe_layers=tuple(range(n)), norm_topk_prob=True,
+                      moe_intermediate_size=int(r.require("intermediate_size")))  # fmt: skip
+    else:
+        r.accept("num_experts_per_tok")
+    return fields
+
+
+GPT_OSS_ROPE = {
+    "rope_type": "yarn",
+    "factor": 32.0,
+    "beta_fast": 32.0,
+    "beta_slow": 1.0,
+    "truncate": False,
+    "original_max_position_embeddings": 4096,
+}
+
 ARCHITECTURES: dict[str, Reader] = {
     "LlamaForCausalLM": _llama,
     "MistralForCausalLM": _mistral,
@@ -143,6 +258,8 @@ ARCHITECTURES: dict[str, Reader] = {
     "Qwen3ForCausalLM": _qwen3,
     "Qwen3MoeForCausalLM": _qwen3_moe,
     "MixtralForCausalLM": _mixtral,
+    "GptOssForCausalLM": _gpt_oss,
+    "GraniteMoeHybridForCausalLM": _granite_hybrid,
 }
 
 

@@ -102,6 +102,40 @@ _ARCH_FIELDS: dict[str, dict[str, Any]] = {
         "num_experts_per_tok": 2,
         "rope_theta": 1e6,
     },
+    "GptOssForCausalLM": {  # layers 0 and 2 slide a 64-token window, layer 1 is full
+        "model_type": "gpt_oss",
+        "head_dim": 16,
+        "num_local_experts": 4,
+        "num_experts_per_tok": 2,
+        "sliding_window": 64,
+        "attention_bias": True,
+        "rms_norm_eps": 1e-5,
+        "rope_theta": 150000.0,
+        "rope_scaling": {
+            "rope_type": "yarn",
+            "factor": 8.0,
+            "beta_fast": 32.0,
+            "beta_slow": 1.0,
+            "truncate": False,
+            "original_max_position_embeddings": 512,
+        },
+    },
+    "GraniteMoeHybridForCausalLM": {  # Mamba-2 at 0 and 2, attention at 1
+        "model_type": "granitemoehybrid",
+        "layer_types": ["mamba", "attention", "mamba"],
+        "mamba_n_heads": 4,
+        "mamba_d_state": 16,
+        "mamba_d_conv": 4,
+        "mamba_expand": 2,
+        "shared_intermediate_size": 64,
+        "num_local_experts": 4,
+        "num_experts_per_tok": 2,
+        "position_embedding_type": "rope",
+        "embedding_multiplier": 2.0,
+        "residual_multiplier": 0.5,
+        "logits_scaling": 2.0,
+        "attention_multiplier": 0.25,
+    },
 }
 _EXPERT_NAMES = {  # architecture -> (MLP prefix, gate, up, down) as save_pretrained writes
     "Qwen3MoeForCausalLM": ("mlp", "gate_proj", "up_proj", "down_proj"),
@@ -123,6 +157,8 @@ def hf_state_dict(model: CausalLM) -> dict[str, torch.Tensor]:
     state = {k: v.detach().cpu().contiguous() for k, v in model.state_dict().items()}
     if config.tie_embeddings:
         state.pop("lm_head.weight")
+    if config.architecture == "GraniteMoeHybridForCausalLM":
+        return _granite_names(state)
     if config.architecture not in _EXPERT_NAMES:
         return state
     mlp, gate, up, down = _EXPERT_NAMES[config.architecture]
@@ -140,6 +176,20 @@ def hf_state_dict(model: CausalLM) -> dict[str, torch.Tensor]:
             state[f"{theirs}.experts.{e}.{up}.weight"] = gate_up[e, i:].clone()
             state[f"{theirs}.experts.{e}.{down}.weight"] = down_proj[e].clone()
     return state
+
+
+def _granite_names(state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """Granite's hub names: Mamba's conv as nn.Conv1d `[C, 1, K]`, the experts' older names."""
+    out = {}
+    for name, tensor in state.items():
+        name = name.replace(".experts.gate_up_proj", ".input_linear.weight")
+        name = name.replace(".experts.down_proj", ".output_linear.weight")
+        name = name.replace(".router.weight", ".router.layer.weight")
+        name = name.replace(".conv_bias", ".conv1d.bias")
+        if name.endswith(".conv_weight"):
+            name, tensor = name.replace(".conv_weight", ".conv1d.weight"), tensor[:, None]
+        out[name] = tensor.contiguous()
+    return out
 
 
 def write_tiny_checkpoint(

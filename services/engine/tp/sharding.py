@@ -44,6 +44,13 @@ def shard_config(config: ModelConfig, layout: TPLayout) -> ModelConfig:
     """The per-worker shape: heads, KV heads and MLP widths divided by `layout.size`."""
     if layout.size == 1:
         return config
+    if config.attention_sinks or config.experts_kind != "swiglu":
+        # NOTE: per-head sinks and gpt-oss's interleaved, biased experts have no split here yet.
+        raise ValueError(
+            f"model {config.name!r} ({config.architecture}): tensor_parallel={layout.size} "
+            "does not split attention sinks or gpt-oss experts yet (serve it at "
+            "tensor_parallel 1)"
+        )
     sizes = {
         "num_heads": config.num_heads,
         "num_kv_heads": config.num_kv_heads,

@@ -1,0 +1,138 @@
+"""Granite 4.0 hybrid (`GraniteMoeHybridForCausalLM`): its Mamba-2 layers go to the `state` life
+cycle, its attention layers to `full`, and the engine with prefix cache, state snapshots and the
+host tier gives transformers' greedy tokens. Logit parity: test_hf_parity.py."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+import torch
+from engine_testkit import final, greedy, run_call, tokens_of
+from hf_testkit import hf_config, hf_logits, paged_logits, random_tokens, save_tiny
+from kvfleet.kvstore.tiers.metrics import HOST
+from kvfleet.services.engine import load_checkpoint
+from kvfleet.services.engine.compute import TorchCompute
+from kvfleet.services.engine.engine_core import EngineCore
+from kvfleet.services.engine.engine_request import GenerateCall
+from kvfleet.services.engine.models.hf_keys import ConfigError
+from kvfleet.services.engine.models.registry import model_config_from_hf
+from test_hybrid_engine import CONFIG, PAGE, WITH_HOST, _resume_point, _turns
+
+pytest.importorskip("transformers")
+
+ARCH = "GraniteMoeHybridForCausalLM"
+NEW_TOKENS = 8
+
+
+def _config(**changes):
+    return model_config_from_hf(hf_config(ARCH, **changes).to_dict())
+
+
+def test_mamba_layers_are_the_state_group_and_attention_layers_full():
+    """Mamba layers keep recurrent state (snapshots), attention layers every K/V block."""
+    config = _config()
+    assert config.groups == {"ssm": (0, 2), "full": (1, 3)}
+    assert (config.ssm_num_heads, config.ssm_head_dim, config.ssm_state_size) == (4, 32, 16)
+    assert config.ssm_conv_kernel == 4 and config.use_rope
+    assert (config.intermediate_size, config.moe_intermediate_size) == (48, 96)
+    assert config.moe_layers == (0, 1, 2, 3) and config.norm_topk_prob
+    scalars = (config.embedding_multiplier, config.residual_multiplier, config.logits_scaling)
+    assert (*scalars, config.attention_scale) == (2.0, 0.7, 1.5, 0.3)
+    dense = _config(num_local_experts=0, position_embedding_type=None)
+    assert dense.moe_layers == () and not dense.use_rope
+
+
+@pytest.mark.parametrize(
+    "changes, message",
+    [
+        ({"mamba_n_groups": 2, "mamba_n_heads": 4}, "mamba_n_groups 2 is not supported"),
+        ({"time_step_limit": (0.001, 0.1)}, "time_step_limit"),
+        ({"mamba_proj_bias": True}, "mamba_proj_bias=True is not supported"),
+    ],
+)
+def test_what_the_ssm_does_not_compute_is_refused(changes, message):
+    """Grouped B/C, a clamped time step or projection biases would be served wrong: refuse."""
+    with pytest.raises(ConfigError, match=message):
+        _config(**changes)
+
+
+def test_dense_model_without_positions_equals_transformers(tmp_path):
+    """Granite 4.0 H Micro's shape: no experts and no RoPE (position_embedding_type null);
+    rotating q/k anyway, or running experts, would change the logits."""
+    hf, path = save_tiny(ARCH, tmp_path, seed=3, num_local_experts=0, position_embedding_type=None)
+    model = load_checkpoint(path)
+    assert model.config.moe_layers == () and not model.config.use_rope
+    tokens = random_tokens(50, seed=4)
+    got = paged_logits(model, tokens, cuts=[13, 30])
+    torch.testing.assert_close(got, hf_logits(hf, tokens), atol=2e-5, rtol=1e-4)
+
+
+def _hf_greedy(model, prompt: list[int]) -> list[int]:
+    ids = list(prompt)
+    with torch.no_grad():
+        for _ in range(NEW_TOKENS):
+            ids.append(int(model(torch.tensor([ids])).logits[0, -1].argmax()))
+    return ids[len(prompt) :]
+
+
+def _core(config) -> EngineCore:
+    return EngineCore(config, compute=TorchCompute(config)).start()
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("policy", ["per_conversation", "per_request"])
+def test_snapshot_resumed_turns_give_transformers_greedy_tokens(tmp_path, policy):
+    """A snapshot restored at the wrong boundary, or K/V pages that disagree with it, changes a
+    token against transformers' full recompute; a missing snapshot shows in the resume point."""
+    hf, path = save_tiny(ARCH, tmp_path, seed=11)
+    core = _core(CONFIG.with_changes(model_path=str(path), reuse_policy=policy))
+    rng = random.Random(7)
+    prompt, output = [rng.randrange(256) for _ in range(150)], []
+    try:
+        for turn, next_prompt in enumerate([None, *_turns(rng)]):
+            previous = prompt
+            if next_prompt is not None:
+                prompt = next_prompt(prompt, output)
+            call = GenerateCall(f"{policy}-t{turn}", tuple(prompt), greedy(NEW_TOKENS), "conv")
+            outputs = run_call(core, call)
+            output = tokens_of(outputs)
+            assert output == _hf_greedy(hf, prompt), f"turn {turn}"
+            expected = 0 if turn == 0 else _resume_point(previous, prompt)
+            assert final(outputs).usage.cached_tokens == expected, f"turn {turn}"
+        core.check_integrity()
+        core.call_on_core(core.compute.cache.check_integrity)
+    finally:
+        core.stop()
+
+
+@pytest.mark.slow
+def test_turn_onboarded_from_host_tier_gives_transformers_tokens(tmp_path, monkeypatch):
+    """A state page offloaded to the host tier and onboarded must come back with its K/V."""
+    hf, path = save_tiny(ARCH, tmp_path, seed=11)
+    core = _core(WITH_HOST.with_changes(model_path=str(path)))
+    onboarded: list[str] = []
+    onboard = core.manager.tiers.onboard
+
+    def spy(life_cycle, pages, blocks):  # calls through: only notes which pools came back
+        onboarded.extend([life_cycle] * len(pages))
+        return onboard(life_cycle, pages, blocks)
+
+    monkeypatch.setattr(core.manager.tiers, "onboard", spy)
+    rng = random.Random(5)
+    first = tuple(rng.randrange(256) for _ in range(150))
+    try:
+        out1 = tokens_of(run_call(core, GenerateCall("h-t1", first, greedy(NEW_TOKENS), "h")))
+        for i in range(5):  # other conversations take every device page
+            flood = tuple(rng.randrange(256) for _ in range(300))
+            run_call(core, GenerateCall(f"flood-{i}", flood, greedy(2), f"flood-{i}"))
+        prompt = (*first, *out1, *(rng.randrange(256) for _ in range(30)))
+        outputs = run_call(core, GenerateCall("h-t2", prompt, greedy(NEW_TOKENS), "h"))
+        metrics = core.call_on_core(lambda: dict(core.manager.tiers.metrics))
+        assert final(outputs).usage.cached_tokens == (len(first) + NEW_TOKENS) // PAGE * PAGE
+        assert metrics[HOST].hits > 0, metrics
+        assert "ssm" in onboarded and "full" in onboarded, onboarded
+        assert tokens_of(outputs) == _hf_greedy(hf, list(prompt))
+        core.check_integrity()
+    finally:
+        core.stop()
