@@ -47,6 +47,7 @@ def engine_args(fleet: FleetRef, spec: FleetSpec, pool_name: str) -> list[str]:
         "--config", "/etc/kvfleet/engine.yaml",
         "--disk-tier-dir", DISK_TIER_DIR,
         "--drain-seconds", str(spec.drain_seconds),
+        "--kv-cache-dtype", spec.kv_tiers.kv_cache_dtype,
     ]  # fmt: skip
 
 

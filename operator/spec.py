@@ -78,6 +78,8 @@ class DiskTier(_Model):
 
 class KVTiers(_Model):
     gpu_memory_fraction: float = Field(default=0.9, gt=0.0, le=0.99)
+    # The pages' dtype, the engine's --kv-cache-dtype: fp8_e4m3 keeps twice the pages.
+    kv_cache_dtype: Literal["auto", "bf16", "fp8_e4m3"] = "auto"
     host_gib: int = Field(default=64, ge=0, alias="hostGiB")
     disk: DiskTier = Field(default_factory=DiskTier)
 

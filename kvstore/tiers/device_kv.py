@@ -55,7 +55,10 @@ class DeviceKV:
     def scatter(self, life_cycle: str, pages: Sequence[int], data: torch.Tensor) -> None:
         """Write `data` (as `gather` returns it, on this device) into `pages`."""
         index = torch.tensor(pages, dtype=torch.long).to(self.device, non_blocking=True)
-        self._storage[life_cycle].index_copy_(2, index, data.permute(1, 2, 0, 3, 4, 5))
+        storage, data = self._storage[life_cycle], data.permute(1, 2, 0, 3, 4, 5)
+        if storage.dtype.itemsize == 1:  # NOTE: index_copy_ has no fp8 kernel on CPU
+            storage, data = storage.view(torch.uint8), data.view(torch.uint8)
+        storage.index_copy_(2, index, data)
 
 
 def _with_pages(page_shape: tuple[int, ...], num_pages: int) -> tuple[int, ...]:

@@ -31,6 +31,9 @@ class KVLayout:
     layers: Mapping[str, tuple[int, ...]]
     dtype: str = "bfloat16"
     state_bytes: Mapping[str, int] = field(default_factory=dict)
+    # An fp8 cache's scales (a digest of them; "" for none or all 1): pages hold `x / scale`,
+    # so pages written under other scales are other values.
+    scales_tag: str = ""
     _layer_slot: dict[int, tuple[str, int]] = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
@@ -84,6 +87,8 @@ class KVLayout:
             ) from None
 
     def fingerprint(self, life_cycle: str) -> bytes:
-        """What a disk file must match to be read as a page of `life_cycle` (shape, dtype)."""
+        """What a disk file must match to be read as a page of `life_cycle` (shape, dtype and,
+        for an fp8 cache with scales other than 1, the scales' tag)."""
         shape = "x".join(str(size) for size in self.page_shape(life_cycle))
-        return f"{life_cycle}/{shape}/{self.dtype}".encode()
+        scales = f"/scales-{self.scales_tag}" if self.scales_tag else ""
+        return f"{life_cycle}/{shape}/{self.dtype}{scales}".encode()

@@ -65,11 +65,12 @@ class ModelShape:
             built.append(LIFE_CYCLE_KINDS[kind](**params))
         return tuple(built)
 
-    def page_bytes(self, block_size: int) -> dict[str, int]:
+    def page_bytes(self, block_size: int, kv_dtype_bytes: int | None = None) -> dict[str, int]:
         """Bytes of one page per life cycle: its layers (an entry's `layers`, else the
         model's layers split evenly between the entries) x, for attention, K and V x kv heads
-        x head dim x block size, and for a state entry its `state_bytes` (one layer's
-        recurrent state; default: as attention, which understates an SSM snapshot)."""
+        x head dim x block size x `kv_dtype_bytes` (default: the model's `dtype_bytes`), and
+        for a state entry its `state_bytes` (one layer's recurrent state, in any KV dtype;
+        default: as attention, which understates an SSM snapshot)."""
         named = [entry.get("layers") for entry in self.life_cycles]
         given = sum(layers for layers in named if layers is not None)
         unnamed = sum(1 for layers in named if layers is None)
@@ -78,7 +79,8 @@ class ModelShape:
                 f"model.life_cycles: layers {named} do not fit in the model's {self.layers}"
             )
         share = (self.layers - given) // unnamed if unnamed else 0
-        per_layer = 2 * self.kv_heads * self.head_dim * self.dtype_bytes * block_size
+        element = kv_dtype_bytes or self.dtype_bytes
+        per_layer = 2 * self.kv_heads * self.head_dim * element * block_size
         out = {}
         for entry in self.life_cycles:
             layer_bytes = entry.get("state_bytes", per_layer)

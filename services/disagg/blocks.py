@@ -81,8 +81,12 @@ def write_pages(cache, life_cycle: str, pages: Sequence[int], data: Sequence[byt
     buffer = torch.frombuffer(bytearray(b"".join(data)), dtype=cache.dtype)
     blocks = buffer.view(len(pages), *shape).to(cache.device)
     index = torch.tensor(list(pages), dtype=torch.long, device=cache.device)
+    if cache.dtype.itemsize == 1:  # NOTE: index_copy_ has no fp8 kernel on CPU
+        blocks = blocks.view(torch.uint8)
     for slot, layer in enumerate(layers):
         k_pages, v_pages = cache.kv(layer)
+        if cache.dtype.itemsize == 1:
+            k_pages, v_pages = k_pages.view(torch.uint8), v_pages.view(torch.uint8)
         k_pages.index_copy_(0, index, blocks[:, slot, 0])
         v_pages.index_copy_(0, index, blocks[:, slot, 1])
 

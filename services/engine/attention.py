@@ -4,7 +4,9 @@ Every backend computes, for each new token of each sequence, causal attention ov
 sequence's cached plus new keys (read from its pages), restricted to the last `window`
 positions (the query's own included) when `window` is set. With `sinks` (one learned logit per
 query head, gpt-oss), each query's softmax has one more column, the head's sink logit, whose
-value is zero: the weights of the real keys then sum to less than one.
+value is zero: the weights of the real keys then sum to less than one. Pages of an fp8 cache
+come with `kv_scales` (each `[kv_heads]`, kv_quant.py): a backend reads `stored * scale`, and
+the sink column is added after that dequantization.
 """
 
 from __future__ import annotations
@@ -32,8 +34,10 @@ class AttentionBackend(Protocol):
         window: int | None,
         scale: float,
         sinks: torch.Tensor | None = None,
+        kv_scales: tuple[torch.Tensor, torch.Tensor] | None = None,
     ) -> torch.Tensor:
-        """Attention of the new queries over their sequences' pages (reads only)."""
+        """Attention of the new queries over their sequences' pages (reads only); `kv_scales`:
+        the K and V scales of fp8 pages (None: the pages hold the values themselves)."""
         ...
 
 

@@ -1,13 +1,23 @@
-"""`flash` backend: flash-attn's CuTe paged kernel (`flash_attn.cute`), CUDA only."""
+"""`flash` backend: flash-attn's CuTe paged kernel (`flash_attn.cute`), CUDA only.
+
+An fp8 cache: the kernel takes no fp8 K/V, so the batch's own pages (its page table's) are
+gathered and dequantized into a scratch pool of the query's dtype, and the kernel reads that
+through a page table of local ids. Shapes come from the page table alone, so a captured CUDA
+graph replays it. The cost: each step reads the fp8 pages, writes and reads them again in bf16
+(about 2.5x a bf16 cache's KV traffic), and the scratch holds the batch's pages of one layer;
+what fp8 buys is capacity (twice the pages per byte), not decode speed (docs/engine-gpu.md).
+"""
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 
 import torch
 
 from .attention import BackendEntry, register_backend
 from .batch import AttentionMetadata
+from .kv_quant import dequantize
 
 
 @functools.cache
@@ -70,8 +80,11 @@ class FlashAttention:
         window: int | None,
         scale: float,
         sinks: torch.Tensor | None = None,
+        kv_scales: tuple[torch.Tensor, torch.Tensor] | None = None,
     ) -> torch.Tensor:
         """Attention of the new queries over their sequences' pages (reads only)."""
+        if kv_scales is not None:
+            k_pages, v_pages, meta = gather_dequantized(k_pages, v_pages, meta, kv_scales, q.dtype)
         splits = 1 if sinks is not None else self._decode_splits(q, k_pages, meta, window)
         if splits > 1:
             return self._split_decode(q, k_pages, v_pages, meta, scale, splits)
@@ -173,6 +186,25 @@ class FlashAttention:
         parts = out.float().reshape(batch, splits, *out.shape[1:]).nan_to_num()
         merged = (parts * weight).sum(dim=1) / weight.sum(dim=1)
         return merged.to(q.dtype)
+
+
+def gather_dequantized(
+    k_pages: torch.Tensor,
+    v_pages: torch.Tensor,
+    meta: AttentionMetadata,
+    kv_scales: tuple[torch.Tensor, torch.Tensor],
+    dtype: torch.dtype,
+) -> tuple[torch.Tensor, torch.Tensor, AttentionMetadata]:
+    """The pages `meta.page_table` names, dequantized to `dtype` as a pool of their own
+    `[B * P, page, KVH, D]`, and `meta` with the table `[B, P]` of their ids in it."""
+    table = meta.page_table
+    index = table.flatten().long()
+    # NOTE: gathered as bytes: index kernels do not all take fp8.
+    k = k_pages.view(torch.uint8).index_select(0, index).view(k_pages.dtype)
+    v = v_pages.view(torch.uint8).index_select(0, index).view(v_pages.dtype)
+    k, v = dequantize(k, kv_scales[0], dtype), dequantize(v, kv_scales[1], dtype)
+    local = torch.arange(index.numel(), device=table.device, dtype=table.dtype)
+    return k, v, dataclasses.replace(meta, page_table=local.view(table.shape))
 
 
 def with_sinks(out: torch.Tensor, lse: torch.Tensor, sinks: torch.Tensor) -> torch.Tensor:

@@ -6,6 +6,7 @@ import torch
 
 from .attention import BackendEntry, register_backend
 from .batch import AttentionMetadata
+from .kv_quant import dequantize
 
 
 def attention_mask(
@@ -66,6 +67,7 @@ class ReferenceAttention:
         window: int | None,
         scale: float,
         sinks: torch.Tensor | None = None,
+        kv_scales: tuple[torch.Tensor, torch.Tensor] | None = None,
     ) -> torch.Tensor:
         """Attention of the new queries over their sequences' pages (reads only)."""
         out = torch.empty_like(q)
@@ -73,6 +75,9 @@ class ReferenceAttention:
         for b, (n, ctx) in enumerate(zip(meta.query_lens, meta.context_lens, strict=True)):
             k = gather_pages(k_pages, meta.page_table[b], ctx)
             v = gather_pages(v_pages, meta.page_table[b], ctx)
+            if kv_scales is not None:
+                k = dequantize(k, kv_scales[0], torch.float32)
+                v = dequantize(v, kv_scales[1], torch.float32)
             positions = torch.arange(ctx - n, ctx, device=q.device)
             out[start : start + n] = dense_attention(
                 q[start : start + n], k, v, positions, window, scale, sinks

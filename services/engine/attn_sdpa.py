@@ -12,6 +12,7 @@ import torch.nn.functional as F
 
 from .attention import BackendEntry, register_backend
 from .batch import AttentionMetadata
+from .kv_quant import dequantize
 
 
 class SdpaAttention:
@@ -28,14 +29,19 @@ class SdpaAttention:
         window: int | None,
         scale: float,
         sinks: torch.Tensor | None = None,
+        kv_scales: tuple[torch.Tensor, torch.Tensor] | None = None,
     ) -> torch.Tensor:
         """Attention of the new queries over their sequences' pages (reads only)."""
         batch, max_q = len(meta.query_lens), meta.max_seqlen_q
         num_keys = meta.page_table.shape[1] * meta.page_size
         table = meta.page_table.long()
+        k, v = k_pages[table], v_pages[table]  # [B, P, page, KVH, D]
+        if kv_scales is not None:
+            k = dequantize(k, kv_scales[0], q.dtype)
+            v = dequantize(v, kv_scales[1], q.dtype)
         # [B, P, page, KVH, D] -> [B, KVH, P*page, D]
-        k = k_pages[table].flatten(1, 2).transpose(1, 2)
-        v = v_pages[table].flatten(1, 2).transpose(1, 2)
+        k = k.flatten(1, 2).transpose(1, 2)
+        v = v.flatten(1, 2).transpose(1, 2)
         group = q.shape[1] // k.shape[1]
         if group > 1:
             k = k.repeat_interleave(group, dim=1)

@@ -88,6 +88,12 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "--dtype", default=None, help="weights: auto (the checkpoint's), float32, bfloat16, float16"
     )
     parser.add_argument(
+        "--kv-cache-dtype",
+        default=None,
+        choices=("auto", "bf16", "fp8_e4m3"),
+        help="KV pages: auto (the weights' dtype), bf16, fp8_e4m3 (twice the pages per byte)",
+    )
+    parser.add_argument(
         "--compute-backend", default=None, help="torch (the model) or sim (cost model, no tensors)"
     )
     parser.add_argument(
@@ -118,6 +124,7 @@ def engine_config_from_args(args: argparse.Namespace):
         kv_pages=args.kv_pages,
         device=args.device,
         dtype=getattr(args, "dtype", None),
+        kv_cache_dtype=getattr(args, "kv_cache_dtype", None),
         gpu_memory_fraction=getattr(args, "gpu_memory_fraction", None),
         cpu_kv_gib=getattr(args, "cpu_kv_gib", None),
         # getattr: namespaces built without the sim flags (older callers) keep the file's values

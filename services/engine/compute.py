@@ -24,7 +24,9 @@ from .engine_config import EngineConfig
 from .generation import default_dtype
 from .grammar_mask import LogitMasks
 from .kv_budget import kv_budget, probe_device_memory
-from .kv_setup import build_kv, open_kv_tiers, tier_config
+from .kv_calibration import calibrate_kv_scales
+from .kv_quant import KVScales, is_fp8
+from .kv_setup import build_kv, kv_cache_dtype, open_kv_tiers, tier_config
 from .sampling import NON_FINITE_LOGITS, RowResult, SampleFailure, sample_batch
 from .scheduler import ScheduledChunk
 from .tp import ShardedBytes, TPLayout, broadcast_chunks, load_sharded_checkpoint, shard_config
@@ -67,7 +69,10 @@ class TorchCompute:
             self.model = build_model(self.model_config, config.seed, self.device, dtype)
         self.config = config
         budget = kv_budget(self.model_config, config, self.device, memory, dtype)
-        self.kv = build_kv(self.model_config, config, dtype, budget)
+        kv_dtype = kv_cache_dtype(config, dtype)
+        self.kv_scales = self._kv_scales(kv_dtype)
+        tag = self.kv_scales.tag() if self.kv_scales is not None else ""
+        self.kv = build_kv(self.model_config, config, dtype, budget, tag)
         self.store_config = self.kv.store_config
         self.cache: DeviceKVCache | None = None  # the latest open_tiers' device KV
         self.attention = make_backend(config.attention_backend, self.device)
@@ -86,9 +91,19 @@ class TorchCompute:
             host = tier_config(self.model_config, self.config, self.kv.store_config, self.kv.layout)
             send_to_workers((OPEN, dict(self.kv.store_config.pool_pages), host.host_pages))
             tiers.bytes = ShardedBytes(tiers.bytes)
-        self.cache = DeviceKVCache(self.model_config, tiers.device_kv)
+        self.cache = DeviceKVCache(self.model_config, tiers.device_kv, self.kv_scales)
         self.decode = self._decode_runner(self.cache)
         return tiers
+
+    def _kv_scales(self, kv_dtype: torch.dtype) -> KVScales | None:
+        """An fp8 cache's scales: calibrated on the model (kv_calibration.py); 1 on a
+        tensor-parallel rank, whose workers each hold a shard of the heads."""
+        if not is_fp8(kv_dtype):
+            return None
+        groups = self.model_config.groups
+        if self.tp.size > 1:
+            return KVScales.ones(groups, self.model_config.num_kv_heads)
+        return calibrate_kv_scales(self.model, groups, self.device)
 
     def _decode_runner(self, cache: DeviceKVCache) -> DecodeRunner | None:
         """Graphs are bound to one cache's tensors: a new cache gets a new runner."""

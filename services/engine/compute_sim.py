@@ -37,7 +37,9 @@ from .scheduler import ScheduledChunk
 # Sampled ids are printable ASCII bytes when the vocabulary has them: readable text through the
 # byte tokenizer, and never a special (stop) token, so outputs run to max_tokens.
 PRINTABLE_IDS = range(32, 127)
-KV_DTYPE = torch.bfloat16  # what the simulated accelerator keeps KV in (sizes host/disk tiers)
+# The simulated accelerator's weights; its pages are in `kv_cache_dtype` of these (sizes the
+# host/disk tiers).
+KV_DTYPE = torch.bfloat16
 
 
 def cost_shape(model: ModelConfig) -> ModelShape:

@@ -69,6 +69,9 @@ class _PaddedWrites:
     def kv(self, layer: int) -> tuple[torch.Tensor, torch.Tensor]:
         return self._cache.kv(layer)
 
+    def kv_scales(self, layer: int) -> tuple[torch.Tensor, torch.Tensor] | None:
+        return self._cache.kv_scales(layer)
+
     def write(self, layer: int, k: torch.Tensor, v: torch.Tensor, slots: torch.Tensor) -> None:
         self._cache.write(layer, *zero_pad_rows(k, v, self._valid), slots)
 

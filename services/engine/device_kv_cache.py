@@ -14,12 +14,16 @@ from ...kvstore.block_pool import NULL_PAGE, IntegrityError
 from ...kvstore.tiers.device_kv import DeviceKV
 from .config import ModelConfig
 from .kv_cache import PagedKVCache
+from .kv_quant import KVScales
 
 
 class DeviceKVCache(PagedKVCache):
     """K/V pages of every layer, held by the tiers' `DeviceKV`; the null page is never written."""
 
-    def __init__(self, config: ModelConfig, device_kv: DeviceKV) -> None:
+    def __init__(
+        self, config: ModelConfig, device_kv: DeviceKV, scales: KVScales | None = None
+    ) -> None:
+        """`scales`: an fp8 device KV's (every tier's pages hold `x / scale`)."""
         layout = device_kv.layout
         if dict(config.groups) != dict(layout.layers):
             raise ValueError(
@@ -34,6 +38,7 @@ class DeviceKVCache(PagedKVCache):
             dtype=device_kv.dtype,
             null_page_id=NULL_PAGE,
             storage=storage,
+            scales=scales,
         )
         self.device_kv = device_kv
         self._state_floats = {

@@ -11,6 +11,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from ..core.kv_cache_dtype import check_kv_cache_dtype
+
 ROLES = ("both", "context", "generation")
 DECODE_GRAPH_MODES = ("auto", "static", "off")
 DTYPES = ("auto", "float32", "bfloat16", "float16")
@@ -25,6 +27,9 @@ class EngineConfig:
     # Weights' dtype: "auto" is the checkpoint's torch_dtype (bf16 on GPU / fp32 on CPU for a
     # preset), else one of DTYPES.
     dtype: str = "auto"
+    # The KV cache's pages: auto (the weights' dtype), bf16, or fp8_e4m3 (one byte per value,
+    # so twice the pages in the same bytes; kv_quant.py, docs/engine-gpu.md).
+    kv_cache_dtype: str = "auto"
     seed: int = 0
     # auto: CUDA when torch sees a GPU, else CPU (warned when a GPU was asked for: device.py)
     device: str = "auto"
@@ -109,6 +114,7 @@ class EngineConfig:
             )
         if self.dtype not in DTYPES:
             raise ValueError(f"dtype must be one of {DTYPES}, got {self.dtype!r}")
+        check_kv_cache_dtype(self.kv_cache_dtype)
         if not 0 < self.gpu_memory_fraction <= 1:
             raise ValueError(
                 f"gpu_memory_fraction must be in (0, 1], got {self.gpu_memory_fraction}"

@@ -4,6 +4,7 @@ Layout (snake_case; the operator renders it, docs/operator.md documents it):
 
     model: {name: tiny, path: "", config: {dtype: bfloat16, max_model_len: 32768}}
     max_batch_size: 8
+    kv_cache_dtype: auto        # auto (the weights' dtype) | bf16 | fp8_e4m3
     ranks_per_pod: 1
     tensor_parallel: 1          # workers (GPUs) of the rank, started by torchrun
     reuse: {policy: per_conversation, max_num_turns: 5, checkpoint: true,
@@ -85,6 +86,7 @@ class EngineYaml(_Strict):
 
     model: ModelSection = Field(default_factory=ModelSection)
     max_batch_size: int | None = None
+    kv_cache_dtype: Literal["auto", "bf16", "fp8_e4m3"] | None = None
     ranks_per_pod: int | None = Field(default=None, ge=1)
     tensor_parallel: int | None = Field(default=None, ge=1)
     reuse: ReuseSection = Field(default_factory=ReuseSection)
@@ -123,7 +125,7 @@ def config_values(parsed: EngineYaml) -> dict[str, Any]:
     if parsed.model.path:
         values["model_path"] = parsed.model.path
     values.update(_set(parsed.model.config, {}))
-    for key in ("max_batch_size", "ranks_per_pod", "tensor_parallel"):
+    for key in ("max_batch_size", "kv_cache_dtype", "ranks_per_pod", "tensor_parallel"):
         if getattr(parsed, key) is not None:
             values[key] = getattr(parsed, key)
     values.update(_set(parsed.reuse, REUSE_FIELDS))

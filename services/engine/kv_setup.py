@@ -33,6 +33,7 @@ from ...kvstore.sizing import (
 from ...kvstore.tiers.build import TierConfig, build_tiers
 from ...kvstore.tiers.layout import KVLayout
 from ...kvstore.tiers.stack import KVTiers
+from ..core.kv_cache_dtype import kv_dtype_name
 from ..core.model_disk import model_disk_root
 from .config import FULL_GROUP, STATE_GROUP, WINDOW_GROUP, ModelConfig
 from .engine_config import EngineConfig
@@ -153,25 +154,42 @@ class KVSetup:
     layout: KVLayout
 
 
+def kv_cache_dtype(config: EngineConfig, model_dtype: torch.dtype) -> torch.dtype:
+    """The pages' dtype: `config.kv_cache_dtype`, `auto` the weights' `model_dtype`."""
+    name = kv_dtype_name(config.kv_cache_dtype, str(model_dtype).removeprefix("torch."))
+    return getattr(torch, name)
+
+
 def build_kv(
-    model: ModelConfig, config: EngineConfig, dtype: torch.dtype, budget: KVBudget | None = None
+    model: ModelConfig,
+    config: EngineConfig,
+    dtype: torch.dtype,
+    budget: KVBudget | None = None,
+    scales_tag: str = "",
 ) -> KVSetup:
-    """Size the pools within `budget` and describe their pages (nothing is allocated yet)."""
-    layout = kv_layout(model, config, dtype)
+    """Size the pools within `budget` and describe their pages (nothing is allocated yet);
+    `dtype` is the weights' (the pages' is `kv_cache_dtype`: an fp8 page is half a bf16
+    page's bytes, so the same budget holds twice the pages)."""
+    layout = kv_layout(model, config, dtype, scales_tag)
     return KVSetup(kvstore_config(model, config, budget, layout), layout)
 
 
-def kv_layout(model: ModelConfig, config: EngineConfig, dtype: torch.dtype) -> KVLayout:
-    """One page per life cycle: its layer group's layers, K and V, `page_size` tokens; a
-    recurrent group's page holds one fp32 state per layer (bytes of its own, in any KV dtype)."""
+def kv_layout(
+    model: ModelConfig, config: EngineConfig, dtype: torch.dtype, scales_tag: str = ""
+) -> KVLayout:
+    """One page per life cycle: its layer group's layers, K and V, `page_size` tokens, in the
+    `kv_cache_dtype` of a model whose weights are in `dtype`; a recurrent group's page holds
+    one fp32 state per layer (bytes of its own, in any KV dtype). `scales_tag`: an fp8
+    cache's `KVScales.tag()`."""
     state_bytes = {STATE_GROUP: model.ssm_state_floats * 4} if model.ssm_layers else {}
     return KVLayout(
         page_size=config.page_size,
         kv_heads=model.num_kv_heads,
         head_dim=model.head_dim,
         layers=dict(model.groups),
-        dtype=str(dtype).removeprefix("torch."),
+        dtype=str(kv_cache_dtype(config, dtype)).removeprefix("torch."),
         state_bytes=state_bytes,
+        scales_tag=scales_tag,
     )
 
 
@@ -186,9 +204,12 @@ def tier_pages(
 
 def disk_tier_root(model: ModelConfig, config: EngineConfig) -> str:
     """This model's folder of the shared disk tier (`model_disk_root`); a tensor-parallel
-    rank's blocks hold one worker's shard each, so its layout gets a folder of its own (a block
-    of another layout is a miss, never wrong bytes)."""
+    rank's blocks hold one worker's shard each, and an fp8 cache's blocks hold other bytes, so
+    each such layout gets a folder of its own (fleets of two layouts would otherwise overwrite
+    each other's blocks; a block of another layout is still a miss, never wrong bytes)."""
     root = model_disk_root(config.disk_tier_dir, model.name, config.model_path, config.seed)
+    if config.kv_cache_dtype == "fp8_e4m3":
+        root = os.path.join(root, "kv-fp8_e4m3")
     if config.tensor_parallel == 1:
         return root
     return os.path.join(root, f"tensor-parallel-{config.tensor_parallel}")

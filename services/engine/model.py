@@ -61,7 +61,14 @@ class CausalLM(nn.Module):
             meta = batch.attention[group]
             window = self.config.layer_window(layer)
             return backend.forward(
-                q, k_pages, v_pages, meta, window, self._scale, self._sinks(layer)
+                q,
+                k_pages,
+                v_pages,
+                meta,
+                window,
+                self._scale,
+                sinks=self._sinks(layer),
+                kv_scales=cache.kv_scales(layer),
             )
 
         hidden = self._run_layers(batch.token_ids, batch.positions, attend)
@@ -79,6 +86,22 @@ class CausalLM(nn.Module):
             return dense_attention(q, k, v, pos, window, self._scale, self._sinks(layer))
 
         return self._logits(self._run_layers(token_ids, positions, attend))
+
+    @torch.inference_mode()
+    def kv_amax(self, token_ids: torch.Tensor) -> torch.Tensor:
+        """`[layers, 2 (K, V), kv_heads]`: the largest |K| and |V| per head over one dense
+        forward of `token_ids` (what an fp8 cache's scales are calibrated from)."""
+        amax = torch.zeros(self.config.num_layers, 2, self.config.num_kv_heads)
+        positions = torch.arange(token_ids.numel(), device=token_ids.device)
+
+        def attend(layer: int, q, k, v, pos) -> torch.Tensor:
+            amax[layer, 0] = k.abs().amax(dim=(0, 2)).float().cpu()
+            amax[layer, 1] = v.abs().amax(dim=(0, 2)).float().cpu()
+            window = self.config.layer_window(layer)
+            return dense_attention(q, k, v, pos, window, self._scale, self._sinks(layer))
+
+        self._run_layers(token_ids, positions, attend)
+        return amax
 
     @property
     def _scale(self) -> float:

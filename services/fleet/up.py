@@ -86,6 +86,12 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     )
     parser.add_argument("--dtype", default="auto", help="auto (the checkpoint's), float32, ...")
     parser.add_argument(
+        "--kv-cache-dtype",
+        default="auto",
+        choices=("auto", "bf16", "fp8_e4m3"),
+        help="KV pages: auto (the weights' dtype), bf16, fp8_e4m3 (twice the pages per byte)",
+    )
+    parser.add_argument(
         "--smoke",
         "--once",
         action="store_true",
@@ -108,6 +114,7 @@ def fleet_config(args: argparse.Namespace):
         model=model,
         model_path=args.model_path,
         dtype=args.dtype,
+        kv_cache_dtype=args.kv_cache_dtype,
         compute_backend=args.compute_backend,
         sim_time_scale=args.sim_time_scale,
         max_batch_size=args.max_batch_size,

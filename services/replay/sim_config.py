@@ -22,6 +22,8 @@ from ..core.cost_figures import (
     SimConfigError,
     default_figures,
 )
+from ..core.kv_cache_dtype import KV_CACHE_DTYPES
+from ..core.kv_cache_dtype import kv_dtype_bytes as element_bytes
 
 
 @dataclass(frozen=True)
@@ -37,6 +39,7 @@ class FleetOptions:
     host_pages: int = 0
     disk_pages: int = 0
     gpu_gib: float = 0.0  # > 0: device KV bytes per rank, split by bytes (gpu_pages unused)
+    kv_cache_dtype: str = "auto"  # auto (the model's dtype_bytes) | bf16 | fp8_e4m3: page bytes
     host_gib: float = 0.0  # > 0: host tier bytes per rank, split like the device bytes
     chunk_tokens: int = 8192
     max_context_tokens: int = 131072
@@ -86,6 +89,10 @@ class FleetOptions:
             raise SimConfigError(
                 f"fleet.host_pages={self.host_pages}, disk_pages={self.disk_pages} must be >= 0"
             )
+        if self.kv_cache_dtype not in KV_CACHE_DTYPES:
+            raise SimConfigError(
+                f"fleet.kv_cache_dtype: {self.kv_cache_dtype!r} not in {sorted(KV_CACHE_DTYPES)}"
+            )
         if self.tick_seconds <= 0:
             raise SimConfigError(f"fleet.tick_seconds: {self.tick_seconds} must be > 0")
         pools = (self.context_ranks, self.generation_ranks)
@@ -109,9 +116,22 @@ class SimConfig:
     hardware: Hardware
     fleet: FleetOptions = field(default_factory=FleetOptions)
 
+    def kv_dtype_bytes(self) -> int:
+        """Bytes of one KV element: the fleet's `kv_cache_dtype`, `auto` the model's."""
+        return kv_dtype_bytes(self.fleet, self.model)
+
+    def page_bytes(self) -> dict[str, int]:
+        """Bytes of one page per life cycle in the fleet's KV dtype."""
+        return self.model.page_bytes(self.fleet.block_size, self.kv_dtype_bytes())
+
     def to_json(self) -> dict[str, Any]:
         """Plain data, for the replay's `config`."""
         return dataclasses.asdict(self)
+
+
+def kv_dtype_bytes(fleet: FleetOptions, model: ModelShape) -> int:
+    """Bytes of one KV element of `fleet`'s pages (`auto`: the model's `dtype_bytes`)."""
+    return element_bytes(fleet.kv_cache_dtype, model.dtype_bytes)
 
 
 def load_sim_config(path: Path | None = None, overrides: dict[str, str] | None = None) -> SimConfig:

@@ -50,8 +50,10 @@ class SimFleet:
         self.config = config
         self.clock = clock or VirtualClock()
         fleet = config.fleet
-        self.costs = CostModel.from_figures(config.model, config.hardware, fleet.block_size)
-        self.page_bytes = config.model.page_bytes(fleet.block_size)
+        self.costs = CostModel.from_figures(
+            config.model, config.hardware, fleet.block_size, config.kv_dtype_bytes()
+        )
+        self.page_bytes = config.page_bytes()
         self.store = LocalStore()
         self.prefix_index = PrefixIndex()
         admission = AdmissionConfig(

@@ -5,7 +5,8 @@ from the fleet's options (`rank_typical_step`, as the engine does): `gpu_pages` 
 (`plan_pools`), or with `gpu_gib` the rank's bytes by each pool's page bytes
 (`plan_pool_bytes`: an SSM state page is tens of attention pages). The host and disk tiers are
 split for what they hold (`plan_lower_tier`: conversations between turns, no resident
-request), by bytes with `host_gib`, else by pages.
+request), by bytes with `host_gib`, else by pages. Page bytes are in the fleet's
+`kv_cache_dtype`, so an fp8 fleet's `gpu_gib` / `host_gib` hold twice the pages.
 """
 
 from __future__ import annotations
@@ -21,7 +22,7 @@ from ...kvstore.sizing import (
 )
 from ...kvstore.tiers.stack import KVTiers
 from ..core.cost_figures import ModelShape
-from .sim_config import FleetOptions
+from .sim_config import FleetOptions, kv_dtype_bytes
 
 GIB = 1 << 30
 
@@ -31,7 +32,7 @@ def rank_kvstore(fleet: FleetOptions, model: ModelShape) -> tuple[KVStoreConfig,
     life_cycles = model.build_life_cycles()
     policy = rank_policy(fleet)
     step = typical_step(fleet, policy)
-    page_bytes = model.page_bytes(fleet.block_size)
+    page_bytes = model.page_bytes(fleet.block_size, kv_dtype_bytes(fleet, model))
     if fleet.gpu_gib > 0:
         budget = int(fleet.gpu_gib * GIB)
         plan = plan_pool_bytes(step, life_cycles, fleet.block_size, budget, page_bytes)

@@ -43,10 +43,13 @@ class _Chunk:
         self.new_tokens, self.start, self.page_ids = (token,), start, pages
 
 
-def test_padded_decode_matches_plain_forward_and_keeps_null_page_zero():
-    """Three sequences padded to bucket 4: same logits as the unpadded eager forward; the pad
-    row's K/V must not reach the null page."""
-    compute = shared_compute(EAGER, storage="graphs-unit")
+@pytest.mark.parametrize("kv_cache_dtype", ["auto", "fp8_e4m3"])
+def test_padded_decode_matches_plain_forward_and_keeps_null_page_zero(kv_cache_dtype):
+    """Three sequences padded to bucket 4: same logits as the unpadded eager forward (an fp8
+    cache's graph path quantizes and reads through the same scales); the pad row's K/V must not
+    reach the null page."""
+    config = EAGER.with_changes(kv_cache_dtype=kv_cache_dtype)
+    compute = shared_compute(config, storage="graphs-unit")
     compute.open_tiers()
     cache, model = compute.cache, compute.model
     rng = random.Random(3)

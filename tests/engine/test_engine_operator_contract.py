@@ -237,6 +237,25 @@ def test_rendered_engine_args_parse_with_the_engine_cli():
     parsed = parser.parse_args(args[1:])
     assert parsed.drain_seconds == 120
     assert parsed.config == "/etc/kvfleet/engine.yaml"
+    assert parsed.kv_cache_dtype == "auto"
+
+
+def test_the_fleets_kv_cache_dtype_reaches_the_engine_config():
+    """`spec.kvTiers.kvCacheDtype: fp8_e4m3` must give the engine an fp8 cache, not bf16."""
+    import argparse
+
+    from kvfleet.operator.names import FleetRef
+    from kvfleet.operator.render_pools import engine_args
+    from kvfleet.operator.spec import parse_spec
+    from kvfleet.services.engine.cli import engine_config_from_args
+
+    raw = {"model": {"name": "m", "path": "p"}, "kvTiers": {"kvCacheDtype": "fp8_e4m3"}}
+    parser = argparse.ArgumentParser()
+    register(parser.add_subparsers())
+    args = engine_args(FleetRef("f", "ns", "uid"), parse_spec(raw), "generation")
+    parsed = parser.parse_args(args[1:])
+    parsed.config = None  # the rendered engine.yaml is not on this machine
+    assert engine_config_from_args(parsed).kv_cache_dtype == "fp8_e4m3"
 
 
 def test_sigterm_drain_lets_running_requests_finish(router, tmp_path):

@@ -90,8 +90,11 @@ def test_disk_folder_is_per_model_identity():
         disk_tier_root(model, config),
         disk_tier_root(model, config.with_changes(seed=1)),
         disk_tier_root(model, config.with_changes(model_path="/models/a")),
+        # an fp8 fleet's blocks in a folder of their own: a bf16 fleet beside it on the volume
+        # would otherwise find them as foreign blocks and remove them (and the other way round)
+        disk_tier_root(model, config.with_changes(kv_cache_dtype="fp8_e4m3")),
     }
-    assert len(roots) == 3
+    assert len(roots) == 4
     assert all(root.startswith("/d/model-") for root in roots)
 
 

@@ -178,3 +178,22 @@ def test_engine_and_simulator_plan_the_same_pools(policy):
     assert dict(sim.pool_pages) == dict(engine.pool_pages)
     peak = kvstore_config(model, config)
     assert sum(peak.pool_pages.values()) > sum(engine.pool_pages.values())
+
+
+def test_an_fp8_cache_gets_twice_the_pages_for_the_same_bytes():
+    """If this fails, an fp8 fleet is sized at bf16 page bytes and keeps half the turns it
+    could (or asks for more bytes than its budget)."""
+    bf16 = EngineConfig(model="8b")
+    fp8 = bf16.with_changes(kv_cache_dtype="fp8_e4m3")
+    model = preset("8b")
+    budget = kv_budget(model, bf16, CUDA, H200, torch.bfloat16)
+    assert kv_budget(model, fp8, CUDA, H200, torch.bfloat16) == budget  # weights stay bf16
+    pages = {}
+    for name, config in (("bf16", bf16), ("fp8", fp8)):
+        kv = build_kv(model, config, torch.bfloat16, budget)
+        pages[name] = dict(kv.store_config.pool_pages)
+        used = sum(n * kv.layout.page_bytes(pool) for pool, n in pages[name].items())
+        assert 0.95 * budget.budget_bytes < used <= budget.budget_bytes
+    assert kv.layout.dtype == "float8_e4m3fn"
+    for pool, count in pages["bf16"].items():
+        assert abs(pages["fp8"][pool] - 2 * count) <= 2, (pages, pool)

@@ -12,17 +12,19 @@ from prometheus_client.parser import text_string_to_metric_families
 
 
 def test_up_flags_reach_the_fleet_config() -> None:
-    """If this fails, `kvfleet up` ignores --affinity, --compute-backend, --model-path or
-    --metrics-port."""
+    """If this fails, `kvfleet up` ignores --affinity, --compute-backend, --model-path,
+    --metrics-port or --kv-cache-dtype."""
     args = build_parser().parse_args(
         ["up", "--affinity", "lenient", "--compute-backend", "sim", "--model", "8b",
-         "--model-path", "/models/m", "--metrics-port", "-1", "--placement", "prefix"]
+         "--model-path", "/models/m", "--metrics-port", "-1", "--placement", "prefix",
+         "--kv-cache-dtype", "fp8_e4m3"]
     )  # fmt: skip
     config = fleet_config(args)
     assert config.admission.affinity == "lenient" and config.admission.placement == "prefix"
     assert config.engine.compute_backend == "sim" and config.engine.model_path == "/models/m"
     assert config.engine.max_num_batched_tokens == 8192  # sim's step budget by default
     assert config.metrics_port is None
+    assert config.engine.kv_cache_dtype == "fp8_e4m3"
     assert fleet_config(build_parser().parse_args(["up"])).metrics_port == 9400
 
 

@@ -81,6 +81,35 @@ def test_a_block_written_by_another_pod_is_found_and_onboarded():
         manager.tiers.close()
 
 
+KV_LAYOUT_CHANGES = {
+    "bf16 blocks read by an fp8 fleet": ({"dtype": "bfloat16"}, {"dtype": "float8_e4m3fn"}),
+    "fp8 blocks read by a bf16 fleet": ({"dtype": "float8_e4m3fn"}, {"dtype": "bfloat16"}),
+    "e5m2 blocks read as e4m3 (same bytes)": (
+        {"dtype": "float8_e5m2"},
+        {"dtype": "float8_e4m3fn"},
+    ),
+    "fp8 blocks of other scales": (
+        {"dtype": "float8_e4m3fn", "scales_tag": "aa"},
+        {"dtype": "float8_e4m3fn", "scales_tag": "bb"},
+    ),
+}
+
+
+@pytest.mark.parametrize(("written", "read"), KV_LAYOUT_CHANGES.values(), ids=KV_LAYOUT_CHANGES)
+def test_a_block_of_another_kv_dtype_is_a_miss(written, read):
+    """Pages of another dtype or other fp8 scales on the shared volume would be wrong KV."""
+    writer = _a_on_disk(**written)
+    folder = str(writer.tiers.disk.files.root)
+    same = make_tiered(device_pages=6, host_pages=2, disk_dir=folder, **written)
+    assert serve(same, "a2", [*prompt_of(1), 5]) == 4 * BLOCK  # the files themselves are good
+    reader = make_tiered(device_pages=6, host_pages=2, disk_dir=folder, **read)
+    assert serve(reader, "a3", [*prompt_of(1), 5]) == 0
+    assert reader.tiers.metrics["disk"].hits == 0
+    for manager in (writer, reader, same):
+        manager.check_integrity()
+        manager.tiers.close()
+
+
 def test_writes_leave_no_temp_files():
     """Atomic writes rename their temp files; none may be left behind."""
     manager = _a_on_disk()

@@ -23,7 +23,7 @@ def _evict_a_with(manager, count):
         serve(manager, f"push{seed}", prompt_of(seed))
 
 
-@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16", "float8_e4m3fn"])
 @pytest.mark.parametrize(("host_pages", "tier"), [(16, "host"), (2, "disk")])
 def test_offloaded_blocks_come_back_bit_identical(host_pages, tier, dtype):
     """A turn resumed from host or disk must see exactly the KV its earlier turn computed."""

@@ -23,10 +23,14 @@ BLOCK = 4
 DEVICE = os.environ.get("KVFLEET_TIER_TEST_DEVICE", "cpu")
 
 
-def make_layout(life_cycles: Sequence[LifeCycle], dtype: str = "float32") -> KVLayout:
+def make_layout(
+    life_cycles: Sequence[LifeCycle], dtype: str = "float32", scales_tag: str = ""
+) -> KVLayout:
     """Two layers per life cycle, 2 KV heads of 8 dims, pages of BLOCK tokens."""
     layers = {lc.name: (2 * i, 2 * i + 1) for i, lc in enumerate(life_cycles)}
-    return KVLayout(page_size=BLOCK, kv_heads=2, head_dim=8, layers=layers, dtype=dtype)
+    return KVLayout(
+        page_size=BLOCK, kv_heads=2, head_dim=8, layers=layers, dtype=dtype, scales_tag=scales_tag
+    )
 
 
 # One root for every test's disk folder, removed when the test process exits.
@@ -43,6 +47,7 @@ def make_tiered(
     prefetch_num_reqs: int = 0,
     dtype: str = "float32",
     events: list[KVEvent] | None = None,
+    scales_tag: str = "",
 ) -> KVCacheManager:
     """A manager with CPU device KV, a host tier and a disk tier in a fresh temp folder."""
     names = [lc.name for lc in life_cycles]
@@ -60,7 +65,8 @@ def make_tiered(
         disk_dir=folder,
         disk_prefetch_num_reqs=prefetch_num_reqs,
     )
-    tiers = build_tiers(store, tier_config, make_layout(life_cycles, dtype), device=DEVICE)
+    layout = make_layout(life_cycles, dtype, scales_tag)
+    tiers = build_tiers(store, tier_config, layout, device=DEVICE)
     listener = events.append if events is not None else (lambda event: None)
     return KVCacheManager(store, listener, tiers)
 
@@ -96,7 +102,7 @@ def serve(
             if page == NULL_PAGE or not life_cycle.reusable:
                 continue
             if index < reused // BLOCK:
-                assert torch.equal(
+                assert same_bits(
                     kv.storage(name)[:, :, page], block_kv(manager, name, hashes[index])
                 )
             else:
@@ -105,6 +111,12 @@ def serve(
     manager.finish_context(request_id)
     manager.finish_request(request_id)
     return reused
+
+
+def same_bits(a: torch.Tensor, b: torch.Tensor) -> bool:
+    """Bit-identical tensors of one dtype (fp8 has no CPU `equal`)."""
+    bits = {1: torch.uint8, 2: torch.int16, 4: torch.int32}[a.dtype.itemsize]
+    return a.dtype == b.dtype and torch.equal(a.view(bits), b.view(bits))
 
 
 def prompt_of(seed: int, num_tokens: int = 4 * BLOCK) -> list[int]:

@@ -64,6 +64,7 @@ def test_yaml_file_merges_per_section(tmp_path: Path) -> None:
         ({"slots": "two"}, "slots='two' is not a int"),
         ({"checkpoint": "maybe"}, "checkpoint='maybe' is not a bool"),
         ({"gpu_pages": "1"}, "gpu_pages: 1 must be >= 2"),
+        ({"kv_cache_dtype": "fp8"}, "fleet.kv_cache_dtype: 'fp8' not in"),
     ],
 )
 def test_bad_values_name_the_field(overrides: dict[str, str], match: str) -> None:
@@ -158,3 +159,27 @@ def test_cached_prefill_saves_what_the_h200_measured() -> None:
     cached = int(prompt * 0.95) // 64 * 64
     warm = model.step_seconds(StepWork(prefill_spans=((cached, prompt),)))
     assert uncached / warm == pytest.approx(1.214 / 0.0972, rel=0.03)
+
+
+def test_an_fp8_fleet_holds_twice_the_pages_in_the_same_bytes() -> None:
+    """If this fails, the simulator sizes an fp8 fleet's tiers at bf16 page bytes (and the
+    fp8-vs-bf16 comparison in docs/engine-gpu.md compares equal fleets)."""
+    from kvfleet.services.replay.sim_sizing import rank_kvstore
+
+    sized = {"gpu_gib": "4", "host_gib": "2", "slots": "2", "retained_conversations": "2"}
+    bf16 = load_sim_config(None, {**sized, "kv_cache_dtype": "bf16"})
+    fp8 = load_sim_config(None, {**sized, "kv_cache_dtype": "fp8_e4m3"})
+    assert load_sim_config(None, sized).page_bytes() == bf16.page_bytes()  # auto: dtype_bytes 2
+    assert {k: 2 * v for k, v in fp8.page_bytes().items()} == bf16.page_bytes()
+    (bf16_store, bf16_tiers), (fp8_store, fp8_tiers) = (
+        rank_kvstore(config.fleet, config.model) for config in (bf16, fp8)
+    )
+    for name, pages in bf16_store.pool_pages.items():
+        assert abs(fp8_store.pool_pages[name] - 2 * pages) <= 1
+        assert abs(fp8_tiers.host.capacity[name] - 2 * bf16_tiers.host.capacity[name]) <= 1
+    bf16_costs, fp8_costs = (
+        CostModel.from_figures(c.model, c.hardware, 64, c.kv_dtype_bytes()) for c in (bf16, fp8)
+    )
+    assert fp8_costs.host_copy_s_per_page == pytest.approx(bf16_costs.host_copy_s_per_page / 2)
+    # the GPU path dequantizes to bf16 before flash-attn: the decode read is not halved
+    assert fp8_costs.decode_kv_s_per_token == bf16_costs.decode_kv_s_per_token

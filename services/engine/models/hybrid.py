@@ -100,7 +100,9 @@ class HybridLM(nn.Module):
             cache.write(layer, k, v, batch.slots[group])
             k_pages, v_pages = cache.kv(layer)
             meta = batch.attention[group]
-            return backend.forward(q, k_pages, v_pages, meta, None, self._scale)
+            return backend.forward(
+                q, k_pages, v_pages, meta, None, self._scale, kv_scales=cache.kv_scales(layer)
+            )
 
         plan = SSMBatchPlan.of(batch, cache.page_size, cache.null_page_id)
 

@@ -74,7 +74,8 @@ def follow(config: EngineConfig) -> int:
     dtype = next(model.parameters()).dtype
 
     def open_kv(pool_pages: dict, host_pages: dict):
-        store = TorchBytes(kv_layout(model.config, config, dtype), pool_pages, host_pages, device)
+        layout = kv_layout(model.config, config, dtype)
+        store = TorchBytes(layout, pool_pages, host_pages, device)
         return DeviceKVCache(model.config, store.kv), store
 
     backend = make_backend(config.attention_backend, device)
