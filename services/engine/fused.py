@@ -3,8 +3,8 @@
 A decode step at batch 64 spends a quarter of its GPU time in ~1,000 tiny elementwise kernels
 (RMSNorm alone is nine: casts, square, mean, rsqrt, products). `@fusable` marks a function of
 plain torch ops; on CUDA tensors, once `enable(True)` was called, it runs as one inductor
-kernel compiled for dynamic shapes, and everywhere else (CPU, CI, a failed compile) as the very
-same Python. CUDA-graph capture replays the compiled kernels like any other launch; the
+kernel compiled for dynamic shapes (per shape where that compile fails), and everywhere else
+(CPU, CI, a failed compile) as the very same Python. CUDA-graph capture replays the compiled kernels like any other launch; the
 first call of each shape compiles, so decode graphs warm up eagerly before they capture.
 """
 
@@ -44,6 +44,14 @@ def fusable(fn: Callable[..., Any]) -> Callable[..., Any]:
         try:
             return compiled["fn"](first, *args)
         except Exception:  # a compiler problem must not stop serving: the eager ops are right
+            if not compiled.get("static"):
+                # NOTE: inductor's dynamic-shape tiling can fail where static shapes compile
+                # (seen on the H200 for the batched SSM step); decode graphs use a few fixed
+                # batch sizes, so one kernel per shape costs little.
+                log.warning("dynamic torch.compile of %s failed; compiling per shape", fn.__name__)
+                compiled["static"] = True
+                compiled["fn"] = torch.compile(fn, dynamic=False, fullgraph=True)
+                return call(first, *args)
             log.exception("torch.compile of %s failed; running it unfused", fn.__name__)
             compiled["broken"] = True
             return fn(first, *args)
