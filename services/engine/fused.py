@@ -4,8 +4,9 @@ A decode step at batch 64 spends a quarter of its GPU time in ~1,000 tiny elemen
 (RMSNorm alone is nine: casts, square, mean, rsqrt, products). `@fusable` marks a function of
 plain torch ops; on CUDA tensors, once `enable(True)` was called, it runs as one inductor
 kernel compiled for dynamic shapes (per shape where that compile fails), and everywhere else
-(CPU, CI, a failed compile) as the very same Python. CUDA-graph capture replays the compiled kernels like any other launch; the
-first call of each shape compiles, so decode graphs warm up eagerly before they capture.
+(CPU, CI, a failed compile) as the very same Python. CUDA-graph capture replays the compiled
+kernels like any other launch; the first call of each shape compiles, so decode graphs warm up
+eagerly before they capture.
 """
 
 from __future__ import annotations
