@@ -53,7 +53,7 @@ def test_live_twin_kvstore_config_equals_the_simulators():
     sim = load_sim_config(SIM_FILE, ARM)
     config = engine_config(sim, TwinSettings())
     wanted = sim_kvstore_config(sim)
-    assert dict(config.kv_pool_pages) == dict(wanted.pool_pages) == {"full": 728, "window": 272}
+    assert dict(config.kv_pool_pages) == dict(wanted.pool_pages) == {"full": 696, "window": 304}
     assert (config.page_size, config.max_batch_size, config.max_num_batched_tokens) == (16, 1, 4096)
     assert (config.reuse_policy, config.max_num_turns, config.checkpoint) == (
         "per_conversation",
