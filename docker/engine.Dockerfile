@@ -5,20 +5,22 @@
 #   docker build -f docker/engine.Dockerfile [--build-arg FLASH_ATTN=0] -t kvfleet/engine .
 # BASE_IMAGE and TORCH_INDEX_URL default to CUDA 13 and torch's cu130 wheels. Another CUDA (or a
 # CPU image) changes both together, keeping an Ubuntu 24.04 base (apt's python3.12) and torch
-# 2.13.0 (the constraints pin it; the index picks the build). On CPU, for example (pin the base
-# image's exact tag or digest for a release):
+# 2.13.0 (the constraints pin it; the index picks the build). PYTHON names the apt package of the
+# interpreter (python3.12 on Ubuntu 24.04; python3.11 on a Debian bookworm base, as
+# docker/build-images.sh builds its CPU variant with a local torch index). On CPU, for example
+# (pin the base image's exact tag or digest for a release):
 #   docker build -f docker/engine.Dockerfile --build-arg BASE_IMAGE=ubuntu:24.04 \
 #     --build-arg TORCH_INDEX_URL=https://download.pytorch.org/whl/cpu \
 #     --build-arg FLASH_ATTN=0 -t kvfleet/engine-cpu .
-# NOTE: no Docker daemon runs where kvfleet is developed and tested, so no image is built here or
-# in CI; bench/readonly_install_check.sh checks the router and operator installs (docs/deploy.md).
+# Without a Docker daemon, docker/build-images.sh builds the CPU variant with buildah.
 ARG BASE_IMAGE=nvidia/cuda:13.0.1-cudnn-runtime-ubuntu24.04
 FROM ${BASE_IMAGE}
 ARG FLASH_ATTN=1
 ARG TORCH_INDEX_URL=https://download.pytorch.org/whl/cu130
+ARG PYTHON=python3.12
 ENV PYTHONDONTWRITEBYTECODE=1 PYTHONUNBUFFERED=1 PIP_NO_CACHE_DIR=1
-RUN apt-get update && apt-get install -y --no-install-recommends python3.12 python3.12-venv \
-    && rm -rf /var/lib/apt/lists/* && python3.12 -m venv /opt/venv
+RUN apt-get update && apt-get install -y --no-install-recommends "$PYTHON" "$PYTHON-venv" \
+    && rm -rf /var/lib/apt/lists/* && "$PYTHON" -m venv /opt/venv
 ENV PATH=/opt/venv/bin:$PATH
 COPY pyproject.toml setup.py README.md /src/
 COPY docker/constraints.txt docker/flash-attn.txt /src/docker/

@@ -36,11 +36,27 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         default=None,
         help="with --peering: this replica's priority (default: random, so one replica leads)",
     )
+    parser.add_argument(
+        "--release-fleets",
+        metavar="DEPLOYMENT",
+        default=None,
+        help="instead of running: scale the operator's Deployment DEPLOYMENT (in"
+        " --operator-namespace) to 0, wait for its pods to go, then take the operator's"
+        " finalizer off every KVFleet (of --namespace, default all), so fleets and namespaces"
+        " can be deleted once it is uninstalled (the chart's pre-delete hook)",
+    )
+    parser.add_argument(
+        "--operator-namespace",
+        default=None,
+        help="with --release-fleets: the namespace of the operator's Deployment",
+    )
     parser.set_defaults(func=run_operator)
 
 
 def run_operator(args: argparse.Namespace) -> int:
     """Run the handlers until SIGTERM/SIGINT; kopf handles the signals and the drain of handlers."""
+    if args.release_fleets:
+        return release(args)
     import kopf
     import kvfleet.operator.handlers  # noqa: F401  (registers the handlers)
 
@@ -57,4 +73,28 @@ def run_operator(args: argparse.Namespace) -> int:
         priority=priority,
         liveness_endpoint=liveness,
     )
+    return 0
+
+
+RELEASE_TIMEOUT_SECONDS = 120.0
+
+
+def release(args: argparse.Namespace) -> int:
+    """--release-fleets: stop the operator, then free every fleet of its finalizer."""
+    import kubernetes
+
+    from .release import release_fleets, stop_operator
+
+    if not args.operator_namespace:
+        print("kvfleet operator: --release-fleets needs --operator-namespace")
+        return 2
+    configuration = kubernetes.client.Configuration()
+    try:
+        kubernetes.config.load_incluster_config(client_configuration=configuration)
+    except kubernetes.config.ConfigException:
+        kubernetes.config.load_kube_config(client_configuration=configuration)
+    client = kubernetes.client.ApiClient(configuration)
+    stop_operator(client, args.operator_namespace, args.release_fleets, RELEASE_TIMEOUT_SECONDS)
+    for fleet in release_fleets(client, args.namespace):
+        print(f"kvfleet operator: released {fleet}")
     return 0

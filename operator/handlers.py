@@ -22,14 +22,13 @@ from .autoscale import Sample, decide
 from .conditions import now_rfc3339, set_condition
 from .kube import KubeApi
 from .metrics import FleetMetricsReader, http_scrape
-from .names import GROUP, PLURAL, VERSION, FleetRef
+from .names import FINALIZER, GROUP, PLURAL, VERSION, FleetRef
 from .pool_sizes import size_pools
 from .readiness import pool_reports, readiness, report_pool_objects
 from .reconcile import delete_children, mark_draining, rank_names, reconcile
 from .scaling_state import effective_replicas, policy_for, state_from_status, state_to_status
 from .spec import FleetSpec, SpecError, parse_fleet
 
-FINALIZER = f"{GROUP}/cleanup"
 # How often each fleet's pools are looked at (readiness, autoscaling); the spec's
 # autoscaling.intervalSeconds spaces the autoscaler's reads, and cannot be finer than this.
 TICK_SECONDS = float(os.environ.get("KVFLEET_OPERATOR_TICK_SECONDS", "10"))

@@ -9,6 +9,9 @@ VERSION = "v1alpha1"
 KIND = "KVFleet"
 PLURAL = "kvfleets"
 API_VERSION = f"{GROUP}/{VERSION}"
+# kopf's finalizer on every fleet the operator runs (its timer needs one); operator/release.py
+# takes it off before an uninstall.
+FINALIZER = f"{GROUP}/cleanup"
 
 FLEET_LABEL = f"{GROUP}/fleet"
 COMPONENT_LABEL = f"{GROUP}/component"

