@@ -313,14 +313,21 @@ class KVCacheManager:
         """True if `release_conversation(conversation_id)` would succeed: it retains turns."""
         return bool(self._conversations.records(conversation_id))
 
-    def release_conversation(self, conversation_id: str) -> tuple[TurnRelease, ...]:
+    def release_conversation(
+        self, conversation_id: str, keep_seconds: float = 0.0
+    ) -> tuple[TurnRelease, ...]:
         """Hand a conversation's retained-turn refs to the LRU (memory pressure; it goes on).
 
         Unlike `drop_conversation` nothing is freed: pages nobody else holds become evictable,
-        stay matchable until evicted, and are offloaded by the tiers when they are.
+        stay matchable until evicted, and are offloaded by the tiers when they are. With
+        `keep_seconds` (what is left of its client's cache TTL) the host and disk tiers evict
+        its blocks after all others for that long.
         """
         if not self.can_release_conversation(conversation_id):
             raise ValueError(f"conversation {conversation_id!r} retains no turns to release")
+        if keep_seconds > 0:
+            blocks = self._conversations.retained_blocks(conversation_id).values()
+            self.tiers.keep_for([h for pairs in blocks for _, h in pairs], keep_seconds)
         return self._conversations.release(conversation_id)
 
     def release_branch_records(self, conversation_id: str) -> tuple[TurnRelease, ...]:

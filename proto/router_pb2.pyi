@@ -8,7 +8,7 @@ from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
 DESCRIPTOR: _descriptor.FileDescriptor
 
 class GenerateRequest(_message.Message):
-    __slots__ = ("request_id", "conversation_id", "prompt_token_ids", "prompt_text", "sampling", "max_tokens", "rank_id", "relax_rank", "child_samples", "cache_salt", "branch_hints")
+    __slots__ = ("request_id", "conversation_id", "prompt_token_ids", "prompt_text", "sampling", "max_tokens", "rank_id", "relax_rank", "child_samples", "cache_salt", "branch_hints", "retention_seconds")
     REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
     CONVERSATION_ID_FIELD_NUMBER: _ClassVar[int]
     PROMPT_TOKEN_IDS_FIELD_NUMBER: _ClassVar[int]
@@ -20,6 +20,7 @@ class GenerateRequest(_message.Message):
     CHILD_SAMPLES_FIELD_NUMBER: _ClassVar[int]
     CACHE_SALT_FIELD_NUMBER: _ClassVar[int]
     BRANCH_HINTS_FIELD_NUMBER: _ClassVar[int]
+    RETENTION_SECONDS_FIELD_NUMBER: _ClassVar[int]
     request_id: str
     conversation_id: str
     prompt_token_ids: _common_pb2.TokenIds
@@ -31,7 +32,8 @@ class GenerateRequest(_message.Message):
     child_samples: int
     cache_salt: str
     branch_hints: _containers.RepeatedScalarFieldContainer[int]
-    def __init__(self, request_id: _Optional[str] = ..., conversation_id: _Optional[str] = ..., prompt_token_ids: _Optional[_Union[_common_pb2.TokenIds, _Mapping]] = ..., prompt_text: _Optional[str] = ..., sampling: _Optional[_Union[_common_pb2.SamplingParams, _Mapping]] = ..., max_tokens: _Optional[int] = ..., rank_id: _Optional[str] = ..., relax_rank: _Optional[bool] = ..., child_samples: _Optional[int] = ..., cache_salt: _Optional[str] = ..., branch_hints: _Optional[_Iterable[int]] = ...) -> None: ...
+    retention_seconds: int
+    def __init__(self, request_id: _Optional[str] = ..., conversation_id: _Optional[str] = ..., prompt_token_ids: _Optional[_Union[_common_pb2.TokenIds, _Mapping]] = ..., prompt_text: _Optional[str] = ..., sampling: _Optional[_Union[_common_pb2.SamplingParams, _Mapping]] = ..., max_tokens: _Optional[int] = ..., rank_id: _Optional[str] = ..., relax_rank: _Optional[bool] = ..., child_samples: _Optional[int] = ..., cache_salt: _Optional[str] = ..., branch_hints: _Optional[_Iterable[int]] = ..., retention_seconds: _Optional[int] = ...) -> None: ...
 
 class GenerateResponse(_message.Message):
     __slots__ = ("chunk", "rank_id", "placement")

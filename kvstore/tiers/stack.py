@@ -75,10 +75,12 @@ class KVTiers:
             raise ValueError(f"disk_prefetch_num_reqs must be >= 0, got {disk_prefetch_num_reqs}")
         self.bytes = byte_store or NoBytes()
         self.page_bytes = dict(page_bytes)
-        self.host = TierIndex(HOST, host_pages)
+        self.clock: Callable[[], float] = time.monotonic  # what cache TTLs are measured on
+        self._kept_until: dict[int, float] = {}  # block id -> end of its cache TTL
+        self.host = TierIndex(HOST, host_pages, self.kept)
         self.metrics: dict[str, TierMetrics] = new_tier_metrics()
         files = disk_files or NoDiskFiles()
-        self.disk = DiskTier(TierIndex(DISK, disk_pages), files, self.metrics[DISK])
+        self.disk = DiskTier(TierIndex(DISK, disk_pages, self.kept), files, self.metrics[DISK])
         self.disk_prefetch_num_reqs = disk_prefetch_num_reqs
         self.device_kv = getattr(self.bytes, "kv", None)
         self._prefetcher = Prefetcher(self.disk.files, self.page_bytes, prefetch_queue_blocks)
@@ -117,6 +119,25 @@ class KVTiers:
         if self.host.lookup(life_cycle, block_hash) is not None:
             return HOST
         return DISK if self.disk.has(life_cycle, block_hash) else None
+
+    # -- cache TTLs ------------------------------------------------------------------------
+
+    def keep_for(self, block_hashes: Sequence[int], seconds: float) -> None:
+        """Evict these blocks from host and disk only after every block outside a TTL, for
+        `seconds` (a conversation released inside its client's cache TTL)."""
+        now = self.clock()
+        until = now + seconds
+        self._kept_until = {h: t for h, t in self._kept_until.items() if t > now}
+        for block_hash in block_hashes:
+            self._kept_until[block_hash] = max(until, self._kept_until.get(block_hash, until))
+
+    def kept(self, block_hash: int) -> bool:
+        """True while the block is inside a cache TTL (`keep_for`)."""
+        until = self._kept_until.get(block_hash)
+        if until is not None and until <= self.clock():
+            del self._kept_until[block_hash]
+            return False
+        return until is not None
 
     # -- block contents (what a block file is checked against) -----------------------------
 

@@ -7,15 +7,21 @@ simulator uses the same index with no store. One writer: the manager's owner thr
 from __future__ import annotations
 
 from collections import OrderedDict
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 
 from ..block_pool import IntegrityError
 
 
 class TierIndex:
-    """Block hash -> slot per life cycle, oldest first; pinned blocks are never evicted."""
+    """Block hash -> slot per life cycle, oldest first; pinned blocks are never evicted, and
+    `kept` blocks (inside a client's cache TTL) only when every other unpinned one is gone."""
 
-    def __init__(self, tier: str, capacity_pages: Mapping[str, int]) -> None:
+    def __init__(
+        self,
+        tier: str,
+        capacity_pages: Mapping[str, int],
+        kept: Callable[[int], bool] = lambda block_hash: False,
+    ) -> None:
         bad = {name: pages for name, pages in capacity_pages.items() if pages < 0}
         if bad:
             raise ValueError(f"tier {tier!r}: capacities must be >= 0, got {bad}")
@@ -26,6 +32,7 @@ class TierIndex:
             n: list(range(c))[::-1] for n, c in self.capacity.items()
         }
         self._pinned: dict[str, set[int]] = {name: set() for name in self.capacity}
+        self._kept = kept
 
     def lookup(self, life_cycle: str, block_hash: int) -> int | None:
         """The slot holding the block, or None (no mutation)."""
@@ -45,7 +52,8 @@ class TierIndex:
         self._slots[life_cycle].move_to_end(block_hash)
 
     def insert(self, life_cycle: str, block_hash: int) -> tuple[int | None, list[tuple[int, int]]]:
-        """Give a new block a slot, evicting the oldest unpinned; (None, []) if none can be freed.
+        """Give a new block a slot, evicting the oldest unpinned (`_victim`); (None, []) if none
+        can be freed.
 
         Returns the slot and the evicted `(block_hash, slot)` pairs, oldest first.
         """
@@ -56,7 +64,7 @@ class TierIndex:
             raise ValueError(f"tier {self.tier!r}: block {block_hash:#x} of {life_cycle!r} held")
         evicted: list[tuple[int, int]] = []
         if not self._free[life_cycle]:
-            victim = next((h for h in slots if h not in self._pinned[life_cycle]), None)
+            victim = self._victim(life_cycle)
             if victim is None:
                 return None, []
             evicted.append((victim, slots.pop(victim)))
@@ -64,6 +72,17 @@ class TierIndex:
         slot = self._free[life_cycle].pop()
         slots[block_hash] = slot
         return slot, evicted
+
+    def _victim(self, life_cycle: str) -> int | None:
+        """The oldest unpinned block outside a cache TTL, else the oldest unpinned one."""
+        pinned, oldest = self._pinned[life_cycle], None
+        for block_hash in self._slots[life_cycle]:  # stops at the first one outside a TTL
+            if block_hash in pinned:
+                continue
+            if not self._kept(block_hash):
+                return block_hash
+            oldest = block_hash if oldest is None else oldest
+        return oldest
 
     def remove(self, life_cycle: str, block_hash: int) -> int | None:
         """Forget a block (a bad file, a failed read); its slot becomes free."""

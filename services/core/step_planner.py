@@ -21,6 +21,7 @@ does not fit after releasing stops the admissions: later items wait behind it.
 
 from __future__ import annotations
 
+import time
 from collections import deque
 from collections.abc import Callable, Sequence
 from typing import Generic, Protocol, TypeVar
@@ -35,6 +36,7 @@ class Schedulable(Protocol):
     key: str  # what the kvstore manager tracks it by
     context_done: bool
     retain: bool  # whether its context end still counts as a conversation turn
+    retention_seconds: float  # how long its client asked the turn kept (0: the policy's)
 
     @property
     def conversation_id(self) -> str | None: ...
@@ -59,14 +61,21 @@ class StepPlanner(Generic[ItemT, ChunkT]):
     `context_ended` and releases.
     """
 
-    def __init__(self, manager: KVCacheManager, max_batch_size: int, token_budget: int) -> None:
+    def __init__(
+        self,
+        manager: KVCacheManager,
+        max_batch_size: int,
+        token_budget: int,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
         self.manager = manager
         self.max_batch_size = max_batch_size
         self.token_budget = token_budget
         self.waiting: deque[ItemT] = deque()
         self.running: list[ItemT] = []
         self.preemptions = 0
-        self.retained = RetainedConversations(manager, self._awaited_conversations)
+        self.retained = RetainedConversations(manager, self._awaited_conversations, clock)
+        manager.tiers.clock = clock  # cache TTLs run on the rank's clock in every tier
 
     def _awaited_conversations(self) -> list[str | None]:
         """Conversations with an item on this rank: their retained turns are released last."""
@@ -116,7 +125,8 @@ class StepPlanner(Generic[ItemT, ChunkT]):
         """The item's prompt is computed: retain its turn, drop older ones (once per turn)."""
         item.context_done = True
         if item.retain:
-            self.retained.context_ended(item.key, item.conversation_id or "")
+            conversation = item.conversation_id or ""
+            self.retained.context_ended(item.key, conversation, item.retention_seconds)
 
     # -- memory pressure ---------------------------------------------------------------------------
 

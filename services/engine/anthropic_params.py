@@ -172,5 +172,6 @@ def prepare(
         sampling=sampling_of(body, backend, grammar),
         conversation_id=conversation,
         branch_hints=hints,
+        retention_seconds=max((point.ttl_seconds for point in breakpoints), default=0),
     )
     return PreparedMessages(call, tuple(p for p in positions if p[1] > 0))

@@ -95,6 +95,7 @@ class EngineCore:
         self._load = EngineLoad(config.max_batch_size, 0, 0, 0.0, 0)
         self._counted_preemptions = 0
         self._counted_released = 0
+        self._counted_early = 0  # of them, inside a cache TTL
         self._retained, self._retained_at = 0, -float("inf")
         self._inflight: InflightStep | None = None  # a decode step whose tokens are not read
         # What this rank's role does after a first token (context ranks park for a hand-off).
@@ -557,9 +558,10 @@ class EngineCore:
         self.metrics.load(self._load)
         self.metrics.preemptions.inc(self.scheduler.preemptions - self._counted_preemptions)
         self._counted_preemptions = self.scheduler.preemptions
-        released = self.scheduler.retained.released
-        self.metrics.retained_released.inc(released - self._counted_released)
-        self._counted_released = released
+        order = self.scheduler.retained
+        self.metrics.retained_released.inc(order.released - self._counted_released)
+        self.metrics.retained_released_early.inc(order.released_early - self._counted_early)
+        self._counted_released, self._counted_early = order.released, order.released_early
 
     def _fail_request(self, request_id: str, reason: str) -> None:
         log.warning("request %s failed: %s", request_id, reason)

@@ -48,6 +48,9 @@ class GenerateCall:
     # `sampling.grammar` compiled for the model's tokenizer (by the caller that has it, as
     # `stop_check`); each sample steps a copy of its own.
     grammar: CompiledGrammar | None = None
+    # The client's cache TTL: the conversation's retained turns are released after all others
+    # for this long after its context end (`retained_order.py`); 0: the reuse policy's order.
+    retention_seconds: int = 0
 
     @property
     def extra_key(self) -> bytes:

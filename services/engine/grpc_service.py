@@ -24,7 +24,7 @@ from .engine_request import (
     SequenceFailedError,
 )
 from .grammar import GrammarCompiler, compile_grammar
-from .request_inputs import branch_hints_of, make_sampling
+from .request_inputs import branch_hints_of, make_sampling, retention_seconds_of
 from .tokenizer import Tokenizer
 
 log = logging.getLogger(__name__)
@@ -93,6 +93,7 @@ def call_from_proto(
         cache_salt=request.cache_salt,
         branch_hints=branch_hints_of(request.branch_hints, len(prompt)),
         grammar=compile_grammar(grammars or GrammarCompiler(tokenizer), params),
+        retention_seconds=retention_seconds_of(request.retention_seconds),
     )
 
 

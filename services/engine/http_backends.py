@@ -50,6 +50,7 @@ class BackendRequest:
     num_samples: int = 1
     cache_salt: str = ""
     branch_hints: tuple[int, ...] = ()
+    retention_seconds: int = 0  # the client's cache TTL (GenerateCall.retention_seconds)
 
 
 def model_card(model: ModelConfig) -> dict[str, int]:
@@ -99,6 +100,7 @@ class EngineBackend:
                 request.cache_salt,
                 request.branch_hints,
                 grammar,
+                request.retention_seconds,
             )
         )
         try:
@@ -164,6 +166,7 @@ class RouterBackend:
                 child_samples=request.num_samples - 1,
                 cache_salt=request.cache_salt,
                 branch_hints=request.branch_hints,
+                retention_seconds=request.retention_seconds,
             ),
             # NOTE: the router forwards the remaining deadline; with none it gets none left.
             timeout=ROUTER_TIMEOUT_SECONDS,

@@ -53,6 +53,11 @@ class EngineMetrics:
             "kvfleet_engine_retained_conversations_released",
             "Conversations whose retained turns were handed to the LRU to make room", registry=r,
         )  # fmt: skip
+        self.retained_released_early = Counter(
+            "kvfleet_engine_retained_conversations_released_in_ttl",
+            "Of those, conversations released inside their client's cache TTL (no other room)",
+            registry=r,
+        )
         # NOTE: the operator's autoscaler reads the two *_ratio names (docs/operator.md).
         self.kv_usage = Gauge(
             "kvfleet_engine_kv_usage_ratio", "Share of KV pages in use, 0..1", registry=r

@@ -51,6 +51,9 @@ def completion_prompt(body: CompletionRequest, backend: GenerateBackend) -> list
     return list(prompt)
 
 
+# OpenAI's `prompt_cache_retention`: in memory keeps a prefix a few minutes after its last use
+# (Anthropic's default 5 minutes here), `24h` a day.
+RETENTION_SECONDS = {"in_memory": 300, "24h": 24 * 3600}
 SYSTEM_ROLES = ("system", "developer")  # developer: OpenAI's newer name for the system role
 
 
@@ -192,4 +195,5 @@ def backend_request(
         num_samples=body.n,
         cache_salt=body.cache_salt or "",
         branch_hints=hints,
+        retention_seconds=RETENTION_SECONDS.get(body.prompt_cache_retention or "", 0),
     )

@@ -73,6 +73,18 @@ def make_sampling(
 MAX_BRANCH_HINTS = 8  # each one the kvstore plans for pins a window (and snapshot) of pages
 
 
+MAX_RETENTION_SECONDS = 24 * 3600  # OpenAI's longest prompt_cache_retention
+
+
+def retention_seconds_of(seconds: int) -> int:
+    """A request's cache TTL; InvalidRequestError names `retention_seconds` past a day."""
+    if not 0 <= seconds <= MAX_RETENTION_SECONDS:
+        raise InvalidRequestError(
+            "retention_seconds", f"{seconds} s is outside [0, {MAX_RETENTION_SECONDS}]"
+        )
+    return int(seconds)
+
+
 def branch_hints_of(hints: Sequence[int], prompt_len: int) -> tuple[int, ...]:
     """A request's branch hints, each a position inside its prompt; InvalidRequestError names
     `branch_hints` otherwise."""

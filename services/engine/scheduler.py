@@ -53,7 +53,7 @@ class Scheduler(StepPlanner[Sequence, ScheduledChunk]):
         token_budget: int,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
-        super().__init__(manager, max_batch_size, token_budget)
+        super().__init__(manager, max_batch_size, token_budget, clock)
         self.holds = PrefetchHolds(manager, clock)  # router-driven prefetch between turns
 
     # -- membership ------------------------------------------------------------------------------

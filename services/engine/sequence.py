@@ -52,6 +52,11 @@ class Sequence:
         return self.call.conversation_id
 
     @property
+    def retention_seconds(self) -> float:
+        """How long the client asked its turn kept (its cache TTL; 0: the reuse policy's)."""
+        return self.call.retention_seconds
+
+    @property
     def num_tokens(self) -> int:
         """Prompt plus output tokens so far."""
         return len(self.call.prompt_token_ids) + len(self.output)

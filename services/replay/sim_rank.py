@@ -50,7 +50,7 @@ class SimRank(HandoffSide, HoldSide, StepPlanner[SimRequest, Chunk]):
         on_reserved: ReservedCallback | None = None,
         page_bytes: dict[str, int] | None = None,
     ) -> None:
-        StepPlanner.__init__(self, manager, max_batch_size, token_budget)
+        StepPlanner.__init__(self, manager, max_batch_size, token_budget, clock.now)
         self.rank_id = rank_id
         self.role = role
         self.costs = costs

@@ -46,6 +46,7 @@ class SimRequest:
     parked_s: float | None = None  # when the context rank parked it
     handoff: HandoffStats | None = None
     branch_hints: tuple[int, ...] = ()  # prompt positions later turns may branch off at
+    retention_seconds: float = 0.0  # the client's cache TTL (0: the reuse policy's)
 
     def __post_init__(self) -> None:
         self.reservation_id = self.reservation_id or self.request_id

@@ -162,6 +162,7 @@ class HandoffForwarder:
             handoff_token_ids=list(handoff.token_ids),
             cache_salt=request.cache_salt,
             branch_hints=request.branch_hints,
+            retention_seconds=request.retention_seconds,
         )
         if request.HasField("prompt_token_ids"):
             engine_request.prompt_token_ids.CopyFrom(request.prompt_token_ids)

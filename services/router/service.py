@@ -272,6 +272,7 @@ class RouterServicer(router_pb2_grpc.RouterServicer):
             num_samples=admission.request.slots,
             cache_salt=request.cache_salt,
             branch_hints=request.branch_hints,
+            retention_seconds=request.retention_seconds,
         )
         if request.HasField("prompt_token_ids"):
             engine_request.prompt_token_ids.CopyFrom(request.prompt_token_ids)

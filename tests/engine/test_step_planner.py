@@ -32,10 +32,14 @@ def make_manager(policy=None) -> KVCacheManager:
     return manager
 
 
-def make_sequence(name: str, first_token: int, length: int, conversation=None) -> Sequence:
+def make_sequence(
+    name: str, first_token: int, length: int, conversation=None, retention_seconds=0
+) -> Sequence:
     """A sequence whose prompt is `length` consecutive token ids from `first_token`."""
     prompt = tuple(range(first_token, first_token + length))
-    call = GenerateCall(name, prompt, SamplingParams(), conversation)
+    call = GenerateCall(
+        name, prompt, SamplingParams(), conversation, retention_seconds=retention_seconds
+    )
     return Sequence(f"{name}#0", call, 0, call.sampling, None, 0.0)
 
 
@@ -189,6 +193,59 @@ def test_pressure_takes_every_branch_record_before_any_turn():
     assert retained.release_until(lambda: branch_records() == 0)
     assert retained.released == 0 and list(retained) == ["old", "new"]
     assert all(manager.retained_turns(c) for c in ("old", "new"))
+    manager.check_integrity()
+
+
+def run_turn(scheduler: Scheduler, sequence: Sequence) -> None:
+    """Serve one sequence's prompt and a token, then let it go (its turn stays retained)."""
+    scheduler.add(sequence)
+    chunks = scheduler.plan_step()
+    assert [chunk.sequence for chunk in chunks] == [sequence]
+    run_chunks(scheduler, chunks)
+    scheduler.remove(sequence)
+
+
+def reusable_tokens(manager: KVCacheManager, prompt: list[int]) -> int:
+    """How much of `prompt` the cache would serve now (the probe leaves nothing behind)."""
+    manager.add_request("probe", prompt, None)
+    try:
+        return manager.match("probe").num_reusable_tokens
+    finally:
+        manager.finish_request("probe")
+
+
+def test_a_cache_ttl_keeps_a_conversation_past_a_squeeze_and_releases_it_after():
+    """A client's cache TTL (Anthropic `cache_control.ttl`, OpenAI `prompt_cache_retention`)
+    keeps its conversation's turns past memory pressure that releases older-TTL-less ones
+    first; refreshed by the next turn; once it runs out the conversation goes by age again."""
+    now = [0.0]
+    manager = make_manager(PerConversation(max_num_turns=1))
+    scheduler = Scheduler(manager, max_batch_size=4, token_budget=64, clock=lambda: now[0])
+    run_turn(scheduler, make_sequence("kept-1", 0, 8, "kept", retention_seconds=300))
+    now[0] = 200.0  # its next turn refreshes the TTL to 500 s
+    run_turn(scheduler, make_sequence("kept-2", 0, 9, "kept", retention_seconds=300))
+    run_turn(scheduler, make_sequence("plain", 100, 8, "plain"))  # newer, but no TTL
+    now[0] = 450.0
+    run_turn(scheduler, make_sequence("squeeze-1", 200, 24))  # 6 pages: one must go
+    assert manager.retained_turns("kept") and not manager.retained_turns("plain")
+    assert reusable_tokens(manager, list(range(0, 12))) == 8  # still served from the cache
+    now[0] = 501.0  # the TTL ran out: the next squeeze releases it like any other
+    run_turn(scheduler, make_sequence("squeeze-2", 300, 32))  # every page
+    assert not manager.retained_turns("kept")
+    assert scheduler.retained.released == 2 and scheduler.retained.released_early == 0
+    manager.check_integrity()
+
+
+def test_a_cache_ttl_gives_way_when_nothing_else_can_make_room():
+    """Inside its TTL a conversation is released last, yet released: a request on the rank
+    must never wait for ever behind an idle cache."""
+    manager = make_manager(PerConversation(max_num_turns=1))
+    scheduler = Scheduler(manager, max_batch_size=4, token_budget=64, clock=lambda: 0.0)
+    run_turn(scheduler, make_sequence("kept", 0, 8, "kept", retention_seconds=3600))
+    run_turn(scheduler, make_sequence("plain", 100, 8, "plain"))
+    run_turn(scheduler, make_sequence("squeeze", 200, 32))  # every page
+    assert not manager.retained_turns("kept") and not manager.retained_turns("plain")
+    assert scheduler.retained.released == 2 and scheduler.retained.released_early == 1
     manager.check_integrity()
 
 
