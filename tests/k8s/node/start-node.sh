@@ -13,6 +13,7 @@
 #   env: KVFLEET_K8S_KIT (the kit), KVFLEET_IMAGE_CACHE (docker/build-images.sh's store),
 #        KVFLEET_NODE_CACHE (containerd's content, default /var/cache/kvfleet-node), KUBECTL,
 #        KVFLEET_NODE_IMAGES (images to load; default the project's, redis and pause)
+# Installs its Debian packages (containerd, runc, bridge CNI, iptables, dnsmasq) when missing.
 # stdout: export lines (KUBECONFIG, KVFLEET_NODE_NETNS, KVFLEET_NODE_IP, ...), also in STATE_DIR/env.
 set -euo pipefail
 HERE=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd -P)
@@ -38,15 +39,30 @@ STATE=""
 while [ $# -gt 0 ]; do
   case $1 in
     --owner-pid) OWNER_PID=$2; shift 2 ;;
-    -h | --help) sed -n '2,19p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//'; exit 0 ;;
+    -h | --help) sed -n '2,17p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//'; exit 0 ;;
     *) STATE=$1; shift ;;
   esac
 done
 [ -n "$STATE" ] || die "usage: start-node.sh [--owner-pid PID] STATE_DIR"
 [ "$(id -u)" = 0 ] || die "needs root (network namespace, containerd, kubelet)"
 [ -x "$KIT/start.sh" ] || [ -f "$KIT/start.sh" ] || die "no API-server kit at $KIT (set KVFLEET_K8S_KIT)"
+# Debian packages the node runs on, installed when missing (as docker/build-images.sh does its own)
+need=()
+for pair in containerd:containerd ctr:containerd runc:runc nsenter:util-linux ip:iproute2 \
+  iptables:iptables dnsmasq:dnsmasq-base xz:xz-utils podman:podman \
+  /usr/lib/cni/bridge:containernetworking-plugins; do
+  command -v "${pair%%:*}" >/dev/null || need+=("${pair#*:}")
+done
+if [ ${#need[@]} -gt 0 ]; then
+  mapfile -t need < <(printf '%s\n' "${need[@]}" | sort -u)
+  log "apt-get install ${need[*]}"
+  DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends "${need[@]}" >&2 ||
+    { apt-get update >&2 && DEBIAN_FRONTEND=noninteractive apt-get install -y \
+      --no-install-recommends "${need[@]}" >&2; } ||
+    die "could not install ${need[*]} (apt-get install them, then run again)"
+fi
 for c in containerd ctr runc nsenter ip iptables dnsmasq xz podman /usr/lib/cni/bridge "$KUBECTL"; do
-  command -v "$c" >/dev/null || die "$c is missing (apt-get install containerd runc containernetworking-plugins iptables dnsmasq-base podman; docker/build-images.sh)"
+  command -v "$c" >/dev/null || die "$c is missing (apt-get install containerd runc containernetworking-plugins iptables dnsmasq-base podman)"
 done
 mkdir -p "$STATE"
 STATE=$(cd "$STATE" && pwd -P)
