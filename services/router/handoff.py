@@ -8,7 +8,10 @@ so the generation rank pulls the KV and decodes from the next token.
 
 | what fails                               | what the client gets                              |
 |------------------------------------------|---------------------------------------------------|
-| generation rank unreachable before output | the turn is placed on another generation rank     |
+| generation rank unreachable, or its      | the turn is placed on another generation rank     |
+| stream ended, before output              |                                                   |
+| every generation rank full               | queued again until the router's queue limit or    |
+|                                          | MAX_FULL_REQUEUES: RESOURCE_EXHAUSTED             |
 | generation rank lost mid-decode           | UNAVAILABLE naming the rank and the chunks sent   |
 | KV gone (context lost, hold expired) and  | ABORTED from the generation rank, naming each     |
 | no disk copy                              | transport's failure                               |
@@ -16,25 +19,20 @@ so the generation rank pulls the KV and decodes from the next token.
 
 from __future__ import annotations
 
-import logging
-import time
 from collections.abc import Callable, Iterator
 
-import grpc
-
 from ...proto import common_pb2, engine_pb2, router_pb2
-from .engine_outcomes import Outcome, full_backoff, outcome_of
-from .errors import EngineRejected, RankUnavailable
 from .model import Admission, PendingRequest
-from .stream_watch import IDLE_REASON, AbandonedStream, watched_chunks
-
-log = logging.getLogger(__name__)
+from .retry_loop import RetryLoop, RetryRules, TruncatedStream
+from .stream_watch import watched_chunks
 
 HANDOFF_REASON = "handoff"
 GENERATION_PIN_SUFFIX = "@generation"
 MAX_GENERATION_ATTEMPTS = 3
-# The held KV of the context rank expires; a turn no generation rank takes soon enough fails.
+# The held KV of the context rank expires; a turn no generation rank takes soon enough fails
+# (before the router's queue limit, when that is longer).
 MAX_FULL_REQUEUES = 20
+GENERATION_RETRIES = RetryRules("generation rank", MAX_GENERATION_ATTEMPTS, MAX_FULL_REQUEUES)
 
 
 def is_handoff(chunk: common_pb2.GenerationChunk) -> bool:
@@ -83,6 +81,7 @@ class HandoffForwarder:
         self._channels = channels
         self._clock = clock
         self._wait_for_admission = wait_for_admission
+        self._retries = RetryLoop(runtime, clock, GENERATION_RETRIES)
 
     def run(
         self,
@@ -93,61 +92,17 @@ class HandoffForwarder:
         context,
     ) -> Iterator[router_pb2.GenerateResponse]:
         """Place the turn on a generation rank and stream its tokens after the first."""
-        sent = 0
-        failures = 0
-        times_full = 0
-        while True:
+
+        def admit() -> Admission | None:
             pending = generation_request(request, request_id, request.conversation_id, self._clock)
-            admission = self._wait_for_admission(pending, context, "generation")
-            if admission is None:
-                return  # client went away while queued
-            rank_id = admission.rank.rank_id
-            reason = ""
-            try:
-                for response in self._forward(request, request_id, admission, context_admission,
-                                              handoff, context, first=sent == 0):  # fmt: skip
-                    sent += 1
-                    yield response
-                return
-            except grpc.RpcError as error:
-                outcome = outcome_of(error.code())
-                if (
-                    outcome is Outcome.REQUEST_FAILED
-                    or (outcome is Outcome.RANK_FULL and sent)
-                    or not context.is_active()
-                ):
-                    raise EngineRejected(
-                        error.code(), f"generation rank {rank_id}: {error.details()}"
-                    ) from error
-                if outcome is Outcome.RANK_GONE:
-                    self._runtime.rank_failed(rank_id, error.details() or "")
-                    reason = f"{error.code().name} {error.details()}"
-            except AbandonedStream as error:
-                reason = str(error)
-                if error.reason == IDLE_REASON:
-                    self._runtime.rank_failed(rank_id, reason)
-            finally:
-                self._runtime.finish(admission)
-            if not reason:  # no room on that generation rank: queue again after a pause
-                times_full += 1
-                self._runtime.metrics.requeued_full.inc()
-                time.sleep(full_backoff(times_full))
-                if not context.is_active() or times_full > MAX_FULL_REQUEUES:
-                    raise EngineRejected(
-                        grpc.StatusCode.RESOURCE_EXHAUSTED,
-                        f"generation ranks had no room {times_full} times",
-                    )
-                continue
-            if sent:
-                raise RankUnavailable(
-                    f"generation rank {rank_id} failed after {sent} chunks were sent "
-                    f"({reason}); retry the request"
-                )
-            failures += 1
-            if failures >= MAX_GENERATION_ATTEMPTS:
-                raise RankUnavailable(f"{MAX_GENERATION_ATTEMPTS} generation ranks failed")
-            self._runtime.metrics.retries.inc()
-            log.warning("request %s: generation rank %s failed (%s)", request_id, rank_id, reason)
+            return self._wait_for_admission(pending, context, "generation")
+
+        def forward(admission: Admission, first: bool) -> Iterator[router_pb2.GenerateResponse]:
+            return self._forward(
+                request, request_id, admission, context_admission, handoff, context, first
+            )
+
+        yield from self._retries.run(request_id, context, admit, forward)
 
     def _forward(
         self, request, request_id, admission, context_admission, handoff, context, first: bool
@@ -184,7 +139,7 @@ class HandoffForwarder:
                 chunk=chunk, rank_id=admission.rank.rank_id, placement=placement
             )
         if not finished:
-            raise RankUnavailable(
+            raise TruncatedStream(
                 f"generation rank {admission.rank.rank_id} ended the stream before the turn "
-                "finished; retry the request"
+                "finished"
             )

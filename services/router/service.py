@@ -4,9 +4,7 @@ The rank-facing one (RankRegistry) is in registry_service.py."""
 
 from __future__ import annotations
 
-import logging
 import threading
-import time
 import uuid
 from collections.abc import Callable, Iterator
 
@@ -15,35 +13,17 @@ import grpc
 from ...proto import common_pb2, engine_pb2, engine_pb2_grpc, router_pb2, router_pb2_grpc
 from ...proto.limits import GRPC_MESSAGE_OPTIONS
 from .deadlines import call_timeout
-from .engine_outcomes import Outcome, full_backoff, outcome_of
-from .errors import (
-    DuplicateRequest,
-    EngineRejected,
-    QueueTimeout,
-    RankUnavailable,
-    RouterError,
-    grpc_code,
-)
+from .errors import DuplicateRequest, RankUnavailable, RouterError, grpc_code
 from .handoff import HandoffForwarder, as_first_token, is_handoff
 from .model import Admission, PendingRequest
 from .prefetch import PrefetchPlanner
 from .prefix_index import prompt_root
+from .retry_loop import RetryLoop, RetryRules, TruncatedStream
 from .runtime import RouterRuntime
-from .stream_watch import (
-    IDLE_REASON,
-    AbandonedStream,
-    StreamWatch,
-    watched_chunks,
-)
+from .stream_watch import StreamWatch, watched_chunks
 from .validation import RequestLimits, validate
 
-log = logging.getLogger(__name__)
-
 MAX_ATTEMPTS = 3
-
-
-class TruncatedStream(Exception):
-    """An engine closed the stream before every sample finished."""
 
 
 # Each channel keeps its own connections: gRPC otherwise shares them between channels to one
@@ -108,6 +88,7 @@ class RouterServicer(router_pb2_grpc.RouterServicer):
         self._max_call_seconds = max_call_seconds
         self._in_flight: set[str] = set()
         self._in_flight_lock = threading.Lock()
+        self._retries = RetryLoop(runtime, clock, RetryRules("rank", MAX_ATTEMPTS))
         self._handoff = HandoffForwarder(
             runtime, channels, clock, self._wait_for_admission, self._call_timeout, self._watch
         )
@@ -141,89 +122,30 @@ class RouterServicer(router_pb2_grpc.RouterServicer):
 
     def _serve(self, request, request_id: str, context) -> Iterator[router_pb2.GenerateResponse]:
         relax = request.relax_rank
-        explicit = request.rank_id if request.HasField("rank_id") else None
-        sent = 0
-        failures = 0  # ranks lost before output
-        times_full = 0  # ranks that turned the request away as full
-        arrived = self._clock()
+        explicit = [request.rank_id] if request.HasField("rank_id") else []
         handoff: list[common_pb2.GenerationChunk] = []
-        while True:
-            admission = self._wait_for_admission(
-                self._pending(request, request_id, explicit, relax), context
-            )
-            if admission is None:
-                return  # client went away while queued
-            rank_id = admission.rank.rank_id
-            reason = ""
-            try:
-                for response in self._forward(
-                    request, request_id, admission, context, sent == 0, handoff
-                ):
-                    sent += 1
-                    yield response
-                if handoff:
-                    break  # the context slot is given back first (finally), then generation
-                if self._prefetch is not None:
-                    self._prefetch.turn_ended(request.conversation_id, admission.rank.address)
-                return
-            except grpc.RpcError as error:
-                outcome = outcome_of(error.code())
-                if (
-                    outcome is Outcome.REQUEST_FAILED
-                    or (outcome is Outcome.RANK_FULL and sent)
-                    or not context.is_active()
-                ):
-                    raise EngineRejected(
-                        error.code(), f"rank {rank_id}: {error.details()}"
-                    ) from error
-                if outcome is Outcome.RANK_GONE:
-                    reason = f"{error.code().name} {error.details()}"
-                    self._runtime.rank_failed(rank_id, error.details() or "")
-            except TruncatedStream as error:
-                reason = str(error)
-                self._runtime.rank_failed(rank_id, reason)
-            except AbandonedStream as error:
-                reason = str(error)
-                if error.reason == IDLE_REASON:  # a hung engine; a removed one is gone already
-                    self._runtime.rank_failed(rank_id, reason)
-            finally:
-                self._runtime.finish(admission)
-            if not reason:  # the rank was full: queue again after a short pause
-                times_full += 1
-                self._runtime.metrics.requeued_full.inc()
-                if not self._pause(context, full_backoff(times_full), arrived):
-                    return
-                continue
-            if sent:
-                raise RankUnavailable(
-                    f"rank {rank_id} failed after {sent} chunks were sent ({reason}); "
-                    "retry the request"
-                )
-            if explicit is not None and not relax:
-                raise RankUnavailable(f"rank {explicit} failed: {reason}")
-            explicit = None
-            failures += 1
-            if failures >= MAX_ATTEMPTS:
-                raise RankUnavailable(f"{MAX_ATTEMPTS} ranks failed before producing output")
-            self._runtime.metrics.retries.inc()
-            log.warning(
-                "request %s: rank %s failed before output (%s), attempt %d of %d",
-                request_id,
-                rank_id,
-                reason,
-                failures,
-                MAX_ATTEMPTS,
-            )
-        yield from self._handoff.run(request, request_id, admission, handoff[0], context)
 
-    def _pause(self, context, seconds: float, arrived: float) -> bool:
-        """Wait before requeueing a request a full rank turned away; False: stop trying
-        (the client left). QueueTimeout once the request has waited the queue's limit."""
-        limit = self._runtime.max_queue_seconds
-        if self._clock() - arrived + seconds > limit:
-            raise QueueTimeout(f"no rank had room within {limit:g} s (ranks reported full)")
-        time.sleep(seconds)
-        return context.is_active()
+        def admit() -> Admission | None:
+            pending = self._pending(request, request_id, explicit[0] if explicit else None, relax)
+            return self._wait_for_admission(pending, context)
+
+        def forward(admission: Admission, first: bool) -> Iterator[router_pb2.GenerateResponse]:
+            return self._forward(request, request_id, admission, context, first, handoff)
+
+        def lost_before_output(reason: str) -> None:
+            if explicit and not relax:
+                raise RankUnavailable(f"rank {explicit[0]} failed: {reason}")
+            explicit.clear()  # a relaxed explicit rank is placed by load from now on
+
+        admission = yield from self._retries.run(
+            request_id, context, admit, forward, lost_before_output
+        )
+        if admission is None:
+            return  # the client went away
+        if handoff:  # the context slot is given back already; now the generation half
+            yield from self._handoff.run(request, request_id, admission, handoff[0], context)
+        elif self._prefetch is not None:
+            self._prefetch.turn_ended(request.conversation_id, admission.rank.address)
 
     def _pending(
         self, request, request_id: str, explicit: str | None, relax: bool

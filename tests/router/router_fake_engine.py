@@ -34,6 +34,8 @@ class FakeEngine(engine_pb2_grpc.EngineServicer):
         # Set by a test: Generate fails with this status (`fail_times` calls; None: every one).
         self.fail_with: grpc.StatusCode | None = None
         self.fail_times: int | None = None
+        # Set by a test: this many calls end the stream at once, sending nothing.
+        self.end_early_times = 0
         # Set by a test: after this many chunks a call hangs (sends nothing) until `release`.
         self.hang_after: int | None = None
         self.release = threading.Event()
@@ -66,9 +68,13 @@ class FakeEngine(engine_pb2_grpc.EngineServicer):
             failing = self.fail_with is not None and self.fail_times != 0
             if failing and self.fail_times is not None:
                 self.fail_times -= 1
+            ending_early = not failing and self.end_early_times > 0
+            self.end_early_times -= ending_early
         try:
             if failing:
                 context.abort(self.fail_with, f"fake engine {self.rank_id}: refused")
+            if ending_early:
+                return
             if self.role == common_pb2.RANK_ROLE_CONTEXT:
                 yield self._handoff_chunk(request)
                 return
