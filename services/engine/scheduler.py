@@ -106,10 +106,15 @@ class Scheduler(StepPlanner[Sequence, ScheduledChunk]):
 
     def schedule(self) -> list[ScheduledChunk]:
         """Pick this step's chunks and allocate their pages; empty when nothing can run."""
-        # Queued requests' disk blocks head for host in the background; finished reads land.
-        self.manager.prefetch([sequence.key for sequence in self.waiting])
+        self.manager.land_prefetched()  # finished reads are on host before anything matches
         self.holds.expire()
-        return self.plan_step()
+        chunks = self.plan_step()
+        # NOTE: the disk blocks of the requests still waiting after this step's admissions head
+        # for host in the background. Chosen before the admissions, the reads went to requests
+        # admitted in this very step (which read their blocks at admission): on an idle rank
+        # the requests behind the first ones started their reads a step late.
+        self.manager.prefetch([sequence.key for sequence in self.waiting])
+        return chunks
 
     def context_ended(self, item: Sequence) -> None:
         super().context_ended(item)

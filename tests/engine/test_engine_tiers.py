@@ -209,6 +209,33 @@ def test_queued_turns_disk_blocks_are_prefetched_to_host_before_admission(served
         core.stop()
 
 
+def test_an_idle_rank_starts_a_queued_turns_reads_in_its_first_step(served_disk, tmp_path):
+    """Reads chosen before the step's admissions go to the request admitted at once (it reads
+    its blocks at admission anyway), and the turn queued behind it starts its reads a step
+    late: on a rank that was idle, the whole burst but its head."""
+    _, _, second, reference = served_disk
+    config, _ = _pod_b(served_disk, tmp_path)
+    config = config.with_changes(max_batch_size=1, host_kv_pages=64, disk_prefetch_num_reqs=1)
+    # Not started: the test runs the first step itself, then hands the core to its thread.
+    core = EngineCore(config, compute=shared_compute(config, "tiers-pod-b-first-step"))
+    try:
+        core.submit(GenerateCall("blocker", tuple(range(20)), greedy(300), "b"))
+        handle = core.submit(second)
+        core.run_once()  # the blocker takes the one slot; the turn waits
+        assert [s.key for s in core.scheduler.waiting] == [f"{second.request_id}#0"]
+        assert core.manager.tiers.wait_prefetch(30)
+        # 9 `full` blocks and the endpoint window's 4 `window` blocks, read after one step.
+        assert core.manager.land_prefetched() == 13
+        core.start()
+        core.cancel("blocker")
+        outputs = list(handle.outputs(30.0))
+        assert (_tier_metrics(core)[HOST].hits, _tier_metrics(core)[DISK].hits) == (13, 0)
+        assert tokens_of(outputs) == reference
+        _check_clean(core)
+    finally:
+        core.stop()
+
+
 def test_tier_counters_are_exported_to_the_ranks_prometheus_registry():
     """The fleet's dashboards and autoscaler would see no tier traffic."""
     first, _ = two_turns(3, "c")
