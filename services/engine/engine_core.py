@@ -7,7 +7,6 @@ core thread runs between steps, and each request's outputs come back on a queue 
 
 from __future__ import annotations
 
-import dataclasses
 import functools
 import itertools
 import logging
@@ -19,7 +18,6 @@ from typing import Any
 
 from ...kvstore.events import KVEvent
 from ...kvstore.manager import KVCacheManager
-from ...kvstore.sizing import TypicalStep, peak_demand
 from ..disagg.roles import ROLE_HOOKS
 from .compute import make_compute
 from .compute_types import ComputeBackend
@@ -30,7 +28,6 @@ from .engine_request import (
     EngineStoppedError,
     GenerateCall,
     InvalidRequestError,
-    SampleOutput,
     SequenceFailedError,
     Usage,
 )
@@ -38,11 +35,12 @@ from .kv_events import BlockEvent, BlockTokens
 from .lookahead import InflightStep, can_look_ahead, feed_rows, mark_pending
 from .metrics import EngineMetrics
 from .prefetch_holds import PrefetchResult
+from .request_checks import RequestBounds, check_request, longest_request, pool_shortfall
 from .request_handle import RequestHandle
-from .sampling import make_generator
+from .sample_finish import finish_reason, sample_usage, token_output
 from .sampling_params import SampledToken, SampleFailure, TokenLogprob
 from .scheduler import ScheduledChunk, Scheduler
-from .sequence import Sequence
+from .sequence import Sequence, samples_of
 
 log = logging.getLogger(__name__)
 
@@ -214,70 +212,25 @@ class EngineCore:
     def validate(self, call: GenerateCall) -> None:
         """Raise InvalidRequestError naming the field when the request cannot run here."""
         model = self.model_config
-        prompt_len = len(call.prompt_token_ids)
-        if prompt_len == 0:
-            raise InvalidRequestError("prompt", "empty prompt")
-        if prompt_len >= model.max_position:
-            raise InvalidRequestError(
-                "prompt",
-                f"{prompt_len} tokens leave no room in the model's context of "
-                f"{model.max_position} tokens",
-            )
-        total = prompt_len + call.sampling.max_tokens
-        if total > model.max_position:
-            raise InvalidRequestError(
-                "max_tokens",
-                f"prompt {prompt_len} + max_tokens {call.sampling.max_tokens} = {total} > "
-                f"model context {model.max_position}",
-            )
-        bad = [t for t in call.prompt_token_ids if not 0 <= t < model.vocab_size]
-        if bad:
-            raise InvalidRequestError(
-                "prompt", f"token ids {bad[:5]} outside 0..{model.vocab_size - 1}"
-            )
-        if not 1 <= call.num_samples <= self.config.max_batch_size:
-            raise InvalidRequestError(
-                "num_samples",
-                f"{call.num_samples} not in 1..max_batch_size {self.config.max_batch_size}",
-            )
-        short = self._pool_shortfall(total)
-        if short is not None:
-            raise InvalidRequestError("prompt", f"{total} tokens need {short}")
-        if call.request_id in self._handles:
-            raise InvalidRequestError("request_id", f"{call.request_id!r} is already running")
-        if (call.grammar is None) != (not call.sampling.grammar):  # one without the other
-            raise InvalidRequestError("sampling.grammar", "a grammar comes with its compiled form")
+        bounds = RequestBounds(model.max_position, model.vocab_size, self.config.max_batch_size)
+        check_request(call, bounds, self._pool_shortfall, self._handles)
 
     def _pool_shortfall(self, total: int) -> str | None:
         """Which pool cannot hold one request of `total` tokens alone (None: all can)."""
-        # NOTE: what one request holds per pool at its peak, by the same rule pool sizing uses: a
-        # window pool holds the window plus a chunk (and checkpoints), not the whole sequence.
-        store = self.manager.config
-        alone = TypicalStep(
-            1,
+        usable = {name: pool.num_usable for name, pool in self.manager.pools.items()}
+        return pool_shortfall(
             total,
+            self.manager.config,
+            usable,
             self.config.max_num_batched_tokens,
-            checkpoint=self.config.checkpoint,
-            every_block_snapshots=store.reuse_policy.commits_every_block,
+            self.config.checkpoint,
         )
-        need = peak_demand(alone, store.life_cycles, store.block_size)
-        for name, pool in self.manager.pools.items():
-            if need[name] > pool.num_usable:
-                return f"{need[name]} pages > pool {name!r} of {pool.num_usable}"
-        return None
 
     def max_request_tokens(self) -> int:
         """The longest request (prompt + output) that validates here: the model's context, or
         less where the pools cannot hold a whole context for one request (a default
         `max_tokens` must not ask for more)."""
-        low, high = 0, self.model_config.max_position
-        while low < high:  # the pools' demand grows with the length: bisect the first refusal
-            middle = (low + high + 1) // 2
-            if self._pool_shortfall(middle) is None:
-                low = middle
-            else:
-                high = middle - 1
-        return low
+        return longest_request(self.model_config.max_position, self._pool_shortfall)
 
     # -- the core thread ---------------------------------------------------------------------------
 
@@ -327,26 +280,10 @@ class EngineCore:
         if call.request_id in self._handles:
             handle.put(InvalidRequestError("request_id", f"{call.request_id!r} is running"))
             return
-        now = self.clock()
-        sequences: list[Sequence] = []
-        for index in range(call.num_samples):
-            sampling = call.sampling
-            if sampling.seed is not None and index:
-                sampling = dataclasses.replace(sampling, seed=sampling.seed + index)
-            generator = None if sampling.greedy else make_generator(sampling, "cpu")
-            sequence = Sequence(
-                key=f"{call.request_id}#{index}",
-                call=call,
-                sample_index=index,
-                sampling=sampling,
-                generator=generator,
-                arrived_at=now,
-                parent=sequences[0] if sequences else None,
-                grammar=call.grammar.start() if call.grammar else None,
-            )
+        sequences = samples_of(call, self.clock())
+        for sequence in sequences:
             self.scheduler.add(sequence)
             self._block_tokens.extend(sequence.key, call.prompt_token_ids, call.extra_key)
-            sequences.append(sequence)
         self._handles[call.request_id] = handle
         self._sequences[call.request_id] = sequences
 
@@ -354,10 +291,7 @@ class EngineCore:
 
     def new_sequence(self, call: GenerateCall) -> Sequence:
         """A single-sample sequence for `call`, not yet known to the scheduler."""
-        generator = None if call.sampling.greedy else make_generator(call.sampling, "cpu")
-        sequence = Sequence(f"{call.request_id}#0", call, 0, call.sampling, generator, self.clock())
-        sequence.grammar = call.grammar.start() if call.grammar else None
-        return sequence
+        return samples_of(call, self.clock(), count=1)[0]
 
     def detach(self, request_id: str) -> RequestHandle:
         """Forget a request but keep its pages (its KV is handed off); returns its handle."""
@@ -481,39 +415,24 @@ class EngineCore:
             self.metrics.token_gap(gap)
             sequence.itl_total += gap
         sequence.last_token_at = now
-        call, sampling = sequence.call, sequence.sampling
-        reason = ""
+        call = sequence.call
+        grammar_ended = False
         if sequence.grammar is not None:
             problem = sequence.grammar.accept(token)
             if problem:  # only a backend that ignores masks (sim) gets here
                 self._fail_request(call.request_id, problem)
                 return
-            if sequence.grammar.ended:
-                reason = "stop"
-        if sampling.is_stop(token) or (call.stop_check and call.stop_check(sequence.output)):
-            reason = "stop"
-        elif len(sequence.output) >= sampling.max_tokens:
-            reason = "length"
+            grammar_ended = sequence.grammar.ended
+        reason = finish_reason(
+            token, sequence.output, sequence.sampling, call.stop_check, grammar_ended
+        )
         if not reason:
-            output = SampleOutput(
-                call.request_id,
-                sequence.sample_index,
-                (token,),
-                logprobs=(logprob,) if logprob is not None else (),
-            )
+            output = token_output(sequence, token, logprob)
             if not self.role.after_first_token(sequence, output):
                 self._handles[call.request_id].put(output)
             return
         usage = self._usage(sequence)
-        output = SampleOutput(
-            call.request_id,
-            sequence.sample_index,
-            (token,),
-            True,
-            reason,
-            usage,
-            (logprob,) if logprob is not None else (),
-        )
+        output = token_output(sequence, token, logprob, reason, usage)
         sequence.finished = True
         self.scheduler.remove(sequence)
         self._block_tokens.retire(sequence.key)
@@ -525,16 +444,7 @@ class EngineCore:
         self._handles[call.request_id].put(output)
 
     def _usage(self, sequence: Sequence) -> Usage:
-        steps = max(1, len(sequence.output) - 1)
-        cached, block = sequence.cached_tokens or 0, self.config.page_size
-        return Usage(
-            prompt_tokens=len(sequence.prompt),
-            cached_tokens=cached,
-            cache_write_tokens=max(0, len(sequence.prompt) // block * block - cached),
-            completion_tokens=len(sequence.output),
-            ttft_seconds=(sequence.first_token_at or 0.0) - sequence.arrived_at,
-            mean_itl_seconds=sequence.itl_total / steps,
-        )
+        return sample_usage(sequence, self.config.page_size)
 
     def _flush_events(self) -> None:
         events = self._block_tokens.translate(self._events)
