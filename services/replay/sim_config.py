@@ -57,8 +57,11 @@ class FleetOptions:
     retained_snapshot_sizing: bool = True  # pools count retained turns' from-end snapshots
     tick_seconds: float = 0.05
     max_decode_run_steps: int = 64
+    ranks_per_chip: int = 1  # > 1: that many ranks share one accelerator (sim_chip.py)
     prefetch: bool = False  # router-driven prefetch: held blocks for a returning turn
-    migrate_kv: bool = True  # a turn placed away from its home pulls the home's blocks
+    # a turn placed away from its home pulls the home's blocks; off as in the product, whose
+    # ranks do not pull yet (a simulator default on would predict reuse no fleet gets)
+    migrate_kv: bool = False
     drain_rank: str = ""  # scale-in: this rank drains at `drain_at_s` (virtual seconds)
     drain_at_s: float = 0.0
 
@@ -71,6 +74,7 @@ class FleetOptions:
             "max_context_tokens",
             "max_num_turns",
             "max_decode_run_steps",
+            "ranks_per_chip",
         )
         for name in positive:
             if getattr(self, name) < 1:

@@ -30,6 +30,7 @@ from ..router.handoff import GENERATION_PIN_SUFFIX
 from ..router.model import Admission, PendingRequest, RankInfo, RankLoad, Role
 from ..router.prefix_index import PrefixIndex
 from ..router.store import LocalStore, StoreIntegrityError
+from .sim_chip import SharedChip
 from .sim_clock import ScheduledEvent, VirtualClock
 from .sim_config import FleetOptions, SimConfig
 from .sim_handoff import HandoffStats, Reservation, page_bytes_of
@@ -68,8 +69,14 @@ class SimFleet:
             self.store, admission, self.clock.now, self.prefix_index, roles=GENERATION_ROLES
         )
         self.ranks: dict[str, SimRank] = {}
-        for rank_id, role in rank_roles(fleet):
-            self.ranks[rank_id] = self._build_rank(rank_id, role)
+        self.chips: list[SharedChip] = []
+        for index, (rank_id, role) in enumerate(rank_roles(fleet)):
+            chip = None
+            if fleet.ranks_per_chip > 1:
+                if index % fleet.ranks_per_chip == 0:
+                    self.chips.append(SharedChip(self.clock))
+                chip = self.chips[-1]
+            self.ranks[rank_id] = self._build_rank(rank_id, role, chip)
             info = RankInfo(rank_id, "sim", fleet.slots, role=role, block_size=fleet.block_size)
             self.store.register_rank(info, self.clock.now())
         self._futures: dict[str, asyncio.Future[SimRequest]] = {}
@@ -85,7 +92,7 @@ class SimFleet:
 
     # -- building --------------------------------------------------------------------------------
 
-    def _build_rank(self, rank_id: str, role: Role) -> SimRank:
+    def _build_rank(self, rank_id: str, role: Role, chip: SharedChip | None) -> SimRank:
         fleet = self.config.fleet
         kv_config, tiers = rank_kvstore(fleet, self.config.model)
         rank: SimRank | None = None
@@ -108,6 +115,7 @@ class SimFleet:
             self._on_parked,
             self._on_reserved,
             self.page_bytes,
+            chip,
         )
         return rank
 

@@ -11,7 +11,9 @@ generation rank receives hand-offs (`sim_handoff.HandoffSide`).
 
 Only the kvstore's bookkeeping runs here; the step's duration comes from `CostModel`, and the
 step's results apply at its end on the virtual clock (`sim_decode_run.py` batches decode-only
-steps into one event).
+steps into one event). Ranks that share one accelerator compute their steps on a `SharedChip`
+(each step's chip work slowed by the others in flight; no decode runs, whose steps would
+interleave with the other ranks').
 """
 
 from __future__ import annotations
@@ -22,6 +24,7 @@ from ...kvstore.manager import KVCacheManager
 from ..core.cost_model import CostModel
 from ..core.step_planner import StepPlanner
 from ..router.model import Role
+from .sim_chip import SharedChip
 from .sim_clock import VirtualClock
 from .sim_decode_run import DecodeRun, plan_decode_run
 from .sim_handoff import HandoffSide, ReservedCallback
@@ -49,6 +52,7 @@ class SimRank(HandoffSide, HoldSide, StepPlanner[SimRequest, Chunk]):
         on_parked: FinishedCallback | None = None,
         on_reserved: ReservedCallback | None = None,
         page_bytes: dict[str, int] | None = None,
+        chip: SharedChip | None = None,
     ) -> None:
         StepPlanner.__init__(self, manager, max_batch_size, token_budget, clock.now)
         self.rank_id = rank_id
@@ -56,7 +60,8 @@ class SimRank(HandoffSide, HoldSide, StepPlanner[SimRequest, Chunk]):
         self.costs = costs
         self.clock = clock
         self.on_finished = on_finished
-        self.max_decode_run = max_decode_run
+        self.chip = chip
+        self.max_decode_run = max_decode_run if chip is None else 1
         self.steps = 0
         self.busy_s = 0.0
         self.prefill_busy_s = 0.0  # of busy_s: steps that compute a prefill chunk
@@ -140,7 +145,16 @@ class SimRank(HandoffSide, HoldSide, StepPlanner[SimRequest, Chunk]):
         self.busy_s += duration
         if work.prefill_spans:
             self.prefill_busy_s += duration
-        self.clock.call_at(self.clock.now() + duration, lambda: self._end_step(chunks))
+        if self.chip is None:
+            self.clock.call_at(self.clock.now() + duration, lambda: self._end_step(chunks))
+            return
+        # the step's host work is this process's own; only the rest waits for the chip
+        host_s = min(self.costs.step_overhead_s, duration)
+        chip = self.chip
+        self.clock.call_at(
+            self.clock.now() + host_s,
+            lambda: chip.run(duration - host_s, lambda: self._end_step(chunks)),
+        )
 
     def _end_step(self, chunks: list[Chunk]) -> None:
         now = self.clock.now()

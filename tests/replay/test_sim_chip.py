@@ -1,0 +1,63 @@
+"""Ranks that share one accelerator: processor sharing of the chip's time, on virtual time."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+from kvfleet.services.replay.sim_chip import SharedChip
+from kvfleet.services.replay.sim_clock import VirtualClock
+from sim_workloads import growing_conversation, replay_sim
+
+
+async def chip_ends(steps: list[tuple[float, float]]) -> list[float]:
+    """Start each (at_s, chip_seconds) step on one chip; the virtual time each one ends."""
+    clock = VirtualClock()
+    chip = SharedChip(clock)
+    ends: list[float] = [0.0] * len(steps)
+    finished = asyncio.Event()
+
+    def start(index: int, seconds: float) -> None:
+        def done() -> None:
+            ends[index] = clock.now()
+            if all(ends):
+                finished.set()
+
+        chip.run(seconds, done)
+
+    for index, (at_s, seconds) in enumerate(steps):
+        clock.call_at(at_s, lambda i=index, s=seconds: start(i, s))
+    await finished.wait()
+    clock.close()
+    return ends
+
+
+async def test_a_step_alone_takes_its_chip_time() -> None:
+    """If this fails, a lone rank on a shared chip runs slower or faster than on its own."""
+    assert await chip_ends([(0.0, 0.25)]) == [pytest.approx(0.25)]
+
+
+async def test_steps_in_flight_share_the_chip_equally() -> None:
+    """If this fails, steps that overlap do not slow each other as time slicing does: a short
+    decode step that arrives during a long prefill chunk ends at twice its own time, and the
+    chunk ends late by exactly the decode's work."""
+    ends = await chip_ends([(0.0, 1.0), (0.5, 0.1)])
+    assert ends == [pytest.approx(1.1), pytest.approx(0.7)]
+    two_alike = await chip_ends([(0.0, 0.3), (0.0, 0.3)])
+    assert two_alike == [pytest.approx(0.6), pytest.approx(0.6)]
+
+
+async def test_ranks_on_one_chip_take_longer_and_keep_their_reuse() -> None:
+    """If this fails, `ranks_per_chip` does not couple the ranks' time, or it changes what the
+    kvstore keeps (only time may move)."""
+    conversations = [
+        growing_conversation(f"c{i}", turns=4, first_blocks=30, step_blocks=2, block=64)
+        for i in range(4)
+    ]
+    options = {"ranks": 2, "slots": 2, "block_size": 64, "gpu_pages": 100_000}
+    apart, _ = await replay_sim(conversations, 4, **options)
+    shared, target = await replay_sim(conversations, 4, ranks_per_chip=2, **options)
+    assert len(target.fleet.chips) == 1
+    assert shared.measures.prefix_reuse == pytest.approx(apart.measures.prefix_reuse)
+    first_token = lambda result: sorted(r.ttft_s for r in result.records)  # noqa: E731
+    assert sum(first_token(shared)) > 1.5 * sum(first_token(apart))
