@@ -78,3 +78,17 @@ def pytest_runtest_teardown(item: pytest.Item, nextitem: pytest.Item | None):
             f"{len(leftover)} thread(s) started by {item.path.name} outlived it:\n{names}"
         )
     return result
+
+
+# How long the process may take to exit after pytest is done before it says what it waits on.
+EXIT_REPORT_SECONDS = 15.0
+
+
+@pytest.hookimpl(trylast=True)
+def pytest_unconfigure(config: pytest.Config) -> None:
+    """If the process is still alive EXIT_REPORT_SECONDS after pytest finished (an executor
+    joined at exit, a child process waited for, a long final collection), print every
+    thread's stack once, so the CI log names what holds the exit."""
+    import faulthandler
+
+    faulthandler.dump_traceback_later(EXIT_REPORT_SECONDS, exit=False)
