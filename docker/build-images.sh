@@ -85,7 +85,9 @@ build() { # IMAGE CONTAINERFILE CONTEXT INPUTS-HASH [buildah bud args...]
   else
     t=$(date +%s)
     log "$image: building"
-    buildah bud --pull=never --label "$LABEL=$key" "$@" -f "$file" -t "$image" "$context" >&2
+    # --layers: a step whose inputs did not change is taken from the store (the images install
+    # their dependencies before they copy the code, so a code change rebuilds seconds of it)
+    buildah bud --layers --pull=never --label "$LABEL=$key" "$@" -f "$file" -t "$image" "$context" >&2
     log "$image: built in $(($(date +%s) - t)) s"
   fi
   built+=("$image")

@@ -22,16 +22,22 @@ ENV PYTHONDONTWRITEBYTECODE=1 PYTHONUNBUFFERED=1 PIP_NO_CACHE_DIR=1
 RUN apt-get update && apt-get install -y --no-install-recommends "$PYTHON" "$PYTHON-venv" \
     && rm -rf /var/lib/apt/lists/* && "$PYTHON" -m venv /opt/venv
 ENV PATH=/opt/venv/bin:$PATH
-COPY pyproject.toml setup.py README.md /src/
+COPY pyproject.toml setup.py /src/
 COPY docker/constraints.txt docker/flash-attn.txt /src/docker/
+# The dependencies first (torch alone is GBs), in a layer that only the files above decide (the
+# project is installed from empty package folders and README, then removed): a change of kvfleet's code
+# rebuilds the layers below only.
+RUN pip install --index-url "$TORCH_INDEX_URL" torch==2.13.0 \
+    && mkdir -p /src/kvstore /src/services /src/operator /src/proto && touch /src/README.md \
+    && pip install -c /src/docker/constraints.txt "/src[engine]" && pip uninstall -y kvfleet \
+    && if [ "$FLASH_ATTN" = 1 ]; then pip install --no-deps -r /src/docker/flash-attn.txt; fi
+COPY README.md /src/
 COPY kvstore /src/kvstore
 COPY services /src/services
 COPY operator /src/operator
 COPY proto /src/proto
 # The generated gRPC code is part of the source (proto/*_pb2*.py): nothing is generated at run time.
-RUN pip install --index-url "$TORCH_INDEX_URL" torch==2.13.0 \
-    && pip install -c /src/docker/constraints.txt "/src[engine]" \
-    && if [ "$FLASH_ATTN" = 1 ]; then pip install --no-deps -r /src/docker/flash-attn.txt; fi
+RUN pip install --no-deps -c /src/docker/constraints.txt "/src[engine]"
 RUN useradd --uid 10001 --create-home kvfleet && mkdir -p /var/lib/kvfleet/disk \
     && chown 10001:10001 /var/lib/kvfleet/disk
 USER 10001

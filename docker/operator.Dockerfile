@@ -9,13 +9,18 @@
 # rebuild); bump it deliberately.
 FROM python:3.11.7-slim-bookworm
 ENV PYTHONDONTWRITEBYTECODE=1 PYTHONUNBUFFERED=1 PIP_NO_CACHE_DIR=1
-COPY pyproject.toml setup.py README.md /src/
+COPY pyproject.toml setup.py /src/
 COPY docker/constraints.txt /src/docker/
+# The dependencies first, in a layer that only the files above decide (the project is installed
+# from empty package folders and README, then removed): a change of kvfleet's code rebuilds the layers below.
+RUN mkdir -p /src/kvstore /src/services /src/operator /src/proto && touch /src/README.md \
+    && pip install -c /src/docker/constraints.txt "/src[operator]" && pip uninstall -y kvfleet
+COPY README.md /src/
 COPY kvstore /src/kvstore
 COPY services /src/services
 COPY operator /src/operator
 COPY proto /src/proto
-RUN pip install -c /src/docker/constraints.txt "/src[operator]"
+RUN pip install --no-deps -c /src/docker/constraints.txt "/src[operator]"
 RUN useradd --uid 10001 --no-create-home kvfleet
 USER 10001
 CMD ["kvfleet", "operator"]

@@ -9,7 +9,8 @@
 #           grpcio==1.85.1 protobuf==7.36.2 grpcio-health-checking==1.85.1
 #           grpcio-reflection==1.85.1 redis==8.1.0 pydantic==2.14.3 pydantic-core==2.50.4
 #           annotated-types typing-inspection typing-extensions fastapi==0.163.2 starlette
-#           opentelemetry-api uvicorn==0.54.0 blake3==1.0.11 (all in <checkout>/.git/info/exclude)
+#           opentelemetry-api uvicorn==0.54.0 blake3==1.0.11 llguidance==1.9.1 (manylinux_2_31)
+#           (all in <checkout>/.git/info/exclude)
 #           bash bench/gpu/fleet_replay.sh pack <checkout>/.gpuwt [--sessions DIR] [--count N]
 #           (copies the tree, the sessions, part2 and the wheels into the ignored .gpuwt)
 #   call 1, carry [".gpufa/part1.tar.xz"]:  mkdir -p /tmp/fa && tar -C /tmp/fa -xJf .gpufa/part1.tar.xz
