@@ -12,7 +12,6 @@ from typing import Any
 
 import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
-from grpc_reflection.v1alpha import reflection
 from prometheus_client import start_http_server
 
 from ...proto import router_pb2, router_pb2_grpc
@@ -25,6 +24,7 @@ from .prefetch import PrefetchPlanner
 from .prefix_index import PrefixIndex
 from .redis_connect import RedisSettings, connect
 from .redis_store import RedisStore
+from .reflection_names import enable_reflection
 from .registry_service import RankRegistryServicer
 from .replica_lease import ReplicaLease
 from .runtime import RouterRuntime
@@ -256,9 +256,7 @@ def create_server(
             health_pb2_grpc.add_HealthServicer_to_server(health_servicer, target)
     for name in ("", *SERVICE_NAMES):
         health_servicer.set(name, health_pb2.HealthCheckResponse.SERVING)
-    reflection.enable_server_reflection(
-        (*SERVICE_NAMES, health.SERVICE_NAME, reflection.SERVICE_NAME), grpc_server
-    )
+    enable_reflection((*SERVICE_NAMES, health.SERVICE_NAME), grpc_server)
     port = _bind(grpc_server, address, config)
     # The HTTP front in the same pod speaks to the router in the clear, on loopback only when
     # the client port serves TLS (the certificate need not name an address the pod can dial).
