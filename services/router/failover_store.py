@@ -8,6 +8,9 @@ router's own reservations). When a Redis call fails the store turns degraded: ca
 mirror, and the router admits with lenient affinity on its share of each rank's slots (it can no
 longer see other replicas' reservations, so the replicas split the slots rather than each
 taking all). `try_recover` writes the mirror back once Redis answers again.
+
+Reservation changes are numbered (`reservation_order.py`), so a write-back of the mirror
+never brings back a reservation released while the write-back was on its way.
 """
 
 from __future__ import annotations
@@ -21,6 +24,7 @@ import redis
 
 from .model import RankInfo, RankLoad, RankSlots
 from .redis_store import RedisStore
+from .reservation_order import ReservationOrder, WritebackPlan
 from .store import LocalStore, RankRecord
 
 T = TypeVar("T")
@@ -40,6 +44,7 @@ class FailoverStore:
     ) -> None:
         self.remote = remote
         self.local = LocalStore()
+        self._order = ReservationOrder(self.local)
         self._pin_ttl = pin_ttl_seconds
         self._on_redis_error = on_redis_error
         self._on_degraded = on_degraded
@@ -121,17 +126,33 @@ class FailoverStore:
         pin_ttl: float,
         now: float,
     ) -> bool:
-        ok, admitted = self._remote_call(
-            lambda: self.remote.try_admit(rank_id, request_id, slots, conversation_id, pin_ttl, now)
-        )
-        if ok and not admitted:
-            return False
-        if not ok and not self._fits_share(rank_id, slots):
-            return False
-        mirrored = self.local.try_admit(rank_id, request_id, slots, conversation_id, pin_ttl, now)
-        if ok and not mirrored:
-            log.error("local mirror refused %s on %s that redis admitted", request_id, rank_id)
-        return True if ok else mirrored
+        seq = self._order.begin_admit(request_id)
+        outcome: tuple[bool, bool | None] | None = None  # None: an unexpected error
+
+        def record() -> bool:
+            if outcome is None:
+                return False
+            ok, admitted = outcome
+            if ok and not admitted:
+                return False
+            if not ok and not self._fits_share(rank_id, slots):
+                return False
+            mirrored = self.local.try_admit(rank_id, request_id, slots, conversation_id, pin_ttl,
+                                            now)  # fmt: skip
+            if ok and not mirrored:
+                log.error("local mirror refused %s on %s that redis admitted", request_id, rank_id)
+            return True if ok else mirrored
+
+        try:
+            outcome = self._remote_call(
+                lambda: self.remote.try_admit(
+                    rank_id, request_id, slots, conversation_id, pin_ttl, now, seq
+                )
+            )
+        finally:
+            # NOTE: mirrored under the order lock, so no write-back snapshot falls in between.
+            admitted = self._order.end_admit(request_id, record)
+        return admitted
 
     def share(self, rank_id: str) -> int:
         """This replica's part of a rank's slots while degraded: the rank's slots split over
@@ -149,8 +170,18 @@ class FailoverStore:
         return held + slots <= self.share(rank_id)
 
     def release(self, rank_id: str, request_id: str) -> None:
-        self.local.release(rank_id, request_id)
-        self._remote_call(lambda: self.remote.release(rank_id, request_id))
+        seq = self._order.release(lambda: self.local.release(rank_id, request_id))
+        self._remote_call(lambda: self.remote.release(rank_id, request_id, seq))
+
+    def writeback_plan(self) -> WritebackPlan:
+        """A snapshot of this replica's reservations, numbered, for `RedisStore.write_back`."""
+        return self._order.plan()
+
+    def write_back_reservations(self) -> None:
+        """Write this replica's reservations back to Redis from the mirror, taking a fresh
+        snapshot each time one is refused as stale (a change raced it)."""
+        while not self.remote.write_back(self.writeback_plan()):
+            log.debug("reservation write-back raced a change; taken again")
 
     def expire_pins(self, now: float) -> int:
         """Forget expired pins in the mirror, and trim Redis's per-rank pin sets."""
@@ -164,9 +195,10 @@ class FailoverStore:
             return False
         try:
             self.remote.ping()
-            self.remote.resync(
-                self.local.ranks(), self.local.pins(), self.local.reservations(), now
-            )
+            if not self.remote.resync(
+                self.local.ranks(), self.local.pins(), self.writeback_plan(), now
+            ):
+                self.write_back_reservations()
         except redis.RedisError as error:
             self._on_redis_error(error)
             self.degraded_reason = _reason(error)
@@ -174,7 +206,7 @@ class FailoverStore:
         self.recovered_at = now
         self._set_degraded(False, "resync done")
         # NOTE: admissions and finishes made locally while the resync ran are written now.
-        self._remote_call(lambda: self.remote.replace_reservations(self.local.reservations()))
+        self._remote_call(self.write_back_reservations)
         return True
 
     def check_integrity(self) -> None:

@@ -3,14 +3,25 @@
 Keys (prefix `P`): `P:ranks` hash rank -> registration json; `P:hb` hash rank -> heartbeat json;
 `P:res:<rank>` hash `<router>|<request>` -> slots; `P:pin:<conversation>` -> rank (with TTL);
 `P:rank_pins:<rank>` zset of conversations pinned there (score: expiry); `P:replica:<router>`
-a router replica's lease (with TTL), `P:replicas` the set of replica ids seen. Scripts touch
+a router replica's lease (with TTL), `P:replicas` the set of replica ids seen; `P:seq:<router>`
+the highest change number of that replica's reservations that reached Redis (see
+`reservation_order.py`). Scripts touch
 keys they derive from the prefix, so they suit one Redis (or a primary), not Redis Cluster.
 """
 
-# KEYS: ranks, res:<rank>, pin:<conv>, rank_pins:<rank>
-# ARGV: rank, field, slots, conversation ('' = no pin), ttl_ms, expires_at, now
+# Raises this replica's change number in KEYS[n] to ARGV[m] (never lowers it).
+_RAISE_SEQ = """
+local function raise_seq(key, seq)
+  if tonumber(seq) > tonumber(redis.call('GET', key) or '0') then redis.call('SET', key, seq) end
+end
+"""
+
+# KEYS: ranks, res:<rank>, pin:<conv>, rank_pins:<rank>, seq:<router>
+# ARGV: rank, field, slots, conversation ('' = no pin), ttl_ms, expires_at, now, change number
 # Returns 1 admitted, 0 no room, -1 unknown rank. Expired entries of rank_pins go on the way.
-TRY_ADMIT = """
+TRY_ADMIT = (
+    _RAISE_SEQ
+    + """
 local info = redis.call('HGET', KEYS[1], ARGV[1])
 if not info then return -1 end
 local capacity = cjson.decode(info)['max_batch_size']
@@ -18,6 +29,7 @@ local used = 0
 for _, slots in ipairs(redis.call('HVALS', KEYS[2])) do used = used + tonumber(slots) end
 if used + tonumber(ARGV[3]) > capacity then return 0 end
 redis.call('HSET', KEYS[2], ARGV[2], ARGV[3])
+raise_seq(KEYS[5], ARGV[8])
 if ARGV[4] ~= '' then
   redis.call('SET', KEYS[3], ARGV[1], 'PX', ARGV[5])
   redis.call('ZADD', KEYS[4], ARGV[6], ARGV[4])
@@ -25,6 +37,7 @@ if ARGV[4] ~= '' then
 end
 return 1
 """
+)
 
 # KEYS: ranks. ARGV: key prefix. Returns {rank, info json, used, heartbeat json or false, ...}.
 SNAPSHOT = """
@@ -67,14 +80,39 @@ redis.call('DEL', KEYS[4])
 return released
 """
 
-# KEYS: res:<rank>. ARGV: owner prefix ('<router>|'), then field, slots pairs to set.
-# Replaces every reservation of one router on one rank (resync after an outage).
-REPLACE_OWNER_RESERVATIONS = """
-local fields = redis.call('HKEYS', KEYS[1])
-for _, name in ipairs(fields) do
-  if string.sub(name, 1, #ARGV[1]) == ARGV[1] then redis.call('HDEL', KEYS[1], name) end
+# KEYS: res:<rank>, seq:<router>. ARGV: field, change number. Gives back one reservation.
+RELEASE = (
+    _RAISE_SEQ
+    + """
+redis.call('HDEL', KEYS[1], ARGV[1])
+raise_seq(KEYS[2], ARGV[2])
+return 1
+"""
+)
+
+# KEYS: ranks, seq:<router>. ARGV: key prefix, owner prefix ('<router>|'), the snapshot's change
+# number, how many fields to leave alone, those fields, then rank, field, slots triples.
+# Makes one router's reservations on every registered rank exactly the given ones (write-back
+# from its mirror), leaving alone the fields of admissions in flight; refused (returns 0) when a
+# change newer than the snapshot already reached Redis. Ranks no longer registered are skipped.
+WRITE_BACK_RESERVATIONS = """
+if tonumber(redis.call('GET', KEYS[2]) or '0') > tonumber(ARGV[3]) then return 0 end
+local keep = {}
+local first = 5 + tonumber(ARGV[4])
+for i = 5, first - 1 do keep[ARGV[i]] = true end
+for _, rank in ipairs(redis.call('HKEYS', KEYS[1])) do
+  local key = ARGV[1] .. ':res:' .. rank
+  for _, name in ipairs(redis.call('HKEYS', key)) do
+    if string.sub(name, 1, #ARGV[2]) == ARGV[2] and not keep[name] then
+      redis.call('HDEL', key, name)
+    end
+  end
 end
-for i = 2, #ARGV, 2 do redis.call('HSET', KEYS[1], ARGV[i], ARGV[i + 1]) end
+for i = first, #ARGV, 3 do
+  if redis.call('HEXISTS', KEYS[1], ARGV[i]) == 1 then
+    redis.call('HSET', ARGV[1] .. ':res:' .. ARGV[i], ARGV[i + 1], ARGV[i + 2])
+  end
+end
 return 1
 """
 
@@ -128,8 +166,9 @@ table.insert(ids, 1, reaped)
 return ids
 """
 
-# KEYS: ranks, replica:<id>. ARGV: key prefix, owner prefix ('<id>|').
-# A replica starting (or stopping) under its id: its old reservations and its lease go.
+# KEYS: ranks, replica:<id>, seq:<id>. ARGV: key prefix, owner prefix ('<id>|').
+# A replica starting (or stopping) under its id: its old reservations, lease and change number
+# go (a new run numbers its changes from 1 again).
 CLEAR_OWNER = """
 local cleared = 0
 for _, rank in ipairs(redis.call('HKEYS', KEYS[1])) do
@@ -141,6 +180,6 @@ for _, rank in ipairs(redis.call('HKEYS', KEYS[1])) do
     end
   end
 end
-redis.call('DEL', KEYS[2])
+redis.call('DEL', KEYS[2], KEYS[3])
 return cleared
 """

@@ -13,13 +13,15 @@ from .redis_lua import (
     CLEAR_OWNER,
     HEARTBEAT,
     REAP_RESERVATIONS,
+    RELEASE,
     REMOVE_RANK,
     RENEW_LEASE,
-    REPLACE_OWNER_RESERVATIONS,
     RESYNC_RANK,
     SNAPSHOT,
     TRY_ADMIT,
+    WRITE_BACK_RESERVATIONS,
 )
+from .reservation_order import WritebackPlan
 from .store import RankRecord, StoreIntegrityError
 
 
@@ -38,7 +40,8 @@ class RedisStore:
         self._snapshot = client.register_script(SNAPSHOT)
         self._heartbeat = client.register_script(HEARTBEAT)
         self._remove_rank = client.register_script(REMOVE_RANK)
-        self._replace_owner = client.register_script(REPLACE_OWNER_RESERVATIONS)
+        self._release = client.register_script(RELEASE)
+        self._write_back = client.register_script(WRITE_BACK_RESERVATIONS)
         self._resync_rank = client.register_script(RESYNC_RANK)
         self._renew_lease = client.register_script(RENEW_LEASE)
         self._reap = client.register_script(REAP_RESERVATIONS)
@@ -103,12 +106,16 @@ class RedisStore:
         conversation_id: str,
         pin_ttl: float,
         now: float,
+        seq: int = 0,
     ) -> bool:
+        """`seq`: this change's number (reservation_order.py); 0 for callers that never write
+        back a snapshot."""
         keys = [
             self._ranks_key,
             self._res_key(rank_id),
             self._pin_key(conversation_id),
             self._rank_pins_key(rank_id),
+            self._seq_key(),
         ]
         args = [
             rank_id,
@@ -118,11 +125,13 @@ class RedisStore:
             max(1, int(pin_ttl * 1000)),
             repr(now + pin_ttl),
             repr(now),
+            seq,
         ]
         return int(self._try_admit(keys=keys, args=args)) == 1
 
-    def release(self, rank_id: str, request_id: str) -> None:
-        self.client.hdel(self._res_key(rank_id), self._field(request_id))
+    def release(self, rank_id: str, request_id: str, seq: int = 0) -> None:
+        keys = [self._res_key(rank_id), self._seq_key()]
+        self._release(keys=keys, args=[self._field(request_id), seq])
 
     def expire_pins(self, now: float) -> int:
         """Trim expired conversations from every rank's rank_pins (the pins expire by TTL)."""
@@ -140,15 +149,16 @@ class RedisStore:
         self,
         ranks: dict[str, RankRecord],
         pins: dict[str, tuple[str, float]],
-        reservations: dict[str, dict[str, int]],
+        plan: WritebackPlan,
         now: float,
-    ) -> None:
+    ) -> bool:
         """Write back what this router kept while Redis was away.
 
         Ranks are re-registered where Redis has none, heartbeats written only where newer than
         Redis's (a replica's stale view of a rank that heartbeats elsewhere must not make it
         look silent), pins set only where Redis has none (the first replica back wins, so
-        replicas agree), and this router's reservations replace its old ones.
+        replicas agree), and this router's reservations replace its old ones (False when the
+        plan was refused as stale: take a new one and write it with `write_back`).
         """
         pipe = self.client.pipeline(transaction=False)
         for record in ranks.values():
@@ -168,15 +178,18 @@ class RedisStore:
                 pipe.set(self._pin_key(conv), rank_id, px=ttl_ms, nx=True)
                 pipe.zadd(self._rank_pins_key(rank_id), {conv: expires_at})
         pipe.execute()
-        self.replace_reservations({rank_id: reservations.get(rank_id, {}) for rank_id in ranks})
+        return self.write_back(plan)
 
-    def replace_reservations(self, reservations: dict[str, dict[str, int]]) -> None:
-        """Make this router's reservations on each given rank exactly these."""
-        for rank_id, held in reservations.items():
-            args = [f"{self.owner}|"]
+    def write_back(self, plan: WritebackPlan) -> bool:
+        """Make this router's reservations on every registered rank exactly the plan's, in one
+        step; False (nothing written) when a change newer than the plan reached Redis."""
+        keep = [self._field(request_id) for request_id in plan.in_flight]
+        args: list[str | int] = [self.prefix, f"{self.owner}|", plan.seq, len(keep), *keep]
+        for rank_id, held in plan.held.items():
             for request_id, slots in held.items():
-                args += [self._field(request_id), slots]
-            self._replace_owner(keys=[self._res_key(rank_id)], args=args)
+                args += [rank_id, self._field(request_id), slots]
+        keys = [self._ranks_key, self._seq_key()]
+        return int(self._write_back(keys=keys, args=args)) == 1
 
     # Leases: a replica's reservations live as long as its lease (see replica_lease.py).
     def renew_lease(self, lease_seconds: float) -> bool:
@@ -191,11 +204,14 @@ class RedisStore:
 
     def clear_own(self) -> int:
         """Delete this replica's reservations and lease (at start and at a clean stop)."""
-        keys = [self._ranks_key, self._lease_key(self.owner)]
+        keys = [self._ranks_key, self._lease_key(self.owner), self._seq_key()]
         return int(self._clear_owner(keys=keys, args=[self.prefix, f"{self.owner}|"]))
 
     def _lease_key(self, owner: str) -> str:
         return f"{self.prefix}:replica:{owner}"
+
+    def _seq_key(self) -> str:
+        return f"{self.prefix}:seq:{self.owner}"
 
     def check_integrity(self) -> None:
         for rank_id, (slots, _) in self.snapshot().items():

@@ -7,7 +7,8 @@ within about one lease and a third. A replica starting under an id (a pod name, 
 restarts) first deletes the reservations left under that id; a clean stop deletes its own.
 
 A replica whose lease lapsed while it lived (cut off from Redis, or stalled) writes its own
-reservations back from its local mirror at the next renewal.
+reservations back from its local mirror at the next renewal (numbered against its own releases,
+so none released meanwhile comes back: `reservation_order.py`).
 """
 
 from __future__ import annotations
@@ -69,7 +70,7 @@ class ReplicaLease:
         remote = self._store.remote
         if not remote.renew_lease(self._lease) and not self._store.degraded:
             log.warning("replica %s: lease had lapsed; writing its reservations back", remote.owner)
-            remote.replace_reservations(self._store.local.reservations())
+            self._store.write_back_reservations()
         reaped, live = remote.reap_lapsed()
         self._store.live_replicas = live
         if reaped:
