@@ -3,6 +3,13 @@
 Two threads: one registers (retrying until the router answers) and heartbeats, registering
 again when a reply says the router forgot the rank; one streams KV event batches from a queue
 that the engine core fills (never blocking the core).
+
+The router address may name several replicas (`host:port,host:port`; they share one Redis,
+where a heartbeat counts for every replica). A heartbeat or registration that fails or times
+out drops the connection and dials the next address (with one address: a new connection, which
+a Service may send to another replica), and the rank registers there: a hung replica, whose
+connection stays open and answers nothing, must not keep the rank silent to the others until
+they remove it.
 """
 
 from __future__ import annotations
@@ -63,6 +70,9 @@ class RouterLink:
         fleet_secret: str | None = None,
     ) -> None:
         self.rank_id = rank_id
+        self._addresses = [a.strip() for a in router_address.split(",") if a.strip()]
+        if not self._addresses:
+            raise ValueError(f"router_address: {router_address!r} names no address")
         self._metadata = secret_metadata(fleet_secret)  # shown on every RankRegistry call
         self._registration = router_pb2.RegisterRequest(
             rank_id=rank_id,
@@ -73,7 +83,9 @@ class RouterLink:
         )
         self._load = load
         self._draining = draining  # read at each heartbeat: the operator's scale-in mark
-        self._channel = grpc.insecure_channel(router_address)
+        self._dial_lock = threading.Lock()  # the heartbeat thread redials; both threads call
+        self._dialed = 0  # index into _addresses
+        self._channel = grpc.insecure_channel(self._addresses[0])
         self._registry = router_pb2_grpc.RankRegistryStub(self._channel)
         self._events: queue.Queue[list[BlockEvent] | None] = queue.Queue()
         self._stop = threading.Event()
@@ -98,10 +110,32 @@ class RouterLink:
         self._events.put(None)
         for thread in self._threads:
             thread.join(timeout)
-        self._channel.close()
+        with self._dial_lock:
+            self._channel.close()
+
+    @property
+    def router_address(self) -> str:
+        """The router address the link talks to now."""
+        with self._dial_lock:
+            return self._addresses[self._dialed]
+
+    def _stub(self) -> router_pb2_grpc.RankRegistryStub:
+        with self._dial_lock:
+            return self._registry
+
+    def _redial(self) -> None:
+        """Drop the connection (its calls end) and dial the next address; register there."""
+        self.registered.clear()
+        with self._dial_lock:
+            self._channel.close()
+            self._dialed = (self._dialed + 1) % len(self._addresses)
+            self._channel = grpc.insecure_channel(self._addresses[self._dialed])
+            self._registry = router_pb2_grpc.RankRegistryStub(self._channel)
+            address = self._addresses[self._dialed]
+        log.warning("rank %s: dialling router %s", self.rank_id, address)
 
     def _register(self) -> float:
-        reply = self._registry.Register(
+        reply = self._stub().Register(
             self._registration, timeout=RPC_TIMEOUT_SECONDS, metadata=self._metadata
         )
         self.registered.set()
@@ -115,7 +149,7 @@ class RouterLink:
                 if not self.registered.is_set():
                     interval = self._register()
                 load = self._load()
-                reply = self._registry.Heartbeat(
+                reply = self._stub().Heartbeat(
                     router_pb2.HeartbeatRequest(
                         rank_id=self.rank_id,
                         load=router_pb2.RankLoad(
@@ -138,7 +172,9 @@ class RouterLink:
                     error.code().name,
                     error.details(),
                 )
-                self.registered.clear()
+                if self._stop.is_set():
+                    return
+                self._redial()
                 self._stop.wait(RETRY_SECONDS)
                 continue
             self._stop.wait(interval)
@@ -163,7 +199,7 @@ class RouterLink:
                 continue
             call_ended = threading.Event()
             try:
-                self._registry.PublishKvEvents(self._batches(call_ended), metadata=self._metadata)
+                self._stub().PublishKvEvents(self._batches(call_ended), metadata=self._metadata)
                 return
             except grpc.RpcError as error:
                 log.warning("rank %s: KV event stream broke (%s)", self.rank_id, error.code().name)
