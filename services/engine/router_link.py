@@ -68,6 +68,7 @@ class RouterLink:
         load: Callable[[], EngineLoad],
         draining: Callable[[], bool] = lambda: False,
         fleet_secret: str | None = None,
+        leaving: Callable[[], bool] = lambda: False,
     ) -> None:
         self.rank_id = rank_id
         self._addresses = [a.strip() for a in router_address.split(",") if a.strip()]
@@ -83,6 +84,10 @@ class RouterLink:
         )
         self._load = load
         self._draining = draining  # read at each heartbeat: the operator's scale-in mark
+        self._leaving = leaving  # read at each heartbeat: the rank is shutting down
+        # Set once a router took a heartbeat that said the rank is leaving.
+        self.leaving_heard = threading.Event()
+        self._wake = threading.Event()  # heartbeat now (see `beat_now`)
         self._dial_lock = threading.Lock()  # the heartbeat thread redials; both threads call
         self._dialed = 0  # index into _addresses
         self._channel = grpc.insecure_channel(self._addresses[0])
@@ -107,11 +112,16 @@ class RouterLink:
     def stop(self, timeout: float = 5.0) -> None:
         """Stop both threads and close the channel."""
         self._stop.set()
+        self._wake.set()
         self._events.put(None)
         for thread in self._threads:
             thread.join(timeout)
         with self._dial_lock:
             self._channel.close()
+
+    def beat_now(self) -> None:
+        """Send the next heartbeat now rather than at its interval (a change to report)."""
+        self._wake.set()
 
     @property
     def router_address(self) -> str:
@@ -148,7 +158,9 @@ class RouterLink:
             try:
                 if not self.registered.is_set():
                     interval = self._register()
+                self._wake.clear()  # before the read: a later change wakes the next beat
                 load = self._load()
+                leaving = self._leaving()
                 reply = self._stub().Heartbeat(
                     router_pb2.HeartbeatRequest(
                         rank_id=self.rank_id,
@@ -157,6 +169,7 @@ class RouterLink:
                             queued=load.queued,
                             kv_usage=load.kv_usage,
                             draining=self._draining(),
+                            leaving=leaving,
                         ),
                     ),
                     timeout=RPC_TIMEOUT_SECONDS,
@@ -165,6 +178,8 @@ class RouterLink:
                 if not reply.registered:
                     self.registered.clear()
                     continue
+                if leaving:
+                    self.leaving_heard.set()
             except grpc.RpcError as error:
                 log.warning(
                     "rank %s: router refused or unreachable (%s %s)",
@@ -177,7 +192,7 @@ class RouterLink:
                 self._redial()
                 self._stop.wait(RETRY_SECONDS)
                 continue
-            self._stop.wait(interval)
+            self._wake.wait(interval)
 
     def _batches(self, call_ended: threading.Event) -> Iterator[router_pb2.KvEventBatch]:
         # grpc reads this on a thread of its own that outlives a broken call: without the

@@ -259,6 +259,7 @@ def _heartbeat_json(now: float, load: RankLoad) -> str:
             "queued": load.queued,
             "kv": load.kv_usage,
             "drain": load.draining,
+            "leave": load.leaving,
         }
     )
 
@@ -268,6 +269,10 @@ def _heartbeat_from_json(text: str) -> tuple[float, RankLoad]:
         return 0.0, RankLoad()
     data = json.loads(text)
     load = RankLoad(
-        int(data["free"]), int(data["queued"]), float(data["kv"]), bool(data.get("drain", False))
+        int(data["free"]),
+        int(data["queued"]),
+        float(data["kv"]),
+        bool(data.get("drain", False)),
+        bool(data.get("leave", False)),
     )
     return float(data["t"]), load
