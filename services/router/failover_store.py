@@ -17,13 +17,14 @@ from __future__ import annotations
 
 import logging
 import threading
+import time
 from collections.abc import Callable, Iterable
 from typing import TypeVar
 
 import redis
 
 from .model import RankInfo, RankLoad, RankSlots
-from .redis_store import RedisStore
+from .redis_store import LeaseLost, RedisStore
 from .reservation_order import ReservationOrder, WritebackPlan
 from .store import LocalStore, RankRecord
 
@@ -55,6 +56,13 @@ class FailoverStore:
         self._flag_lock = threading.Lock()  # degraded turns on or off once per outage
         self.recovered_at: float | None = None  # `now` of the last resync
         self.live_replicas: list[str] = []  # replica ids holding a lease, at the last beat
+        self._degraded_at = 0.0  # time.monotonic() when the last outage began
+        # Degraded while Redis answers (this replica's lease was gone, or it waits for the
+        # other replicas to write their state back): admit nothing rather than a share, since
+        # Redis is about to count every replica's reservations again and the shares do not
+        # count those made before the outage.
+        self._holding = False
+        self._others_used: dict[str, int] = {}  # rank -> other replicas' slots, last seen
 
     def _remote_call(self, call: Callable[[], T]) -> tuple[bool, T | None]:
         """Run a Redis call unless degraded; (False, None) when Redis is away."""
@@ -64,6 +72,8 @@ class FailoverStore:
             return True, call()
         except redis.RedisError as error:
             self._on_redis_error(error)
+            if isinstance(error, LeaseLost):
+                self._holding = True
             self._set_degraded(True, _reason(error))
             return False, None
 
@@ -73,6 +83,10 @@ class FailoverStore:
             if degraded == self.degraded:
                 return
             self.degraded = degraded
+            if degraded:
+                self._degraded_at = time.monotonic()
+            else:
+                self._holding = False
         if degraded:
             log.warning(
                 "redis unreachable (%s): serving from local state, lenient affinity", reason
@@ -80,6 +94,12 @@ class FailoverStore:
         else:
             log.warning("redis back (%s): local state written back, affinity restored", reason)
         self._on_degraded(degraded)
+
+    def lease_lost(self, reason: str) -> None:
+        """This replica's lease is gone from Redis: serve from the mirror until the recovery
+        has written its state back (see replica_lease.py)."""
+        self._holding = True
+        self._set_degraded(True, f"LeaseLost: {reason}")
 
     def register_rank(self, info: RankInfo, now: float) -> None:
         self.local.register_rank(info, now)
@@ -99,6 +119,13 @@ class FailoverStore:
         ok, remote = self._remote_call(self.remote.snapshot)
         if not ok or remote is None:
             return self.local.snapshot()
+        own = self.local.reservations()
+        # NOTE: what the other replicas held when Redis was last seen, counted against this
+        # replica's share while degraded (a release racing this read only makes it larger).
+        self._others_used = {
+            rank_id: max(0, slots.used - sum(own.get(rank_id, {}).values()))
+            for rank_id, (slots, _) in remote.items()
+        }
         known = self.local.ranks()
         for slots, last_heartbeat in remote.values():
             self.local.put_rank(RankRecord(slots.info, last_heartbeat, slots.load))
@@ -135,7 +162,7 @@ class FailoverStore:
             ok, admitted = outcome
             if ok and not admitted:
                 return False
-            if not ok and not self._fits_share(rank_id, slots):
+            if not ok and (self._holding or not self._fits_share(rank_id, slots)):
                 return False
             mirrored = self.local.try_admit(rank_id, request_id, slots, conversation_id, pin_ttl,
                                             now)  # fmt: skip
@@ -166,8 +193,16 @@ class FailoverStore:
         return base + (1 if replicas.index(self.remote.owner) < extra else 0)
 
     def _fits_share(self, rank_id: str, slots: int) -> bool:
+        """Within this replica's share, and within what the others left free when Redis was
+        last seen: they may hold more than their share from before the outage (they admit no
+        more until under it), so theirs never fall below min(then, their shares)."""
+        record = self.local.ranks().get(rank_id)
+        if record is None:
+            return False
         held = sum(self.local.reservations().get(rank_id, {}).values())
-        return held + slots <= self.share(rank_id)
+        others = self._others_used.get(rank_id, 0)
+        room = min(self.share(rank_id), record.info.max_batch_size - others)
+        return held + slots <= room
 
     def release(self, rank_id: str, request_id: str) -> None:
         seq = self._order.release(lambda: self.local.release(rank_id, request_id))
@@ -199,6 +234,9 @@ class FailoverStore:
                 self.local.ranks(), self.local.pins(), self.writeback_plan(), now
             ):
                 self.write_back_reservations()
+            if self._others_not_back():
+                self._holding = True
+                return False
         except redis.RedisError as error:
             self._on_redis_error(error)
             self.degraded_reason = _reason(error)
@@ -208,6 +246,19 @@ class FailoverStore:
         # NOTE: admissions and finishes made locally while the resync ran are written now.
         self._remote_call(self.write_back_reservations)
         return True
+
+    def _others_not_back(self) -> bool:
+        """True while a replica that held a lease before the outage has not written its state
+        back yet (within one lease of the outage): until then Redis does not count its
+        reservations, so this replica keeps to its share."""
+        lease_ms = self.remote.lease_ms
+        if not lease_ms or time.monotonic() - self._degraded_at >= lease_ms / 1000:
+            return False
+        others = set(self.live_replicas) - {self.remote.owner}
+        missing = self.remote.missing_leases(others)
+        if missing:
+            log.info("redis back; waiting for replicas %s to write their state back", missing)
+        return bool(missing)
 
     def check_integrity(self) -> None:
         self.local.check_integrity()

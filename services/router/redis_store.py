@@ -25,8 +25,19 @@ from .reservation_order import WritebackPlan
 from .store import RankRecord, StoreIntegrityError
 
 
+class LeaseLost(redis.RedisError):
+    """This replica's lease is gone from Redis (Redis restarted empty, or the lease lapsed and
+    its reservations were reaped): Redis no longer counts what it holds, so it must write its
+    state back before it admits against Redis again (the failover store treats it as an outage).
+    """
+
+
 class RedisStore:
-    """AdmissionStore over Redis. `owner` names this router in reservation fields."""
+    """AdmissionStore over Redis. `owner` names this router in reservation fields.
+
+    With `lease_ms` set (the router's lease, replica_lease.py), snapshots, admissions and pin
+    reads check that this replica's lease is still in Redis, and raise LeaseLost when it is not.
+    """
 
     def __init__(self, client: redis.Redis, prefix: str = "kvfleet", owner: str = "router") -> None:
         if "|" in owner:
@@ -47,6 +58,7 @@ class RedisStore:
         self._reap = client.register_script(REAP_RESERVATIONS)
         self._clear_owner = client.register_script(CLEAR_OWNER)
         self._replicas_key = f"{prefix}:replicas"
+        self.lease_ms = 0  # 0: no lease (tests, tools); set by ReplicaLease
 
     @classmethod
     def from_url(
@@ -82,7 +94,10 @@ class RedisStore:
         return int(self._remove_rank(keys=keys, args=[rank_id, self._pin_key("")]))
 
     def snapshot(self) -> dict[str, tuple[RankSlots, float]]:
-        flat = self._snapshot(keys=[self._ranks_key], args=[self.prefix])
+        keys = [self._ranks_key, self._lease_key(self.owner)]
+        flat = self._snapshot(keys=keys, args=[self.prefix, "1" if self.lease_ms else "0"])
+        if flat == -2:
+            raise LeaseLost(f"replica {self.owner}: lease gone from redis (snapshot)")
         out = {}
         for i in range(0, len(flat), 4):
             rank_id, info_json, used, hb_json = flat[i : i + 4]
@@ -95,7 +110,15 @@ class RedisStore:
         conversations = list(conversation_ids)
         if not conversations:
             return {}
-        values = self.client.mget([self._pin_key(c) for c in conversations])
+        if self.lease_ms:
+            pipe = self.client.pipeline(transaction=True)
+            pipe.exists(self._lease_key(self.owner))
+            pipe.mget([self._pin_key(c) for c in conversations])
+            held, values = pipe.execute()
+            if not held:
+                raise LeaseLost(f"replica {self.owner}: lease gone from redis (reading pins)")
+        else:
+            values = self.client.mget([self._pin_key(c) for c in conversations])
         return {conv: rank for conv, rank in zip(conversations, values, strict=True) if rank}
 
     def try_admit(
@@ -116,6 +139,7 @@ class RedisStore:
             self._pin_key(conversation_id),
             self._rank_pins_key(rank_id),
             self._seq_key(),
+            self._lease_key(self.owner),
         ]
         args = [
             rank_id,
@@ -126,8 +150,12 @@ class RedisStore:
             repr(now + pin_ttl),
             repr(now),
             seq,
+            "1" if self.lease_ms else "0",
         ]
-        return int(self._try_admit(keys=keys, args=args)) == 1
+        admitted = int(self._try_admit(keys=keys, args=args))
+        if admitted == -2:
+            raise LeaseLost(f"replica {self.owner}: lease gone from redis (admitting)")
+        return admitted == 1
 
     def release(self, rank_id: str, request_id: str, seq: int = 0) -> None:
         keys = [self._res_key(rank_id), self._seq_key()]
@@ -181,21 +209,35 @@ class RedisStore:
         return self.write_back(plan)
 
     def write_back(self, plan: WritebackPlan) -> bool:
-        """Make this router's reservations on every registered rank exactly the plan's, in one
-        step; False (nothing written) when a change newer than the plan reached Redis."""
+        """Make this router's reservations on every registered rank exactly the plan's and take
+        its lease (if it has one), in one step; False (nothing written) when a change newer than
+        the plan reached Redis."""
         keep = [self._field(request_id) for request_id in plan.in_flight]
-        args: list[str | int] = [self.prefix, f"{self.owner}|", plan.seq, len(keep), *keep]
+        args: list[str | int] = [self.prefix, f"{self.owner}|", plan.seq, self.lease_ms]
+        args += [self.owner, len(keep), *keep]
         for rank_id, held in plan.held.items():
             for request_id, slots in held.items():
                 args += [rank_id, self._field(request_id), slots]
-        keys = [self._ranks_key, self._seq_key()]
+        keys = [self._ranks_key, self._seq_key(), self._lease_key(self.owner), self._replicas_key]
         return int(self._write_back(keys=keys, args=args)) == 1
 
     # Leases: a replica's reservations live as long as its lease (see replica_lease.py).
-    def renew_lease(self, lease_seconds: float) -> bool:
-        """Take or renew this replica's lease; False when it had lapsed (or was never held)."""
+    def renew_lease(self, lease_seconds: float, only_if_held: bool = False) -> bool:
+        """Take or renew this replica's lease; False when it had lapsed (or was never held), and
+        then, `only_if_held`, it is not taken (a write-back takes it with the reservations)."""
         keys = [self._lease_key(self.owner), self._replicas_key]
-        return int(self._renew_lease(keys=keys, args=[self.owner, int(lease_seconds * 1000)])) == 1
+        args = [self.owner, int(lease_seconds * 1000), "1" if only_if_held else "0"]
+        return int(self._renew_lease(keys=keys, args=args)) == 1
+
+    def missing_leases(self, owners: Iterable[str]) -> list[str]:
+        """The replicas among `owners` that hold no lease now."""
+        names = sorted(owners)
+        if not names:
+            return []
+        pipe = self.client.pipeline(transaction=False)
+        for owner in names:
+            pipe.exists(self._lease_key(owner))
+        return [owner for owner, held in zip(names, pipe.execute(), strict=True) if not held]
 
     def reap_lapsed(self) -> tuple[int, list[str]]:
         """Delete the reservations of replicas without a lease; (deleted, live replica ids)."""

@@ -6,7 +6,8 @@ that lands in Redis between the two would be written back, and nothing would eve
 again. So every admission and release of this replica takes a number (`seq`) before it goes to
 Redis, and Redis keeps the highest number that reached it (`P:seq:<replica>`); a write-back
 carries the number its snapshot was taken at and is refused, atomically, when a newer change
-already reached Redis (then it is taken again). Admissions in flight when the snapshot is taken
+already reached Redis, or a newer snapshot was written back (which carries the changes made
+while Redis was away); then it is taken again. Admissions in flight when the snapshot is taken
 (in Redis perhaps, in the mirror not yet) are named in the snapshot and left alone.
 """
 
