@@ -35,6 +35,8 @@ ROLES = {
     "generation": common_pb2.RANK_ROLE_GENERATION,
 }
 RETRY_SECONDS = 0.5
+# A call's deadline: this, or the heartbeat interval when shorter, so that a hung router is
+# left (and another dialled, at once) well within the router's heartbeat timeout (3 intervals).
 RPC_TIMEOUT_SECONDS = 2.0
 # How often a KV event stream that waits for events checks whether its call or the link ended.
 QUEUE_POLL_SECONDS = 0.5
@@ -96,6 +98,7 @@ class RouterLink:
         self._stop = threading.Event()
         self.registered = threading.Event()
         self._threads: list[threading.Thread] = []
+        self._rpc_timeout = RPC_TIMEOUT_SECONDS  # shortened to the interval at registration
 
     def start(self) -> RouterLink:
         """Start the heartbeat and KV event threads."""
@@ -146,14 +149,17 @@ class RouterLink:
 
     def _register(self) -> float:
         reply = self._stub().Register(
-            self._registration, timeout=RPC_TIMEOUT_SECONDS, metadata=self._metadata
+            self._registration, timeout=self._rpc_timeout, metadata=self._metadata
         )
         self.registered.set()
         log.info("rank %s registered", self.rank_id)
-        return reply.heartbeat_interval_seconds or 1.0
+        interval = reply.heartbeat_interval_seconds or 1.0
+        self._rpc_timeout = min(RPC_TIMEOUT_SECONDS, interval)
+        return interval
 
     def _beat(self) -> None:
         interval = RETRY_SECONDS
+        failures = 0  # in a row: every address tried once, wait before the next round
         while not self._stop.is_set():
             try:
                 if not self.registered.is_set():
@@ -172,9 +178,10 @@ class RouterLink:
                             leaving=leaving,
                         ),
                     ),
-                    timeout=RPC_TIMEOUT_SECONDS,
+                    timeout=self._rpc_timeout,
                     metadata=self._metadata,
                 )
+                failures = 0
                 if not reply.registered:
                     self.registered.clear()
                     continue
@@ -190,7 +197,9 @@ class RouterLink:
                 if self._stop.is_set():
                     return
                 self._redial()
-                self._stop.wait(RETRY_SECONDS)
+                failures += 1
+                if failures % len(self._addresses) == 0:
+                    self._stop.wait(RETRY_SECONDS)
                 continue
             self._wake.wait(interval)
 
