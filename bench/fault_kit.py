@@ -125,8 +125,12 @@ class RouterProcess:
         return float(match.group(1)) if match else 0.0
 
 
-def start_router(procs: Processes, name: str, redis_url: str, *extra: str) -> RouterProcess:
-    port, rank_port, metrics_port, http_port = (free_port() for _ in range(4))
+def start_router(
+    procs: Processes, name: str, redis_url: str, *extra: str, rank_port: int | None = None
+) -> RouterProcess:
+    """`rank_port`: one chosen before (ranks started earlier already name it)."""
+    port, metrics_port, http_port = (free_port() for _ in range(3))
+    rank_port = rank_port or free_port()
     command = [sys.executable, "-m", "kvfleet.services.cli", "router", "--host", HOST,
                "--grpc-port", str(port), "--rank-port", str(rank_port),
                "--metrics-port", str(metrics_port), "--http-port", str(http_port),
@@ -137,12 +141,14 @@ def start_router(procs: Processes, name: str, redis_url: str, *extra: str) -> Ro
     return RouterProcess(process, port, rank_port, metrics_port, http_port)
 
 
-def start_rank(procs: Processes, rank_id: str, rank_port: int) -> subprocess.Popen:
+def start_rank(procs: Processes, rank_id: str, *rank_ports: int) -> subprocess.Popen:
+    """A tiny-model rank registering with the routers on `rank_ports`, tried in turn."""
+    routers = ",".join(f"{HOST}:{port}" for port in rank_ports)
     command = [sys.executable, "-m", "kvfleet.services.cli", "engine", "--model", "tiny",
                "--host", HOST, "--advertise-host", HOST, "--grpc-port", str(free_port()),
                "--http-port", "-1", "--metrics-port", "-1", "--rank-id", rank_id,
                "--max-batch-size", "4", "--kv-pages", "96", "--podinfo-dir", str(procs.workdir),
-               "--router", f"{HOST}:{rank_port}"]  # fmt: skip
+               "--router", routers]  # fmt: skip
     return procs.spawn(rank_id, command)
 
 

@@ -32,6 +32,7 @@ from fault_kit import (
     Processes,
     RedisProcess,
     Turn,
+    free_port,
     run_load,
     start_rank,
     start_router,
@@ -52,6 +53,7 @@ HEARTBEAT_TIMEOUT_S = 3.0 if FAST else 10.0  # the router's --heartbeat-timeout-
 BIG_REGISTER_BYTES = 70 * 1024 * 1024
 SLOW_CLIENTS = 50
 DEADLINE = 30.0
+HUNG_REPLICA_S = 25.0
 ROWS: list[tuple[str, Counts, str]] = []
 
 
@@ -89,7 +91,10 @@ def run(procs: Processes) -> None:
     store = RedisProcess(procs)
     store.start()
     router = start_router(procs, "router-a", store.url, *ROUTER_FLAGS)
-    ranks = {rank_id: start_rank(procs, rank_id, router.rank_port) for rank_id in RANKS}
+    b_rank_port = free_port()  # router-b starts later; the ranks know it from the start
+    ranks = {
+        rank_id: start_rank(procs, rank_id, router.rank_port, b_rank_port) for rank_id in RANKS
+    }
     shared = RedisStore(redis.Redis(port=store.port, decode_responses=True), prefix="faults")
     wait_for(lambda: len(shared.snapshot()) == len(RANKS), 180, "ranks registered")
     run_load(router.port, turns("warm", 6), 6, DEADLINE)
@@ -150,7 +155,8 @@ def run(procs: Processes) -> None:
     killed = run_load(router.port, turns("killrank", 12, max_tokens=48), 6, DEADLINE, kill_rank)
     row("engine SIGKILL mid-stream", killed, f"codes {killed.codes}")
 
-    replica = start_router(procs, "router-b", store.url, *ROUTER_FLAGS)
+    replica = start_router(procs, "router-b", store.url, *ROUTER_FLAGS, rank_port=b_rank_port)
+    two_replica_rows(procs, store, router, replica, ranks, shared)
     reclaimed = {}
 
     def kill_replica() -> None:
@@ -175,6 +181,62 @@ def run(procs: Processes) -> None:
         f"all closed by the server after {seconds:.0f} s")  # fmt: skip
     after_faults = run_load(router.port, turns("after", 12), 6, DEADLINE)
     row("load after the rank-door faults", after_faults, ok_rate(after_faults))
+
+
+def two_replica_rows(procs, store, router, replica, ranks, shared) -> None:
+    """Faults of a fleet with two router replicas on one Redis: one hung, Redis emptied
+    under both, a rank's SIGTERM drain."""
+    live = len(shared.snapshot())  # rank-2 was killed above
+    before = removed(replica)
+
+    def hang_router_a() -> None:
+        router.process.send_signal(signal.SIGSTOP)
+        time.sleep(HUNG_REPLICA_S)
+        router.process.send_signal(signal.SIGCONT)
+
+    hung = run_load(replica.port, turns("hungrep", 12, max_tokens=48), 6, DEADLINE, hang_router_a)
+    row(f"router replica hung {HUNG_REPLICA_S:g} s (SIGSTOP), load via the other", hung,
+        f"ranks removed {removed(replica) - before:g}")  # fmt: skip
+    wait_for(lambda: len(shared.snapshot()) == live, 60, "ranks after the hang")
+
+    full_before = requeued_full(router) + requeued_full(replica)
+    via_b: dict[str, Counts] = {}
+    side = threading.Thread(
+        target=lambda: via_b.update(c=run_load(replica.port, turns("emptyb", 12), 3, DEADLINE))
+    )
+    side.start()
+    emptied = run_load(router.port, turns("emptya", 12), 3, DEADLINE, lambda: restart(store))
+    side.join()
+    for name in ("sent", "succeeded", "failed_cleanly", "hung", "wrong"):
+        setattr(emptied, name, getattr(emptied, name) + getattr(via_b["c"], name))
+    full = requeued_full(router) + requeued_full(replica) - full_before
+    row("redis restarted empty under two replicas", emptied, f"engine refusals {full:g}")
+    wait_for(lambda: len(shared.snapshot()) == live, 60, "ranks after the restart")
+
+    conversations = [Turn(f"roll-{i % 6}", max_tokens=48) for i in range(36)]
+    old_address = shared.snapshot()["rank-0"][0].info.address
+    drained = run_load(router.port, conversations, 6, DEADLINE,
+                       lambda: ranks["rank-0"].send_signal(signal.SIGTERM))  # fmt: skip
+    row("rank SIGTERM drain under pinned load", drained, f"codes {drained.codes}")
+    ranks["rank-0"].wait(60)
+    ranks["rank-0"] = start_rank(procs, "rank-0", router.rank_port, replica.rank_port)
+
+    def restarted() -> bool:  # the new process registered (the leaving one may still be listed)
+        entry = shared.snapshot().get("rank-0")
+        return entry is not None and entry[0].info.address != old_address
+
+    wait_for(restarted, 180, "rank-0 back")
+
+
+def restart(store: RedisProcess) -> None:
+    """Redis stopped and started again empty (no persistence) under load."""
+    store.kill()
+    store.start()
+
+
+def requeued_full(router) -> float:
+    """Requests an engine turned away as full: the router had over-admitted it."""
+    return router.metric("kvfleet_router_requeued_full_total")
 
 
 def resized_register(router, live) -> Counts:

@@ -25,7 +25,7 @@ _sym_db = _symbol_database.Default()
 from kvfleet.proto import common_pb2 as kvfleet_dot_proto_dot_common__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1akvfleet/proto/router.proto\x12\x07kvfleet\x1a\x1akvfleet/proto/common.proto\"\xdf\x02\n\x0fGenerateRequest\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\x17\n\x0f\x63onversation_id\x18\x02 \x01(\t\x12-\n\x10prompt_token_ids\x18\x03 \x01(\x0b\x32\x11.kvfleet.TokenIdsH\x00\x12\x15\n\x0bprompt_text\x18\x04 \x01(\tH\x00\x12)\n\x08sampling\x18\x05 \x01(\x0b\x32\x17.kvfleet.SamplingParams\x12\x12\n\nmax_tokens\x18\x06 \x01(\x05\x12\x14\n\x07rank_id\x18\x07 \x01(\tH\x01\x88\x01\x01\x12\x12\n\nrelax_rank\x18\x08 \x01(\x08\x12\x15\n\rchild_samples\x18\t \x01(\r\x12\x12\n\ncache_salt\x18\n \x01(\t\x12\x14\n\x0c\x62ranch_hints\x18\x0b \x03(\r\x12\x19\n\x11retention_seconds\x18\x0c \x01(\rB\x08\n\x06promptB\n\n\x08_rank_id\"_\n\x10GenerateResponse\x12\'\n\x05\x63hunk\x18\x01 \x01(\x0b\x32\x18.kvfleet.GenerationChunk\x12\x0f\n\x07rank_id\x18\x02 \x01(\t\x12\x11\n\tplacement\x18\x03 \x01(\t\"\x80\x01\n\x0fRegisterRequest\x12\x0f\n\x07rank_id\x18\x01 \x01(\t\x12\x0f\n\x07\x61\x64\x64ress\x18\x02 \x01(\t\x12\x16\n\x0emax_batch_size\x18\x03 \x01(\r\x12\x1f\n\x04role\x18\x04 \x01(\x0e\x32\x11.kvfleet.RankRole\x12\x12\n\nblock_size\x18\x05 \x01(\r\"6\n\x10RegisterResponse\x12\"\n\x1aheartbeat_interval_seconds\x18\x01 \x01(\x01\"R\n\x08RankLoad\x12\x12\n\nfree_slots\x18\x01 \x01(\r\x12\x0e\n\x06queued\x18\x02 \x01(\r\x12\x10\n\x08kv_usage\x18\x03 \x01(\x02\x12\x10\n\x08\x64raining\x18\x04 \x01(\x08\"D\n\x10HeartbeatRequest\x12\x0f\n\x07rank_id\x18\x01 \x01(\t\x12\x1f\n\x04load\x18\x02 \x01(\x0b\x32\x11.kvfleet.RankLoad\"\'\n\x11HeartbeatResponse\x12\x12\n\nregistered\x18\x01 \x01(\x08\"\x93\x01\n\x0c\x42locksStored\x12\x14\n\x0c\x62lock_hashes\x18\x01 \x03(\x04\x12\x1e\n\x11parent_block_hash\x18\x02 \x01(\x04H\x00\x88\x01\x01\x12\x11\n\ttoken_ids\x18\x03 \x03(\r\x12\x16\n\troot_hash\x18\x04 \x01(\x04H\x01\x88\x01\x01\x42\x14\n\x12_parent_block_hashB\x0c\n\n_root_hash\"%\n\rBlocksRemoved\x12\x14\n\x0c\x62lock_hashes\x18\x01 \x03(\x04\"\x12\n\x10\x41llBlocksCleared\"\x94\x01\n\x07KvEvent\x12\'\n\x06stored\x18\x01 \x01(\x0b\x32\x15.kvfleet.BlocksStoredH\x00\x12)\n\x07removed\x18\x02 \x01(\x0b\x32\x16.kvfleet.BlocksRemovedH\x00\x12,\n\x07\x63leared\x18\x03 \x01(\x0b\x32\x19.kvfleet.AllBlocksClearedH\x00\x42\x07\n\x05\x65vent\"A\n\x0cKvEventBatch\x12\x0f\n\x07rank_id\x18\x01 \x01(\t\x12 \n\x06\x65vents\x18\x02 \x03(\x0b\x32\x10.kvfleet.KvEvent\"%\n\x0bKvEventsAck\x12\x16\n\x0e\x65vents_applied\x18\x01 \x01(\x04\x32K\n\x06Router\x12\x41\n\x08Generate\x12\x18.kvfleet.GenerateRequest\x1a\x19.kvfleet.GenerateResponse0\x01\x32\xd5\x01\n\x0cRankRegistry\x12?\n\x08Register\x12\x18.kvfleet.RegisterRequest\x1a\x19.kvfleet.RegisterResponse\x12\x42\n\tHeartbeat\x12\x19.kvfleet.HeartbeatRequest\x1a\x1a.kvfleet.HeartbeatResponse\x12@\n\x0fPublishKvEvents\x12\x15.kvfleet.KvEventBatch\x1a\x14.kvfleet.KvEventsAck(\x01\x62\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1akvfleet/proto/router.proto\x12\x07kvfleet\x1a\x1akvfleet/proto/common.proto\"\xdf\x02\n\x0fGenerateRequest\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\x17\n\x0f\x63onversation_id\x18\x02 \x01(\t\x12-\n\x10prompt_token_ids\x18\x03 \x01(\x0b\x32\x11.kvfleet.TokenIdsH\x00\x12\x15\n\x0bprompt_text\x18\x04 \x01(\tH\x00\x12)\n\x08sampling\x18\x05 \x01(\x0b\x32\x17.kvfleet.SamplingParams\x12\x12\n\nmax_tokens\x18\x06 \x01(\x05\x12\x14\n\x07rank_id\x18\x07 \x01(\tH\x01\x88\x01\x01\x12\x12\n\nrelax_rank\x18\x08 \x01(\x08\x12\x15\n\rchild_samples\x18\t \x01(\r\x12\x12\n\ncache_salt\x18\n \x01(\t\x12\x14\n\x0c\x62ranch_hints\x18\x0b \x03(\r\x12\x19\n\x11retention_seconds\x18\x0c \x01(\rB\x08\n\x06promptB\n\n\x08_rank_id\"_\n\x10GenerateResponse\x12\'\n\x05\x63hunk\x18\x01 \x01(\x0b\x32\x18.kvfleet.GenerationChunk\x12\x0f\n\x07rank_id\x18\x02 \x01(\t\x12\x11\n\tplacement\x18\x03 \x01(\t\"\x80\x01\n\x0fRegisterRequest\x12\x0f\n\x07rank_id\x18\x01 \x01(\t\x12\x0f\n\x07\x61\x64\x64ress\x18\x02 \x01(\t\x12\x16\n\x0emax_batch_size\x18\x03 \x01(\r\x12\x1f\n\x04role\x18\x04 \x01(\x0e\x32\x11.kvfleet.RankRole\x12\x12\n\nblock_size\x18\x05 \x01(\r\"6\n\x10RegisterResponse\x12\"\n\x1aheartbeat_interval_seconds\x18\x01 \x01(\x01\"c\n\x08RankLoad\x12\x12\n\nfree_slots\x18\x01 \x01(\r\x12\x0e\n\x06queued\x18\x02 \x01(\r\x12\x10\n\x08kv_usage\x18\x03 \x01(\x02\x12\x10\n\x08\x64raining\x18\x04 \x01(\x08\x12\x0f\n\x07leaving\x18\x05 \x01(\x08\"D\n\x10HeartbeatRequest\x12\x0f\n\x07rank_id\x18\x01 \x01(\t\x12\x1f\n\x04load\x18\x02 \x01(\x0b\x32\x11.kvfleet.RankLoad\"\'\n\x11HeartbeatResponse\x12\x12\n\nregistered\x18\x01 \x01(\x08\"\x93\x01\n\x0c\x42locksStored\x12\x14\n\x0c\x62lock_hashes\x18\x01 \x03(\x04\x12\x1e\n\x11parent_block_hash\x18\x02 \x01(\x04H\x00\x88\x01\x01\x12\x11\n\ttoken_ids\x18\x03 \x03(\r\x12\x16\n\troot_hash\x18\x04 \x01(\x04H\x01\x88\x01\x01\x42\x14\n\x12_parent_block_hashB\x0c\n\n_root_hash\"%\n\rBlocksRemoved\x12\x14\n\x0c\x62lock_hashes\x18\x01 \x03(\x04\"\x12\n\x10\x41llBlocksCleared\"\x94\x01\n\x07KvEvent\x12\'\n\x06stored\x18\x01 \x01(\x0b\x32\x15.kvfleet.BlocksStoredH\x00\x12)\n\x07removed\x18\x02 \x01(\x0b\x32\x16.kvfleet.BlocksRemovedH\x00\x12,\n\x07\x63leared\x18\x03 \x01(\x0b\x32\x19.kvfleet.AllBlocksClearedH\x00\x42\x07\n\x05\x65vent\"A\n\x0cKvEventBatch\x12\x0f\n\x07rank_id\x18\x01 \x01(\t\x12 \n\x06\x65vents\x18\x02 \x03(\x0b\x32\x10.kvfleet.KvEvent\"%\n\x0bKvEventsAck\x12\x16\n\x0e\x65vents_applied\x18\x01 \x01(\x04\x32K\n\x06Router\x12\x41\n\x08Generate\x12\x18.kvfleet.GenerateRequest\x1a\x19.kvfleet.GenerateResponse0\x01\x32\xd5\x01\n\x0cRankRegistry\x12?\n\x08Register\x12\x18.kvfleet.RegisterRequest\x1a\x19.kvfleet.RegisterResponse\x12\x42\n\tHeartbeat\x12\x19.kvfleet.HeartbeatRequest\x1a\x1a.kvfleet.HeartbeatResponse\x12@\n\x0fPublishKvEvents\x12\x15.kvfleet.KvEventBatch\x1a\x14.kvfleet.KvEventsAck(\x01\x62\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -41,25 +41,25 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_REGISTERRESPONSE']._serialized_start=649
   _globals['_REGISTERRESPONSE']._serialized_end=703
   _globals['_RANKLOAD']._serialized_start=705
-  _globals['_RANKLOAD']._serialized_end=787
-  _globals['_HEARTBEATREQUEST']._serialized_start=789
-  _globals['_HEARTBEATREQUEST']._serialized_end=857
-  _globals['_HEARTBEATRESPONSE']._serialized_start=859
-  _globals['_HEARTBEATRESPONSE']._serialized_end=898
-  _globals['_BLOCKSSTORED']._serialized_start=901
-  _globals['_BLOCKSSTORED']._serialized_end=1048
-  _globals['_BLOCKSREMOVED']._serialized_start=1050
-  _globals['_BLOCKSREMOVED']._serialized_end=1087
-  _globals['_ALLBLOCKSCLEARED']._serialized_start=1089
-  _globals['_ALLBLOCKSCLEARED']._serialized_end=1107
-  _globals['_KVEVENT']._serialized_start=1110
-  _globals['_KVEVENT']._serialized_end=1258
-  _globals['_KVEVENTBATCH']._serialized_start=1260
-  _globals['_KVEVENTBATCH']._serialized_end=1325
-  _globals['_KVEVENTSACK']._serialized_start=1327
-  _globals['_KVEVENTSACK']._serialized_end=1364
-  _globals['_ROUTER']._serialized_start=1366
-  _globals['_ROUTER']._serialized_end=1441
-  _globals['_RANKREGISTRY']._serialized_start=1444
-  _globals['_RANKREGISTRY']._serialized_end=1657
+  _globals['_RANKLOAD']._serialized_end=804
+  _globals['_HEARTBEATREQUEST']._serialized_start=806
+  _globals['_HEARTBEATREQUEST']._serialized_end=874
+  _globals['_HEARTBEATRESPONSE']._serialized_start=876
+  _globals['_HEARTBEATRESPONSE']._serialized_end=915
+  _globals['_BLOCKSSTORED']._serialized_start=918
+  _globals['_BLOCKSSTORED']._serialized_end=1065
+  _globals['_BLOCKSREMOVED']._serialized_start=1067
+  _globals['_BLOCKSREMOVED']._serialized_end=1104
+  _globals['_ALLBLOCKSCLEARED']._serialized_start=1106
+  _globals['_ALLBLOCKSCLEARED']._serialized_end=1124
+  _globals['_KVEVENT']._serialized_start=1127
+  _globals['_KVEVENT']._serialized_end=1275
+  _globals['_KVEVENTBATCH']._serialized_start=1277
+  _globals['_KVEVENTBATCH']._serialized_end=1342
+  _globals['_KVEVENTSACK']._serialized_start=1344
+  _globals['_KVEVENTSACK']._serialized_end=1381
+  _globals['_ROUTER']._serialized_start=1383
+  _globals['_ROUTER']._serialized_end=1458
+  _globals['_RANKREGISTRY']._serialized_start=1461
+  _globals['_RANKREGISTRY']._serialized_end=1674
 # @@protoc_insertion_point(module_scope)

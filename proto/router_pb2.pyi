@@ -66,16 +66,18 @@ class RegisterResponse(_message.Message):
     def __init__(self, heartbeat_interval_seconds: _Optional[float] = ...) -> None: ...
 
 class RankLoad(_message.Message):
-    __slots__ = ("free_slots", "queued", "kv_usage", "draining")
+    __slots__ = ("free_slots", "queued", "kv_usage", "draining", "leaving")
     FREE_SLOTS_FIELD_NUMBER: _ClassVar[int]
     QUEUED_FIELD_NUMBER: _ClassVar[int]
     KV_USAGE_FIELD_NUMBER: _ClassVar[int]
     DRAINING_FIELD_NUMBER: _ClassVar[int]
+    LEAVING_FIELD_NUMBER: _ClassVar[int]
     free_slots: int
     queued: int
     kv_usage: float
     draining: bool
-    def __init__(self, free_slots: _Optional[int] = ..., queued: _Optional[int] = ..., kv_usage: _Optional[float] = ..., draining: _Optional[bool] = ...) -> None: ...
+    leaving: bool
+    def __init__(self, free_slots: _Optional[int] = ..., queued: _Optional[int] = ..., kv_usage: _Optional[float] = ..., draining: _Optional[bool] = ..., leaving: _Optional[bool] = ...) -> None: ...
 
 class HeartbeatRequest(_message.Message):
     __slots__ = ("rank_id", "load")

@@ -34,7 +34,11 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("--grpc-port", type=int, default=50061, help="gRPC Engine; 0: free")
     parser.add_argument("--http-port", type=int, default=8000, help="-1: no HTTP API")
     parser.add_argument("--metrics-port", type=int, default=9401, help="-1: no /metrics")
-    parser.add_argument("--router", default=None, help="HOST:PORT of the router to register with")
+    parser.add_argument(
+        "--router",
+        default=None,
+        help="HOST:PORT of the router's rank port (comma-separated: replicas, tried in turn)",
+    )
     parser.add_argument("--rank-id", default=None, help="default: the host name")
     parser.add_argument(
         "--fleet-secret-file",

@@ -25,6 +25,8 @@ from .tool_calls import resolve_tool_family
 from .worker_http import WorkerInfo, add_worker_routes
 
 log = logging.getLogger(__name__)
+# How long a leaving rank waits for a router to hear it before it refuses new calls anyway.
+HEARD_WAIT_SECONDS = 10.0
 
 
 @dataclass(frozen=True)
@@ -101,6 +103,7 @@ class EngineRank:
                 self.core.load,
                 self.read_draining,
                 a.fleet_secret or load_fleet_secret(),
+                lambda: self._terminating,
             ).start()
         log.info("rank %s: grpc %s, http %s", a.rank_id, self.grpc_port, self.http_port)
         return self
@@ -110,12 +113,15 @@ class EngineRank:
         return self.http.port if self.http else None
 
     def stop(self, grace: float = 2.0) -> None:
-        """Stop heartbeats, refuse new calls, let streams end for `grace` s, stop the core."""
-        if self.link is not None:
-            self.link.stop()
+        """Refuse new calls, let streams end for `grace` s, stop heartbeats, stop the core.
+
+        NOTE: heartbeats go on through the grace, so the router does not take the rank for
+        silent and cancel the streams that are finishing."""
         if self.grpc_server is not None:
             self._health.enter_graceful_shutdown()
             self.grpc_server.stop(grace).wait(grace + 5)
+        if self.link is not None:
+            self.link.stop()
         if self.http is not None:
             self.http.stop()
         if self._metrics_http is not None:
@@ -124,18 +130,35 @@ class EngineRank:
         self.core.stop()
 
     def drain_and_stop(self, drain_seconds: float, poll_seconds: float = 0.2) -> None:
-        """Leave gracefully (SIGTERM): report draining so the router pins nothing new here and
-        the retained prefixes reach the shared disk, let running and queued requests finish for
-        up to `drain_seconds`, then stop."""
-        self._terminating = True
-        self.read_draining()  # the next heartbeat (about a second) tells the router
+        """Leave gracefully (SIGTERM) within `drain_seconds`: report leaving (the router places
+        nothing new here and moves pinned conversations at their next turn; the retained
+        prefixes reach the shared disk), and once a router heard it, refuse new calls and let
+        the requests in flight finish up to the deadline, then stop.
+
+        NOTE: an idle moment is no end of the drain while the router may still send turns here;
+        after it heard, only calls it placed before can come, and those are refused (it retries
+        them elsewhere) rather than cut at the deadline."""
         deadline = time.monotonic() + drain_seconds
-        while time.monotonic() < deadline:
+        self._terminating = True
+        self.read_draining()
+        if self.link is not None:
+            self.link.beat_now()
+            wait = min(HEARD_WAIT_SECONDS, max(0.0, deadline - time.monotonic()))
+            heard = self.link.leaving_heard.wait(wait)
+            log.info("rank %s leaving: %s", self.addresses.rank_id,
+                     "the router heard" if heard else "no router heard it")  # fmt: skip
+        streams_done = None
+        if self.grpc_server is not None:  # new calls are refused from here on
+            self._health.enter_graceful_shutdown()
+            streams_done = self.grpc_server.stop(max(0.0, deadline - time.monotonic()))
+        while time.monotonic() < deadline:  # what came in other ways (HTTP) finishes too
             load = self.core.load()
             if load.running + load.queued == 0:
                 break
             time.sleep(poll_seconds)
-        self.stop(grace=max(0.5, min(2.0, deadline - time.monotonic())))
+        if streams_done is not None:
+            streams_done.wait(max(0.0, deadline - time.monotonic()))
+        self.stop(grace=0.0)
 
     def read_draining(self) -> bool:
         """The pod's drain mark now (each heartbeat reads it); the core hears of every change

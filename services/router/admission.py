@@ -19,7 +19,8 @@ A deferral is a placement given up: a pass that makes a pinned request wait coun
 another rank had room for it, so passes on a fully busy fleet do not use up the bound.
 
 Placement by policy (groups 2 relaxed and 3, lenient away) skips draining ranks: a rank whose
-pod is leaving on scale-in keeps serving its pinned turns, but gets nothing new.
+pod is leaving on scale-in keeps serving its pinned turns, but gets nothing new. A rank that is
+shutting down (`leaving`) gets its pinned turns no more either: they move at their next turn.
 """
 
 from __future__ import annotations
@@ -72,10 +73,11 @@ def open_for_placement(ranks: dict[str, RankSlots]) -> dict[str, RankSlots]:
     """The ranks a policy may place a request on: every rank that is not draining.
 
     NOTE: when every rank of the pool is draining (a pool scaled to zero), all of them stay
-    open, so requests are served until the ranks leave instead of timing out in the queue.
+    open, so requests are served until the ranks leave instead of timing out in the queue;
+    a leaving rank (shutting down) never is.
     """
     staying = {rank_id: slots for rank_id, slots in ranks.items() if not slots.load.draining}
-    return staying or ranks
+    return staying or {rank_id: slots for rank_id, slots in ranks.items() if not slots.load.leaving}
 
 
 # Placement of a pinned request that stops waiting for its home, per affinity policy.
@@ -233,8 +235,8 @@ class AdmissionQueue:
                 explicit.append(request)
                 continue
             home = pins.get(request.conversation_id) if state.affinity.keeps_home else None
-            if home not in state.ranks:
-                others.append((request, None))
+            if home not in state.ranks or state.ranks[home].load.leaving:
+                others.append((request, None))  # a leaving home's turns move (re-pinned)
             elif state.affinity.still_pinned(
                 request, state.waited(request), self._bound, state.free[home] >= request.slots
             ):

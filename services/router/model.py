@@ -43,6 +43,9 @@ class RankLoad:
     queued: int = 0
     kv_usage: float = 0.0
     draining: bool = False  # leaving on scale-in: no new conversations are placed here
+    # Shutting down within its drain window: nothing new is placed here (pinned turns move),
+    # and a refused call does not get the rank removed (its streams run out their grace).
+    leaving: bool = False
 
 
 @dataclass(frozen=True)

@@ -3,14 +3,29 @@
 Keys (prefix `P`): `P:ranks` hash rank -> registration json; `P:hb` hash rank -> heartbeat json;
 `P:res:<rank>` hash `<router>|<request>` -> slots; `P:pin:<conversation>` -> rank (with TTL);
 `P:rank_pins:<rank>` zset of conversations pinned there (score: expiry); `P:replica:<router>`
-a router replica's lease (with TTL), `P:replicas` the set of replica ids seen. Scripts touch
-keys they derive from the prefix, so they suit one Redis (or a primary), not Redis Cluster.
+a router replica's lease (with TTL), `P:replicas` the set of replica ids seen; `P:seq:<router>`
+the highest change number of that replica's reservations that reached Redis (see
+`reservation_order.py`). Scripts touch keys they derive from the prefix, so they suit one Redis
+(or a primary), not Redis Cluster.
 """
 
-# KEYS: ranks, res:<rank>, pin:<conv>, rank_pins:<rank>
-# ARGV: rank, field, slots, conversation ('' = no pin), ttl_ms, expires_at, now
-# Returns 1 admitted, 0 no room, -1 unknown rank. Expired entries of rank_pins go on the way.
-TRY_ADMIT = """
+# Raises this replica's change number in KEYS[n] to ARGV[m] (never lowers it).
+_RAISE_SEQ = """
+local function raise_seq(key, seq)
+  if tonumber(seq) > tonumber(redis.call('GET', key) or '0') then redis.call('SET', key, seq) end
+end
+"""
+
+# KEYS: ranks, res:<rank>, pin:<conv>, rank_pins:<rank>, seq:<router>, replica:<router>
+# ARGV: rank, field, slots, conversation ('' = no pin), ttl_ms, expires_at, now, change number,
+# '1' when the router must hold its lease
+# Returns 1 admitted, 0 no room, -1 unknown rank, -2 the router's lease is gone (Redis lost it,
+# or it lapsed and its reservations were reaped: they must be written back before it admits).
+# Expired entries of rank_pins go on the way.
+TRY_ADMIT = (
+    _RAISE_SEQ
+    + """
+if ARGV[9] == '1' and redis.call('EXISTS', KEYS[6]) == 0 then return -2 end
 local info = redis.call('HGET', KEYS[1], ARGV[1])
 if not info then return -1 end
 local capacity = cjson.decode(info)['max_batch_size']
@@ -18,6 +33,7 @@ local used = 0
 for _, slots in ipairs(redis.call('HVALS', KEYS[2])) do used = used + tonumber(slots) end
 if used + tonumber(ARGV[3]) > capacity then return 0 end
 redis.call('HSET', KEYS[2], ARGV[2], ARGV[3])
+raise_seq(KEYS[5], ARGV[8])
 if ARGV[4] ~= '' then
   redis.call('SET', KEYS[3], ARGV[1], 'PX', ARGV[5])
   redis.call('ZADD', KEYS[4], ARGV[6], ARGV[4])
@@ -25,9 +41,12 @@ if ARGV[4] ~= '' then
 end
 return 1
 """
+)
 
-# KEYS: ranks. ARGV: key prefix. Returns {rank, info json, used, heartbeat json or false, ...}.
+# KEYS: ranks, replica:<router>. ARGV: key prefix, '1' when the router must hold its lease.
+# Returns {rank, info json, used, heartbeat json or false, ...}, or -2 when the lease is gone.
 SNAPSHOT = """
+if ARGV[2] == '1' and redis.call('EXISTS', KEYS[2]) == 0 then return -2 end
 local out = {}
 local ranks = redis.call('HGETALL', KEYS[1])
 for i = 1, #ranks, 2 do
@@ -67,16 +86,53 @@ redis.call('DEL', KEYS[4])
 return released
 """
 
-# KEYS: res:<rank>. ARGV: owner prefix ('<router>|'), then field, slots pairs to set.
-# Replaces every reservation of one router on one rank (resync after an outage).
-REPLACE_OWNER_RESERVATIONS = """
-local fields = redis.call('HKEYS', KEYS[1])
-for _, name in ipairs(fields) do
-  if string.sub(name, 1, #ARGV[1]) == ARGV[1] then redis.call('HDEL', KEYS[1], name) end
-end
-for i = 2, #ARGV, 2 do redis.call('HSET', KEYS[1], ARGV[i], ARGV[i + 1]) end
+# KEYS: res:<rank>, seq:<router>. ARGV: field, change number. Gives back one reservation.
+RELEASE = (
+    _RAISE_SEQ
+    + """
+redis.call('HDEL', KEYS[1], ARGV[1])
+raise_seq(KEYS[2], ARGV[2])
 return 1
 """
+)
+
+# KEYS: ranks, seq:<router>, replica:<router>, replicas. ARGV: key prefix, owner prefix
+# ('<router>|'), the snapshot's change number, lease ms (0: no lease), router id, how many
+# fields to leave alone, those fields, then rank, field, slots triples.
+# Makes one router's reservations on every registered rank exactly the given ones (write-back
+# from its mirror), leaving alone the fields of admissions in flight, and takes its lease with
+# them (no replica sees the lease without the reservations, nor the reservations without the
+# lease, which it would reap); refused (returns 0) when a change newer than the snapshot already
+# reached Redis, or was written back by a newer snapshot (changes made while Redis was away
+# reach it only that way). Ranks no longer registered are skipped.
+WRITE_BACK_RESERVATIONS = (
+    _RAISE_SEQ
+    + """
+if tonumber(redis.call('GET', KEYS[2]) or '0') > tonumber(ARGV[3]) then return 0 end
+local keep = {}
+local first = 7 + tonumber(ARGV[6])
+for i = 7, first - 1 do keep[ARGV[i]] = true end
+for _, rank in ipairs(redis.call('HKEYS', KEYS[1])) do
+  local key = ARGV[1] .. ':res:' .. rank
+  for _, name in ipairs(redis.call('HKEYS', key)) do
+    if string.sub(name, 1, #ARGV[2]) == ARGV[2] and not keep[name] then
+      redis.call('HDEL', key, name)
+    end
+  end
+end
+for i = first, #ARGV, 3 do
+  if redis.call('HEXISTS', KEYS[1], ARGV[i]) == 1 then
+    redis.call('HSET', ARGV[1] .. ':res:' .. ARGV[i], ARGV[i + 1], ARGV[i + 2])
+  end
+end
+if tonumber(ARGV[4]) > 0 then
+  redis.call('SET', KEYS[3], '1', 'PX', ARGV[4])
+  redis.call('SADD', KEYS[4], ARGV[5])
+end
+raise_seq(KEYS[2], ARGV[3])
+return 1
+"""
+)
 
 # KEYS: ranks, hb. ARGV: rank, registration json, heartbeat json, its time.
 # Resync of one rank after an outage: written only where Redis has no heartbeat of the rank
@@ -90,10 +146,12 @@ redis.call('HSET', KEYS[2], ARGV[1], ARGV[3])
 return 1
 """
 
-# KEYS: replica:<id>, replicas. ARGV: replica id, lease ms.
-# Takes or renews a replica's lease; returns 1 when it was still held, 0 when it had lapsed.
+# KEYS: replica:<id>, replicas. ARGV: replica id, lease ms, '1' to renew only a lease held.
+# Takes or renews a replica's lease; returns 1 when it was still held, 0 when it had lapsed (and,
+# renewing only, is not taken: the replica writes its reservations back with it first).
 RENEW_LEASE = """
 local held = redis.call('EXISTS', KEYS[1])
+if held == 0 and ARGV[3] == '1' then return 0 end
 redis.call('SET', KEYS[1], '1', 'PX', ARGV[2])
 redis.call('SADD', KEYS[2], ARGV[1])
 return held
@@ -101,7 +159,9 @@ return held
 
 # KEYS: ranks, replicas. ARGV: key prefix.
 # Deletes the reservations of every replica whose lease lapsed (killed, or cut off from Redis
-# for longer than a lease). Returns {reservations deleted, live replica id, ...}.
+# for longer than a lease). Each owner's own lease key decides, not the set of replicas seen
+# (an empty restart loses the set, and an owner's lease comes back with its reservations).
+# Returns {reservations deleted, live replica id, ...}.
 REAP_RESERVATIONS = """
 local live = {}
 local ids = {}
@@ -118,6 +178,9 @@ for _, rank in ipairs(redis.call('HKEYS', KEYS[1])) do
   local key = ARGV[1] .. ':res:' .. rank
   for _, name in ipairs(redis.call('HKEYS', key)) do
     local owner = string.match(name, '^([^|]*)|')
+    if owner and live[owner] == nil then
+      live[owner] = redis.call('EXISTS', ARGV[1] .. ':replica:' .. owner) == 1
+    end
     if owner and not live[owner] then
       redis.call('HDEL', key, name)
       reaped = reaped + 1
@@ -128,8 +191,9 @@ table.insert(ids, 1, reaped)
 return ids
 """
 
-# KEYS: ranks, replica:<id>. ARGV: key prefix, owner prefix ('<id>|').
-# A replica starting (or stopping) under its id: its old reservations and its lease go.
+# KEYS: ranks, replica:<id>, seq:<id>. ARGV: key prefix, owner prefix ('<id>|').
+# A replica starting (or stopping) under its id: its old reservations, lease and change number
+# go (a new run numbers its changes from 1 again).
 CLEAR_OWNER = """
 local cleared = 0
 for _, rank in ipairs(redis.call('HKEYS', KEYS[1])) do
@@ -141,6 +205,6 @@ for _, rank in ipairs(redis.call('HKEYS', KEYS[1])) do
     end
   end
 end
-redis.call('DEL', KEYS[2])
+redis.call('DEL', KEYS[2], KEYS[3])
 return cleared
 """

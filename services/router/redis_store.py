@@ -13,18 +13,31 @@ from .redis_lua import (
     CLEAR_OWNER,
     HEARTBEAT,
     REAP_RESERVATIONS,
+    RELEASE,
     REMOVE_RANK,
     RENEW_LEASE,
-    REPLACE_OWNER_RESERVATIONS,
     RESYNC_RANK,
     SNAPSHOT,
     TRY_ADMIT,
+    WRITE_BACK_RESERVATIONS,
 )
+from .reservation_order import WritebackPlan
 from .store import RankRecord, StoreIntegrityError
 
 
+class LeaseLost(redis.RedisError):
+    """This replica's lease is gone from Redis (Redis restarted empty, or the lease lapsed and
+    its reservations were reaped): Redis no longer counts what it holds, so it must write its
+    state back before it admits against Redis again (the failover store treats it as an outage).
+    """
+
+
 class RedisStore:
-    """AdmissionStore over Redis. `owner` names this router in reservation fields."""
+    """AdmissionStore over Redis. `owner` names this router in reservation fields.
+
+    With `lease_ms` set (the router's lease, replica_lease.py), snapshots, admissions and pin
+    reads check that this replica's lease is still in Redis, and raise LeaseLost when it is not.
+    """
 
     def __init__(self, client: redis.Redis, prefix: str = "kvfleet", owner: str = "router") -> None:
         if "|" in owner:
@@ -38,12 +51,14 @@ class RedisStore:
         self._snapshot = client.register_script(SNAPSHOT)
         self._heartbeat = client.register_script(HEARTBEAT)
         self._remove_rank = client.register_script(REMOVE_RANK)
-        self._replace_owner = client.register_script(REPLACE_OWNER_RESERVATIONS)
+        self._release = client.register_script(RELEASE)
+        self._write_back = client.register_script(WRITE_BACK_RESERVATIONS)
         self._resync_rank = client.register_script(RESYNC_RANK)
         self._renew_lease = client.register_script(RENEW_LEASE)
         self._reap = client.register_script(REAP_RESERVATIONS)
         self._clear_owner = client.register_script(CLEAR_OWNER)
         self._replicas_key = f"{prefix}:replicas"
+        self.lease_ms = 0  # 0: no lease (tests, tools); set by ReplicaLease
 
     @classmethod
     def from_url(
@@ -79,7 +94,10 @@ class RedisStore:
         return int(self._remove_rank(keys=keys, args=[rank_id, self._pin_key("")]))
 
     def snapshot(self) -> dict[str, tuple[RankSlots, float]]:
-        flat = self._snapshot(keys=[self._ranks_key], args=[self.prefix])
+        keys = [self._ranks_key, self._lease_key(self.owner)]
+        flat = self._snapshot(keys=keys, args=[self.prefix, "1" if self.lease_ms else "0"])
+        if flat == -2:
+            raise LeaseLost(f"replica {self.owner}: lease gone from redis (snapshot)")
         out = {}
         for i in range(0, len(flat), 4):
             rank_id, info_json, used, hb_json = flat[i : i + 4]
@@ -92,7 +110,15 @@ class RedisStore:
         conversations = list(conversation_ids)
         if not conversations:
             return {}
-        values = self.client.mget([self._pin_key(c) for c in conversations])
+        if self.lease_ms:
+            pipe = self.client.pipeline(transaction=True)
+            pipe.exists(self._lease_key(self.owner))
+            pipe.mget([self._pin_key(c) for c in conversations])
+            held, values = pipe.execute()
+            if not held:
+                raise LeaseLost(f"replica {self.owner}: lease gone from redis (reading pins)")
+        else:
+            values = self.client.mget([self._pin_key(c) for c in conversations])
         return {conv: rank for conv, rank in zip(conversations, values, strict=True) if rank}
 
     def try_admit(
@@ -103,12 +129,17 @@ class RedisStore:
         conversation_id: str,
         pin_ttl: float,
         now: float,
+        seq: int = 0,
     ) -> bool:
+        """`seq`: this change's number (reservation_order.py); 0 for callers that never write
+        back a snapshot."""
         keys = [
             self._ranks_key,
             self._res_key(rank_id),
             self._pin_key(conversation_id),
             self._rank_pins_key(rank_id),
+            self._seq_key(),
+            self._lease_key(self.owner),
         ]
         args = [
             rank_id,
@@ -118,11 +149,17 @@ class RedisStore:
             max(1, int(pin_ttl * 1000)),
             repr(now + pin_ttl),
             repr(now),
+            seq,
+            "1" if self.lease_ms else "0",
         ]
-        return int(self._try_admit(keys=keys, args=args)) == 1
+        admitted = int(self._try_admit(keys=keys, args=args))
+        if admitted == -2:
+            raise LeaseLost(f"replica {self.owner}: lease gone from redis (admitting)")
+        return admitted == 1
 
-    def release(self, rank_id: str, request_id: str) -> None:
-        self.client.hdel(self._res_key(rank_id), self._field(request_id))
+    def release(self, rank_id: str, request_id: str, seq: int = 0) -> None:
+        keys = [self._res_key(rank_id), self._seq_key()]
+        self._release(keys=keys, args=[self._field(request_id), seq])
 
     def expire_pins(self, now: float) -> int:
         """Trim expired conversations from every rank's rank_pins (the pins expire by TTL)."""
@@ -140,15 +177,16 @@ class RedisStore:
         self,
         ranks: dict[str, RankRecord],
         pins: dict[str, tuple[str, float]],
-        reservations: dict[str, dict[str, int]],
+        plan: WritebackPlan,
         now: float,
-    ) -> None:
+    ) -> bool:
         """Write back what this router kept while Redis was away.
 
         Ranks are re-registered where Redis has none, heartbeats written only where newer than
         Redis's (a replica's stale view of a rank that heartbeats elsewhere must not make it
         look silent), pins set only where Redis has none (the first replica back wins, so
-        replicas agree), and this router's reservations replace its old ones.
+        replicas agree), and this router's reservations replace its old ones (False when the
+        plan was refused as stale: take a new one and write it with `write_back`).
         """
         pipe = self.client.pipeline(transaction=False)
         for record in ranks.values():
@@ -168,21 +206,38 @@ class RedisStore:
                 pipe.set(self._pin_key(conv), rank_id, px=ttl_ms, nx=True)
                 pipe.zadd(self._rank_pins_key(rank_id), {conv: expires_at})
         pipe.execute()
-        self.replace_reservations({rank_id: reservations.get(rank_id, {}) for rank_id in ranks})
+        return self.write_back(plan)
 
-    def replace_reservations(self, reservations: dict[str, dict[str, int]]) -> None:
-        """Make this router's reservations on each given rank exactly these."""
-        for rank_id, held in reservations.items():
-            args = [f"{self.owner}|"]
+    def write_back(self, plan: WritebackPlan) -> bool:
+        """Make this router's reservations on every registered rank exactly the plan's and take
+        its lease (if it has one), in one step; False (nothing written) when a change newer than
+        the plan reached Redis."""
+        keep = [self._field(request_id) for request_id in plan.in_flight]
+        args: list[str | int] = [self.prefix, f"{self.owner}|", plan.seq, self.lease_ms]
+        args += [self.owner, len(keep), *keep]
+        for rank_id, held in plan.held.items():
             for request_id, slots in held.items():
-                args += [self._field(request_id), slots]
-            self._replace_owner(keys=[self._res_key(rank_id)], args=args)
+                args += [rank_id, self._field(request_id), slots]
+        keys = [self._ranks_key, self._seq_key(), self._lease_key(self.owner), self._replicas_key]
+        return int(self._write_back(keys=keys, args=args)) == 1
 
     # Leases: a replica's reservations live as long as its lease (see replica_lease.py).
-    def renew_lease(self, lease_seconds: float) -> bool:
-        """Take or renew this replica's lease; False when it had lapsed (or was never held)."""
+    def renew_lease(self, lease_seconds: float, only_if_held: bool = False) -> bool:
+        """Take or renew this replica's lease; False when it had lapsed (or was never held), and
+        then, `only_if_held`, it is not taken (a write-back takes it with the reservations)."""
         keys = [self._lease_key(self.owner), self._replicas_key]
-        return int(self._renew_lease(keys=keys, args=[self.owner, int(lease_seconds * 1000)])) == 1
+        args = [self.owner, int(lease_seconds * 1000), "1" if only_if_held else "0"]
+        return int(self._renew_lease(keys=keys, args=args)) == 1
+
+    def missing_leases(self, owners: Iterable[str]) -> list[str]:
+        """The replicas among `owners` that hold no lease now."""
+        names = sorted(owners)
+        if not names:
+            return []
+        pipe = self.client.pipeline(transaction=False)
+        for owner in names:
+            pipe.exists(self._lease_key(owner))
+        return [owner for owner, held in zip(names, pipe.execute(), strict=True) if not held]
 
     def reap_lapsed(self) -> tuple[int, list[str]]:
         """Delete the reservations of replicas without a lease; (deleted, live replica ids)."""
@@ -191,11 +246,14 @@ class RedisStore:
 
     def clear_own(self) -> int:
         """Delete this replica's reservations and lease (at start and at a clean stop)."""
-        keys = [self._ranks_key, self._lease_key(self.owner)]
+        keys = [self._ranks_key, self._lease_key(self.owner), self._seq_key()]
         return int(self._clear_owner(keys=keys, args=[self.prefix, f"{self.owner}|"]))
 
     def _lease_key(self, owner: str) -> str:
         return f"{self.prefix}:replica:{owner}"
+
+    def _seq_key(self) -> str:
+        return f"{self.prefix}:seq:{self.owner}"
 
     def check_integrity(self) -> None:
         for rank_id, (slots, _) in self.snapshot().items():
@@ -243,6 +301,7 @@ def _heartbeat_json(now: float, load: RankLoad) -> str:
             "queued": load.queued,
             "kv": load.kv_usage,
             "drain": load.draining,
+            "leave": load.leaving,
         }
     )
 
@@ -252,6 +311,10 @@ def _heartbeat_from_json(text: str) -> tuple[float, RankLoad]:
         return 0.0, RankLoad()
     data = json.loads(text)
     load = RankLoad(
-        int(data["free"]), int(data["queued"]), float(data["kv"]), bool(data.get("drain", False))
+        int(data["free"]),
+        int(data["queued"]),
+        float(data["kv"]),
+        bool(data.get("drain", False)),
+        bool(data.get("leave", False)),
     )
     return float(data["t"]), load

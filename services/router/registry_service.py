@@ -78,7 +78,13 @@ class RankRegistryServicer(router_pb2_grpc.RankRegistryServicer):
 
     def Heartbeat(self, request, context) -> router_pb2.HeartbeatResponse:
         reported = request.load
-        load = RankLoad(reported.free_slots, reported.queued, reported.kv_usage, reported.draining)
+        load = RankLoad(
+            reported.free_slots,
+            reported.queued,
+            reported.kv_usage,
+            reported.draining or reported.leaving,
+            reported.leaving,
+        )
         return router_pb2.HeartbeatResponse(
             registered=self._runtime.heartbeat(request.rank_id, load)
         )

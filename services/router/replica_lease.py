@@ -6,8 +6,13 @@ beat, the reservations of replicas whose lease lapsed, so a killed replica's slo
 within about one lease and a third. A replica starting under an id (a pod name, stable across
 restarts) first deletes the reservations left under that id; a clean stop deletes its own.
 
-A replica whose lease lapsed while it lived (cut off from Redis, or stalled) writes its own
-reservations back from its local mirror at the next renewal.
+A replica whose lease is gone while it lives (cut off from Redis or stalled past its lease, or
+Redis restarted empty) finds out at its next renewal, or at once when it admits or reads pins
+(`LeaseLost`): it turns degraded, and its recovery writes its ranks, pins and reservations back
+and takes the lease with the reservations, in one script (numbered against its own releases, so
+none released meanwhile comes back: `reservation_order.py`), before it reaps anyone again.
+So a lease in Redis always comes with its replica's reservations, and reaping by lease never
+takes a live replica's.
 """
 
 from __future__ import annotations
@@ -32,6 +37,7 @@ class ReplicaLease:
         self._lease = lease_seconds
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="router-lease", daemon=True)
+        store.remote.lease_ms = int(lease_seconds * 1000)
         self.reaped = 0  # reservations of lapsed replicas deleted by this replica
 
     def start(self) -> ReplicaLease:
@@ -43,6 +49,7 @@ class ReplicaLease:
                 log.warning("replica %s: %d reservations of its last run cleared", remote.owner,
                             cleared)  # fmt: skip
             remote.renew_lease(self._lease)
+            self.beat()  # learn the other replicas now: an outage may come before the next beat
         except redis.RedisError as error:
             log.warning("replica %s: no lease yet (%s)", remote.owner, error)
         self._thread.start()
@@ -66,10 +73,12 @@ class ReplicaLease:
 
     def beat(self) -> None:
         """Renew the lease once and reap lapsed replicas' reservations."""
+        if self._store.degraded:
+            return  # the recovery writes this replica's state back and takes the lease first
         remote = self._store.remote
-        if not remote.renew_lease(self._lease) and not self._store.degraded:
-            log.warning("replica %s: lease had lapsed; writing its reservations back", remote.owner)
-            remote.replace_reservations(self._store.local.reservations())
+        if not remote.renew_lease(self._lease, only_if_held=True):
+            self._store.lease_lost("lease gone at its renewal")
+            return
         reaped, live = remote.reap_lapsed()
         self._store.live_replicas = live
         if reaped:

@@ -164,7 +164,15 @@ class RouterRuntime:
         return known
 
     def rank_failed(self, rank_id: str, reason: str) -> None:
-        """Remove a rank that failed a forwarded call; it registers again when it recovers."""
+        """Remove a rank that failed a forwarded call; it registers again when it recovers.
+
+        A leaving rank (shutting down) is kept: it refuses new calls while its streams run out
+        their grace, and removing it would cancel them; it goes when its heartbeats stop."""
+        entry = self.store.snapshot().get(rank_id)
+        if entry is not None and entry[0].load.leaving:
+            log.info("rank %s is leaving and refused a call (%s); kept for its streams", rank_id,
+                     reason)  # fmt: skip
+            return
         released = self.store.remove_rank(rank_id)
         self.prefix_index.clear(rank_id)
         self.metrics.ranks_removed.inc()

@@ -11,11 +11,13 @@ from kvfleet.proto import common_pb2, router_pb2, router_pb2_grpc
 from kvfleet.services.router.admission import AdmissionConfig
 from kvfleet.services.router.model import RankInfo, RankLoad
 from kvfleet.services.router.redis_store import RedisStore
+from kvfleet.services.router.reservation_order import WritebackPlan
 from kvfleet.services.router.server import RouterConfig, create_server
 from kvfleet.services.router.store import RankRecord
 from router_fake_engine import FakeEngine, wait_until
 
 HEARTBEAT_TIMEOUT = 1.0
+NOTHING_HELD = WritebackPlan(0, {}, frozenset())
 
 
 def test_resync_never_writes_an_older_heartbeat_over_a_newer_one(own_redis):
@@ -26,11 +28,11 @@ def test_resync_never_writes_an_older_heartbeat_over_a_newer_one(own_redis):
     store.register_rank(info, 100.0)
     store.heartbeat("r0", RankLoad(free_slots=1), 200.0)
     stale = RankRecord(dataclasses.replace(info, address="127.0.0.1:9"), 150.0, RankLoad(2))
-    store.resync({"r0": stale}, {}, {}, 210.0)
+    store.resync({"r0": stale}, {}, NOTHING_HELD, 210.0)
     slots, last_heartbeat = store.snapshot()["r0"]
     assert (last_heartbeat, slots.info.address, slots.load.free_slots) == (200.0, info.address, 1)
     newer = RankRecord(dataclasses.replace(info, address="127.0.0.1:9"), 250.0, RankLoad(2))
-    store.resync({"r0": newer}, {}, {}, 260.0)
+    store.resync({"r0": newer}, {}, NOTHING_HELD, 260.0)
     slots, last_heartbeat = store.snapshot()["r0"]
     assert (last_heartbeat, slots.info.address) == (250.0, "127.0.0.1:9")
     client.close()
