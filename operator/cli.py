@@ -60,12 +60,15 @@ def run_operator(args: argparse.Namespace) -> int:
     import kopf
     import kvfleet.operator.handlers  # noqa: F401  (registers the handlers)
 
+    from .peering import peering_settings
+
     liveness = f"http://0.0.0.0:{args.liveness_port}/healthz" if args.liveness_port else None
     # Distinct priorities make peering an election: the highest runs the handlers, the others
     # pause until its keep-alive expires (equal priorities would all run).
     priority = args.priority if args.priority is not None else secrets.randbelow(2**31)
     kopf.configure(verbose=False)
     kopf.run(
+        settings=peering_settings(),
         clusterwide=not args.namespace,
         namespaces=args.namespace,
         standalone=args.peering is None,
