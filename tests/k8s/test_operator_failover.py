@@ -15,7 +15,7 @@ import pytest
 import yaml
 from k8s_kit import wait_sync
 from kvfleet.operator.names import GROUP, PLURAL, VERSION
-from operator_replicas import Replicas, keepalives
+from operator_replicas import PAUSED, RESUMED, Replicas, keepalives
 from operator_testkit import EXAMPLE_FLEET
 
 pytestmark = pytest.mark.slow  # the slow lane (README: the test commands)
@@ -24,6 +24,8 @@ pytestmark = pytest.mark.slow  # the slow lane (README: the test commands)
 # room for a loaded machine (the kill comes right after a keep-alive: the worst case).
 FAILOVER_BOUND_SECONDS = 20.0
 WAIT_SECONDS = 120.0  # only a failure waits this long
+# The least time a leader gets between its pause and a joining replica's first handler.
+HANDLER_GRACE_SECONDS = 1.0
 _numbers = itertools.count(1)
 
 
@@ -100,3 +102,35 @@ def test_standby_takes_over_within_bound_after_leader_is_killed(replicas, fleet,
     assert failover <= FAILOVER_BOUND_SECONDS
     wait_sync(standby.handler_runs, timeout=WAIT_SECONDS)  # it was the standby that acted
     assert standby.forbidden() == [] and leader.forbidden() == []
+
+
+def test_a_replica_joining_a_live_leader_acts_only_after_the_leader_paused(replicas, fleet):
+    """kopf alone let a joining replica of higher priority run handlers on its first read of the
+    peering object, as the leader was only seeing it: both ran handlers for a moment."""
+    first = replicas.start("first", priority=1)
+    wait_sync(lambda: router_replicas(fleet) == 1, timeout=WAIT_SECONDS)  # it leads
+    joining = replicas.start("joining", priority=2)
+    paused = wait_sync(lambda: first.first(PAUSED), timeout=WAIT_SECONDS)
+    wait_sync(joining.handler_runs, timeout=WAIT_SECONDS)  # it leads now
+    acting = min(joining.first(RESUMED), joining.handler_runs()[0][0])
+    print(f"handover: the joining replica acted {(acting - paused).total_seconds():.3f} s after"
+          " the leader paused")  # fmt: skip
+    # kopf's pause lets a handler the leader had begun run to its end: a pause only a few
+    # milliseconds ahead of the joining replica's first handler does not keep the two apart.
+    assert (acting - paused).total_seconds() >= HANDLER_GRACE_SECONDS
+    assert [run for run in first.handler_runs() if run[0] >= acting] == []
+    assert first.forbidden() == [] and joining.forbidden() == []
+
+
+def test_a_replica_of_the_leaders_priority_stops_and_leaves_the_leader_alone(
+    replicas, fleet, chart
+):
+    """kopf pauses every replica of an equal priority, the leader too: no one would lead."""
+    leader = replicas.start("leader", priority=5)
+    wait_sync(lambda: router_replicas(fleet) == 1, timeout=WAIT_SECONDS)
+    twin = replicas.start("twin", priority=5)
+    assert twin.process.wait(timeout=WAIT_SECONDS) != 0
+    assert any("this replica's priority 5" in text for _, text in twin.lines())
+    assert twin.handler_runs() == []
+    assert list(keepalives(chart["client"], f"{chart['release']}-kvfleet")) == [5]
+    assert leader.first(PAUSED) is None
