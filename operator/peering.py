@@ -10,7 +10,6 @@ import os
 import secrets
 import socket
 import time
-from collections.abc import Callable
 from dataclasses import dataclass
 
 import kopf
@@ -90,27 +89,21 @@ def _now() -> datetime.datetime:
     return datetime.datetime.now(datetime.UTC)
 
 
-def announce_and_settle(
-    api: KubeApi,
-    peering: Peering,
-    logger: logging.Logger,
-    sleep: Callable[[float], None] = time.sleep,
-    now: Callable[[], datetime.datetime] = _now,
-) -> None:
+def announce_and_settle(api: KubeApi, peering: Peering, logger: logging.Logger) -> None:
     """Write this replica's keep-alive record, then wait SETTLE_SECONDS, so that a live leader
     has paused before this replica may act, and a peer started alongside has been seen; raise
     PriorityTaken when a live peer has this replica's priority (checked before the record is
     written, so a running leader is never paused by it, and again after the wait)."""
-    _refuse_equal_priority(api, peering, now())
+    _refuse_equal_priority(api, peering, _now())
     record = {"priority": peering.priority, "lifetime": PEERING_LIFETIME_SECONDS}
     for path in peering.paths():
-        patch = {"status": {peering.identity: {**record, "lastseen": now().isoformat()}}}
+        patch = {"status": {peering.identity: {**record, "lastseen": _now().isoformat()}}}
         if api.merge_patch(path, patch) is None:
             logger.warning(f"No peering object at {path}: kopf will wait for one.")
     logger.info(f"Announced to peers as {peering.identity!r}; reading them in {SETTLE_SECONDS} s.")
-    sleep(SETTLE_SECONDS)
+    time.sleep(SETTLE_SECONDS)
     try:
-        _refuse_equal_priority(api, peering, now())
+        _refuse_equal_priority(api, peering, _now())
     except PriorityTaken:
         for path in peering.paths():
             api.merge_patch(path, {"status": {peering.identity: None}})
