@@ -60,17 +60,26 @@ def run_operator(args: argparse.Namespace) -> int:
     import kopf
     import kvfleet.operator.handlers  # noqa: F401  (registers the handlers)
 
+    from .peering import Peering, own_identity, peering_settings
+
     liveness = f"http://0.0.0.0:{args.liveness_port}/healthz" if args.liveness_port else None
     # Distinct priorities make peering an election: the highest runs the handlers, the others
-    # pause until its keep-alive expires (equal priorities would all run).
+    # pause until its keep-alive expires (kopf pauses every replica of an equal priority).
     priority = args.priority if args.priority is not None else secrets.randbelow(2**31)
+    identity = own_identity()
+    memo = kopf.Memo()
+    if args.peering is not None:  # the start-up gate (peering.py) announces this replica first
+        memo.peering = Peering(args.peering, identity, priority, tuple(args.namespace))
     kopf.configure(verbose=False)
     kopf.run(
+        settings=peering_settings(),
         clusterwide=not args.namespace,
         namespaces=args.namespace,
         standalone=args.peering is None,
         peering_name=args.peering,
         priority=priority,
+        identity=identity,
+        memo=memo,
         liveness_endpoint=liveness,
     )
     return 0

@@ -23,6 +23,7 @@ from .conditions import now_rfc3339, set_condition
 from .kube import KubeApi
 from .metrics import FleetMetricsReader, http_scrape
 from .names import FINALIZER, GROUP, PLURAL, VERSION, FleetRef
+from .peering import announce_from_memo
 from .pool_sizes import size_pools
 from .readiness import pool_reports, readiness, report_pool_objects
 from .reconcile import delete_children, mark_draining, rank_names, reconcile
@@ -49,6 +50,13 @@ def configure(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) -> Non
     memo.locks = defaultdict(threading.Lock)
     memo.generations = {}
     memo.reported = {}  # the spec problem last reported per fleet
+
+
+@kopf.on.startup(id="announce_to_peers", backoff=2.0)
+def announce_to_peers(memo: kopf.Memo, logger, **_: Any) -> None:
+    """With peers, write this replica's keep-alive and wait for a live leader to pause: kopf
+    starts its peering and watches (and so every handler) only once start-up activities return."""
+    announce_from_memo(memo, logger)
 
 
 def fleet_ref(body: kopf.Body) -> FleetRef:

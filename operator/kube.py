@@ -77,8 +77,12 @@ class KubeApi:
 
     def get(self, resource: Resource, namespace: str, name: str) -> dict | None:
         """The object, or None when it does not exist."""
+        return self.read(resource.object_path(namespace, name))
+
+    def read(self, path: str) -> dict | None:
+        """The object at this URL path (cluster-scoped ones too), or None when it does not exist."""
         try:
-            return self._call("GET", resource.object_path(namespace, name))
+            return self._call("GET", path)
         except kubernetes.client.ApiException as exc:
             if exc.status == 404:
                 return None
@@ -120,10 +124,12 @@ class KubeApi:
 
     def patch(self, resource: Resource, namespace: str, name: str, patch: dict) -> dict | None:
         """Apply a JSON merge patch; None when the object does not exist."""
+        return self.merge_patch(resource.object_path(namespace, name), patch)
+
+    def merge_patch(self, path: str, patch: dict) -> dict | None:
+        """Merge-patch the object at this URL path; None when it does not exist."""
         try:
-            return self._call(
-                "PATCH", resource.object_path(namespace, name), body=patch, content_type=MERGE_PATCH
-            )
+            return self._call("PATCH", path, body=patch, content_type=MERGE_PATCH)
         except kubernetes.client.ApiException as exc:
             if exc.status == 404:
                 return None
