@@ -44,9 +44,10 @@ for lane in slow install cluster; do
   echo "===== $lane lane ====="
   cat "$logs/$lane"
 done
-# pytest's own duration is on its last line ("... in 123.45s (0:02:03)")
+# pytest's own duration is on its summary line ("... in 123.45s (0:02:03)"), which is not always
+# the last: what the interpreter prints at exit (a resource warning) comes after it
 for lane in fast slow install cluster; do
-  reported=$(tail -n 1 "$logs/$lane" | sed -n 's/.* in \([0-9.]*\)s.*/\1/p')
+  reported=$(grep -E '^=*.* in [0-9.]+s' "$logs/$lane" | tail -n 1 | sed -n 's/.* in \([0-9.]*\)s.*/\1/p')
   wall=$(cat "$logs/$lane.wall" 2>/dev/null || echo 0)
   awk -v lane="$lane" -v wall="$wall" -v reported="${reported:-0}" 'BEGIN {
     printf "lane %-8s wall %7.1f s, pytest %7.1f s, outside it (start + exit lag) %5.1f s\n",
