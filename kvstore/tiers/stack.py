@@ -33,6 +33,7 @@ from dataclasses import dataclass
 from typing import Any, cast
 
 from ..block_pool import IntegrityError
+from ..deadlines import Deadlines
 from ..events import KVEvent, KVEventKind, KVEventListener, ignore_event
 from ..results import PrefixMatch
 from .disk_files import DiskFiles, NoDiskFiles
@@ -76,7 +77,7 @@ class KVTiers:
         self.bytes = byte_store or NoBytes()
         self.page_bytes = dict(page_bytes)
         self.clock: Callable[[], float] = time.monotonic  # what cache TTLs are measured on
-        self._kept_until: dict[int, float] = {}  # block id -> end of its cache TTL
+        self._kept: Deadlines[int] = Deadlines()  # block id -> end of its cache TTL
         self.host = TierIndex(HOST, host_pages, self.kept)
         self.metrics: dict[str, TierMetrics] = new_tier_metrics()
         files = disk_files or NoDiskFiles()
@@ -126,18 +127,12 @@ class KVTiers:
         """Evict these blocks from host and disk only after every block outside a TTL, for
         `seconds` (a conversation released inside its client's cache TTL)."""
         now = self.clock()
-        until = now + seconds
-        self._kept_until = {h: t for h, t in self._kept_until.items() if t > now}
-        for block_hash in block_hashes:
-            self._kept_until[block_hash] = max(until, self._kept_until.get(block_hash, until))
+        self._kept.prune(now)
+        self._kept.extend(block_hashes, now + seconds)
 
     def kept(self, block_hash: int) -> bool:
         """True while the block is inside a cache TTL (`keep_for`)."""
-        until = self._kept_until.get(block_hash)
-        if until is not None and until <= self.clock():
-            del self._kept_until[block_hash]
-            return False
-        return until is not None
+        return self._kept.until(block_hash, self.clock()) is not None
 
     # -- block contents (what a block file is checked against) -----------------------------
 

@@ -21,6 +21,7 @@ import time
 from collections import OrderedDict
 from collections.abc import Callable, Iterable, Iterator
 
+from ...kvstore.deadlines import Deadlines
 from ...kvstore.manager import KVCacheManager
 
 
@@ -39,7 +40,7 @@ class RetainedConversations:
         self.released = 0  # conversations released so far
         self.released_early = 0  # ... of them, inside their retention time
         self._order: OrderedDict[str, None] = OrderedDict()
-        self._keep_until: dict[str, float] = {}  # conversation -> end of its retention time
+        self._keep_until: Deadlines[str] = Deadlines()  # conversation -> end of its retention
 
     def __iter__(self) -> Iterator[str]:
         return iter(self._order)
@@ -58,18 +59,11 @@ class RetainedConversations:
             self._order[conversation_id] = None
             self._order.move_to_end(conversation_id)
             if retention_seconds > 0:
-                until = self.clock() + retention_seconds
-                self._keep_until[conversation_id] = max(
-                    until, self._keep_until.get(conversation_id, until)
-                )
+                self._keep_until.extend([conversation_id], self.clock() + retention_seconds)
 
     def kept_until(self, conversation_id: str) -> float | None:
         """When the conversation's retention time runs out (None: it has none, or it ran out)."""
-        until = self._keep_until.get(conversation_id)
-        if until is not None and until <= self.clock():
-            del self._keep_until[conversation_id]
-            return None
-        return until
+        return self._keep_until.until(conversation_id, self.clock())
 
     def release_until(self, fits: Callable[[], bool]) -> bool:
         """Release whole conversations' retained turns, oldest first (awaited ones last), until
@@ -90,7 +84,7 @@ class RetainedConversations:
         kept = {c: until for c in self._order if (until := self.kept_until(c)) is not None}
         for conversation in self._release_order(awaited, set(kept)):
             del self._order[conversation]
-            self._keep_until.pop(conversation, None)
+            self._keep_until.discard(conversation)
             if self.manager.can_release_conversation(conversation):
                 self.released += 1
                 self.released_early += conversation in kept
