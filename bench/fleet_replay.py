@@ -10,8 +10,11 @@ Run (device): bench/gpu/fleet_replay.sh; locally, for the plumbing only:
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 import os
+import resource
+import shutil
 import subprocess
 import sys
 import time
@@ -73,6 +76,10 @@ def parse_args() -> argparse.Namespace:
     p.add_argument("--budget-s", type=float, default=1e9,
                    help="whole run: an arm is skipped when the last one would not fit in what "
                    "is left, and a replay is stopped before the budget ends")  # fmt: skip
+    p.add_argument("--profile-s", type=float, default=0.0,
+                   help="sample the router, engine 0 and the replay client with py-spy this "
+                   "long, from --profile-after-s into the replay (py-spy on PATH)")  # fmt: skip
+    p.add_argument("--profile-after-s", type=float, default=60.0)
     p.add_argument("--out", type=Path, required=True)
     return p.parse_args()
 
@@ -182,6 +189,96 @@ def scrape_counters(ranks: int, logs: Path) -> dict:
     return counters
 
 
+def cpu_seconds(pid: int) -> float | None:
+    """User + system CPU seconds a live process has used (/proc), None once it is gone."""
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except OSError:
+        return None
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def histogram_means(ranks: int, logs: Path) -> dict[str, float]:
+    """Mean seconds of the router's and the engines' latency histograms (sum / count over all
+    ranks and labels, read from the scraped texts): exact, unlike a bucket's edge."""
+    totals: dict[str, list[float]] = {}
+    texts = [logs / "metrics-router.txt"] + [logs / f"metrics-engine{i}.txt" for i in range(ranks)]
+    for path in texts:
+        text = path.read_text() if path.exists() else ""
+        for line in text.splitlines():
+            series, _, value = line.rpartition(" ")
+            name = series.split("{", 1)[0]
+            for end, slot in (("_seconds_sum", 0), ("_seconds_count", 1)):
+                if name.endswith(end) and not line.startswith("#"):
+                    labels = series[len(name) :]
+                    key = name[: -len(end)] + labels
+                    totals.setdefault(key, [0.0, 0.0])[slot] += float(value)
+    return {key: s / n for key, (s, n) in sorted(totals.items()) if n}
+
+
+def client_means(records: Path) -> dict[str, float]:
+    """The replay client's own TTFT and inter-token gap means, from its per-request records."""
+    ttfts, gaps = [], []
+    for line in records.read_text().splitlines() if records.exists() else []:
+        r = json.loads(line)
+        if r["error"] is None and r["first_token_s"] is not None:
+            ttfts.append(r["first_token_s"] - r["arrival_s"])
+            times = r["token_times_s"]
+            gaps.extend(b - a for a, b in itertools.pairwise(times))
+    return {"client_ttft": sum(ttfts) / len(ttfts) if ttfts else 0.0,
+            "client_itl": sum(gaps) / len(gaps) if gaps else 0.0}  # fmt: skip
+
+
+def start_profiles(pids: dict[str, int], seconds: float, logs: Path) -> list[subprocess.Popen]:
+    """py-spy samples of the named processes (speedscope files in `logs`); none without it."""
+    spy = shutil.which("py-spy")
+    if spy is None or seconds <= 0:
+        return []
+    return [
+        subprocess.Popen([spy, "record", "--pid", str(pid), "--duration", str(int(seconds)),
+                          "--rate", "50", "--nonblocking", "--idle", "--threads",
+                          "--format", "speedscope", "--output", str(logs / f"pyspy-{name}.json")],
+                         stdout=log_file(logs / f"pyspy-{name}.log"), stderr=subprocess.STDOUT)
+        for name, pid in pids.items()
+    ]  # fmt: skip
+
+
+def run_replay(replay: list[str], timeout_s: float, procs, args, logs: Path) -> tuple[int, dict]:
+    """Run the replay client; returns its exit status and the CPU seconds the router, each
+    engine and the client used during it (a process pegged near 1.0 per wall second is the
+    bottleneck, whatever the GPU does)."""
+    before = {f"p{i}": cpu_seconds(p.pid) or 0.0 for i, p in enumerate(procs)}
+    children_before = resource.getrusage(resource.RUSAGE_CHILDREN)
+    started = time.monotonic()
+    client = subprocess.Popen(replay)
+    profiles: list[subprocess.Popen] = []
+    try:
+        if args.profile_s > 0:
+            try:
+                client.wait(timeout=min(args.profile_after_s, timeout_s))
+            except subprocess.TimeoutExpired:
+                names = {"router": procs[0].pid, "engine0": procs[1].pid, "client": client.pid}
+                profiles = start_profiles(names, args.profile_s, logs)
+        code = client.wait(timeout=max(timeout_s - (time.monotonic() - started), 1))
+    finally:
+        if client.poll() is None:
+            client.kill()
+            client.wait()
+        after = {f"p{i}": cpu_seconds(p.pid) or 0.0 for i, p in enumerate(procs)}
+    children = resource.getrusage(resource.RUSAGE_CHILDREN)
+    for spy in profiles:
+        try:
+            spy.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            spy.kill()
+    wall = time.monotonic() - started
+    names = ["router"] + [f"engine{i}" for i in range(len(procs) - 1)]
+    cpu = {name: (after[f"p{i}"] - before[f"p{i}"]) / wall for i, name in enumerate(names)}
+    cpu["client"] = (children.ru_utime + children.ru_stime - children_before.ru_utime
+                     - children_before.ru_stime) / wall  # fmt: skip
+    return code, {name: round(share, 3) for name, share in cpu.items()}
+
+
 def stop_fleet(procs: list[subprocess.Popen]) -> None:
     for p in procs:
         if p.poll() is None:
@@ -243,16 +340,19 @@ def main() -> int:
                       "--max-model-len", str(args.max_model_len), "--max-tokens",
                       str(args.max_tokens), "--max-turns", str(args.max_turns),
                       "--vocab-size", str(model.vocab_size),
-                      "--no-progress"]  # fmt: skip
+                      "--records", str(logs / "records.jsonl"), "--no-progress"]  # fmt: skip
             # Stop in time to stop the fleet (<= 40 s) and write what was measured.
             left = args.budget_s - (time.monotonic() - begun) - 45
-            run = subprocess.run(replay, timeout=max(left, 1))
-            status = status or run.returncode
-            fleet["arms"][name] = {"ready_s": ready_s, "replay_rc": run.returncode,
+            code, cpu = run_replay(replay, max(left, 1), procs, args, logs)
+            status = status or code
+            counters = scrape_counters(args.ranks, logs)
+            means = {**histogram_means(args.ranks, logs), **client_means(logs / "records.jsonl")}
+            fleet["arms"][name] = {"ready_s": ready_s, "replay_rc": code,
                                    "replay_s": time.monotonic() - started - ready_s,
-                                   "counters": scrape_counters(args.ranks, logs)}  # fmt: skip
-            print(f"arm {name} counters: {json.dumps(fleet['arms'][name]['counters'])}",
-                  flush=True)  # fmt: skip
+                                   "counters": counters, "cpu_per_wall_s": cpu,
+                                   "mean_s": means}  # fmt: skip
+            for key in ("counters", "cpu_per_wall_s", "mean_s"):
+                print(f"arm {name} {key}: {json.dumps(fleet['arms'][name][key])}", flush=True)
         except (RuntimeError, subprocess.TimeoutExpired, OSError) as error:
             print(f"arm {name}: {error}", flush=True)
             fleet["arms"][name] = {"error": str(error)}

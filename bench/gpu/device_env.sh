@@ -9,6 +9,7 @@ if compgen -G ".whl/*.whl" >/dev/null; then
     --target /tmp/site .whl/*.whl || exit 2
 fi
 export PYTHONPATH=/tmp/site:/tmp/fa:/tmp/fa/nvidia_cutlass_dsl/dsl_packages PYTHONUNBUFFERED=1
+export PATH=/tmp/site/bin:$PATH  # py-spy, when its wheel travels
 export FLASH_ATTENTION_CUTE_DSL_CACHE_ENABLED=1 FLASH_ATTENTION_CUTE_DSL_CACHE_DIR=/tmp/fa_cache
 if [ -f .gpu/fa_cache.tar ]; then tar -C /tmp -xf .gpu/fa_cache.tar; fi
 nvidia-smi --query-gpu=name,memory.total,clocks.sm,clocks.mem --format=csv,noheader

@@ -38,6 +38,12 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("--arm", action="append", default=None, help="name per --target")
     parser.add_argument("--json", type=Path, default=None, help="write the measures here")
     parser.add_argument("--plot", type=Path, default=None, help="write PNG plots into DIR")
+    parser.add_argument(
+        "--records",
+        type=Path,
+        default=None,
+        help="write every request (arm, conversation, turn, tokens, times) as JSON lines here",
+    )
     parser.add_argument("--sessions", type=int, default=8, help="concurrent sessions")
     parser.add_argument(
         "--time-scale", type=float, default=1.0, help="think-time multiplier; 0 = no think time"
@@ -155,6 +161,8 @@ def run(args: argparse.Namespace) -> int:
         )
         args.json.parent.mkdir(parents=True, exist_ok=True)
         args.json.write_text(json.dumps(payload, indent=2) + "\n")
+    if args.records is not None:
+        write_records({r.name: r.records for r in results}, args.records)
     if args.plot is not None:
         write_plots({r.name: r.records for r in results}, args.plot)
     failed = sum(len(r.errors) for r in results)
@@ -165,6 +173,17 @@ def run(args: argparse.Namespace) -> int:
                 file=sys.stderr,
             )
     return 1 if failed else 0
+
+
+def write_records(records_by_arm: dict[str, list[Any]], path: Path) -> None:
+    """One JSON object per request, failed ones included (their `error` is set)."""
+    from dataclasses import asdict
+
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with path.open("w") as out:
+        for arm, records in records_by_arm.items():
+            for record in records:
+                out.write(json.dumps({"arm": arm, **asdict(record)}) + "\n")
 
 
 class NothingToReplay(ValueError):

@@ -73,20 +73,27 @@ def test_mooncake_replay_stays_under_oracle(tmp_path: Path) -> None:
 
 
 def test_two_arms_compared_in_one_run(tmp_path: Path) -> None:
-    """If this fails, several --target arms cannot be compared in one table, JSON and plot."""
-    out, plots = tmp_path / "out.json", tmp_path / "plots"
+    """If this fails, several --target arms cannot be compared in one table, JSON, plot and
+    per-request records."""
+    out, plots, records = tmp_path / "out.json", tmp_path / "plots", tmp_path / "records.jsonl"
     with running_server() as (first, _c1, _l1), running_server() as (second, _c2, _l2):
         code = main(
             [
                 "replay", str(CLAUDE_CODE / "trace_0002.json"),
                 "--target", first, "--arm", "one",
                 "--target", second, "--arm", "two",
-                "--json", str(out), "--plot", str(plots),
+                "--json", str(out), "--plot", str(plots), "--records", str(records),
                 "--time-scale", "0", "--max-model-len", "20000", "--no-progress",
             ]
         )  # fmt: skip
     assert code == 0
     arms = json.loads(out.read_text())["arms"]
+    lines = [json.loads(line) for line in records.read_text().splitlines()]
+    for name in ("one", "two"):  # every request of each arm, as the measures counted them
+        mine = [line for line in lines if line["arm"] == name]
+        assert len(mine) == arms[name]["requests"]
+        assert sum(line["reused_tokens"] for line in mine) == arms[name]["reused_tokens"]
+        assert all(line["first_token_s"] >= line["arrival_s"] for line in mine)
     assert list(arms) == ["one", "two"]
     for payload in arms.values():
         _check_fields(payload)
