@@ -82,6 +82,13 @@ class RouterMetrics:
             buckets=(0.01, 0.05, 0.1, 0.25, 0.5, 1, 2, 5, 10, 30, 60, 300),
             registry=r,
         )
+        self.inter_chunk = Histogram(
+            "kvfleet_router_inter_chunk_seconds",
+            "Time between a request's streamed chunks as the router passes them on (against the "
+            "engine's inter-token latency it shows where a stream's time goes)",
+            buckets=(0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2, 5, 10, 30),
+            registry=r,
+        )
         self.ttft_p90 = Gauge(
             "kvfleet_router_ttft_p90_seconds",
             "p90 of the time to first chunk over the last minute (0 without traffic)",

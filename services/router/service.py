@@ -110,9 +110,14 @@ class RouterServicer(router_pb2_grpc.RouterServicer):
         if self._prefetch is not None:
             self._prefetch.turn_arrived(request.conversation_id)
         try:
+            last = arrived
             for sent, response in enumerate(self._serve(request, request_id, context)):
+                now = self._clock()
                 if sent == 0:
-                    self._runtime.metrics.observe_ttft(self._clock() - arrived)
+                    self._runtime.metrics.observe_ttft(now - arrived)
+                else:
+                    self._runtime.metrics.inter_chunk.observe(now - last)
+                last = now
                 yield response
         except RouterError as error:
             self._abort(context, error)

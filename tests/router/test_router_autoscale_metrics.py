@@ -100,6 +100,10 @@ def test_served_request_sets_ttft_p90_on_the_metrics_page():
         # The first chunk comes after one engine delay (0.2 s); the whole stream takes three.
         assert 0.2 <= metric_sums(text)[TTFT_P90] < 0.6
         assert "kvfleet_router_ttft_seconds_count 1.0" in text
+        # Two gaps between the three chunks, each about one engine delay.
+        assert "kvfleet_router_inter_chunk_seconds_count 2.0" in text
+        gaps = float(text.split("kvfleet_router_inter_chunk_seconds_sum ", 1)[1].split()[0])
+        assert 0.3 <= gaps < 1.0
     finally:
         channel.close()
         engine.kill()
