@@ -236,7 +236,7 @@ def start_profiles(pids: dict[str, int], seconds: float, logs: Path) -> list[sub
         return []
     return [
         subprocess.Popen([spy, "record", "--pid", str(pid), "--duration", str(int(seconds)),
-                          "--rate", "50", "--nonblocking", "--idle", "--threads",
+                          "--rate", "50", "--nonblocking", "--gil", "--threads",
                           "--format", "speedscope", "--output", str(logs / f"pyspy-{name}.json")],
                          stdout=log_file(logs / f"pyspy-{name}.log"), stderr=subprocess.STDOUT)
         for name, pid in pids.items()

@@ -35,6 +35,10 @@ class ConversationRetention:
         self._policy = policy
         self._block_size = block_size
         self._by_id: dict[str, RetainedTurns] = {}
+        # Every change of the retained records counts here, so the page count below is
+        # recomputed once per change, not on every read (a load report reads it each step).
+        self._changes = 0
+        self._counted: tuple[int, int] = (-1, 0)
 
     def records(self, conversation_id: str) -> tuple[TurnRecord, ...]:
         """Records the conversation holds: a kept root, branch records, then turns oldest first."""
@@ -64,17 +68,35 @@ class ConversationRetention:
                             held.setdefault(page, block_hash)
         return {name: list(held.items()) for name, held in blocks.items() if held}
 
+    def page_count(self) -> int:
+        """Distinct pages (per life cycle) that every conversation's retained records hold."""
+        changes, count = self._counted
+        if changes != self._changes:
+            held = {
+                (name, page)
+                for turns in self._by_id.values()
+                for record in turns.in_order()
+                for name, pages in record.pages.items()
+                for page in pages
+                if page is not None
+            }
+            count = len(held)
+            self._counted = (self._changes, count)
+        return count
+
     def retain(self, state: RequestState) -> tuple[DropPlan, ...]:
         """At the request's context end: retain its turn if the policy retains turns and it
         belongs to a conversation; the drop plans of records that fell out."""
         if not self._policy.retained_turns or state.conversation_id is None:
             return ()
+        self._changes += 1
         turns = self._by_id.setdefault(state.conversation_id, RetainedTurns())
         pools, life_cycles = self._pools, self._life_cycles
         return retain_finished(turns, state, pools, life_cycles, self._policy, self._block_size)
 
     def drop(self, conversation_id: str) -> tuple[DropPlan, ...]:
         """Forget the conversation and drop every record it retains (none if unknown)."""
+        self._changes += 1
         turns = self._by_id.pop(conversation_id, RetainedTurns())
         return drop_turns(turns.in_order(), self._pools, self._life_cycles)
 
@@ -83,11 +105,13 @@ class ConversationRetention:
         turns = self._by_id.get(conversation_id)
         if turns is None:
             return ()
+        self._changes += 1
         records = tuple(turns.branches.values())
         turns.branches.clear()
         return tuple(release_turn(record, self._pools) for record in records)
 
     def release(self, conversation_id: str) -> tuple[TurnRelease, ...]:
         """Forget the conversation and give its records' refs to the LRU (none if unknown)."""
+        self._changes += 1
         turns = self._by_id.pop(conversation_id, RetainedTurns())
         return tuple(release_turn(turn, self._pools) for turn in turns.in_order())

@@ -126,6 +126,11 @@ class KVCacheManager:
         """Records the conversation holds: a kept root, branch records, then turns oldest first."""
         return self._conversations.records(conversation_id)
 
+    def retained_page_count(self) -> int:
+        """Distinct pages the retained turns of every conversation hold (recounted only after
+        retention changed)."""
+        return self._conversations.page_count()
+
     def request_ids(self) -> tuple[str, ...]:
         """Requests being tracked."""
         return tuple(self._requests)

@@ -49,7 +49,6 @@ IDLE_WAIT_SECONDS = 0.05
 # busy core, checking every CORE_CALL_POLL_SECONDS whether the core stopped meanwhile.
 CORE_CALL_TIMEOUT_SECONDS = 60.0
 CORE_CALL_POLL_SECONDS = 0.2
-RETAINED_RECOUNT_SECONDS = 0.5
 MAX_HOLD_SECONDS = 3600.0  # a prefetch hold longer than this is a client's mistake
 KVEventSink = Callable[[list[BlockEvent]], None]
 
@@ -94,7 +93,6 @@ class EngineCore:
         self._counted_preemptions = 0
         self._counted_released = 0
         self._counted_early = 0  # of them, inside a cache TTL
-        self._retained, self._retained_at = 0, -float("inf")
         self._inflight: InflightStep | None = None  # a decode step whose tokens are not read
         # What this rank's role does after a first token (context ranks park for a hand-off).
         self.role = ROLE_HOOKS[config.role](self)
@@ -456,7 +454,7 @@ class EngineCore:
         pools = self.manager.pools.values()
         usable = sum(pool.num_usable for pool in pools) or 1
         in_use = sum(pool.num_in_use for pool in pools)
-        retained = self._retained_pages()
+        retained = self.scheduler.retained_pages()
         self._load = EngineLoad(
             self.config.max_batch_size,
             len(self.scheduler.running),
@@ -479,16 +477,6 @@ class EngineCore:
         if handle is not None:
             handle.put(SequenceFailedError(f"request {request_id}: {reason}"))
         self._remove(request_id)
-
-    def _retained_pages(self) -> int:
-        """Retained pages, recounted at most every RETAINED_RECOUNT_SECONDS while sequences
-        run: the count walks every retained page, which at batch 256 costs more than a decode
-        step's host work. Between steps of an idle core it is always fresh."""
-        now = time.monotonic()
-        if self.scheduler.running and now - self._retained_at < RETAINED_RECOUNT_SECONDS:
-            return self._retained
-        self._retained, self._retained_at = self.scheduler.retained_pages(), now
-        return self._retained
 
     def _fail_all(self, error: BaseException) -> None:
         for request_id, handle in list(self._handles.items()):

@@ -88,15 +88,7 @@ class Scheduler(StepPlanner[Sequence, ScheduledChunk]):
 
     def retained_pages(self) -> int:
         """Distinct pages the retained turns of every conversation hold."""
-        pages = {
-            (name, page)
-            for conversation in self.retained
-            for turn in self.manager.retained_turns(conversation)
-            for name, turn_pages in turn.pages.items()
-            for page in turn_pages
-            if page is not None
-        }
-        return len(pages)
+        return self.manager.retained_page_count()
 
     @property
     def num_sequences(self) -> int:

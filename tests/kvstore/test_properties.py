@@ -85,6 +85,20 @@ def step(manager, request_id, prompt_len):
         manager.finish_context(request_id)
 
 
+def count_retained_pages(manager) -> int:
+    """A fresh walk of every conversation's retained records (the cached count must agree)."""
+    return len(
+        {
+            (name, page)
+            for conversation in range(3)
+            for record in manager.retained_turns(f"c{conversation}")
+            for name, pages in record.pages.items()
+            for page in pages
+            if page is not None
+        }
+    )
+
+
 @settings(max_examples=60, deadline=None)
 @given(
     policy=st.sampled_from(sorted(POLICIES)),
@@ -126,9 +140,50 @@ def test_random_operations_keep_every_invariant(policy, pages, margin, operation
             assert all(t.branch_tokens is None for t in manager.retained_turns(f"c{op[1]}"))
         manager.check_integrity()
         check_pages_hold_their_blocks(manager, prompts)
+        assert manager.retained_page_count() == count_retained_pages(manager)
     for request_id in list(prompts):
         manager.finish_request(request_id)
     for conversation in range(3):
         manager.drop_conversation(f"c{conversation}")
     manager.check_integrity()
     assert all(pool.num_in_use == 0 for pool in manager.pools.values())
+
+
+turn_operation = st.one_of(
+    st.tuples(st.just("turn"), st.integers(0, 2), st.integers(0, 2), st.integers(2, 10)),
+    st.tuples(st.sampled_from(["drop", "release", "release_branches"]), st.integers(0, 2)),
+)
+
+
+@settings(max_examples=80, deadline=None)
+@given(
+    policy=st.sampled_from(
+        ["per_conversation", "per_conversation_root", "per_conversation_branch"]
+    ),
+    operations=st.lists(turn_operation, max_size=20),
+)
+def test_retained_page_count_follows_every_retention_change(policy, operations):
+    """The retained page count (read by every load report) is cached between retention
+    changes: after whole turns, drops and releases it must equal a fresh walk."""
+    manager = make_manager(LIFE_CYCLES, 40, BLOCK, POLICIES[policy], checkpoint_margin_tokens=4)
+    for number, op in enumerate(operations):
+        conversation = f"c{op[1]}"
+        if op[0] == "turn":
+            # A hinted branch point well before the prompt's end makes a branch record.
+            shared = op[3] * BLOCK
+            prompt = BASES[op[2]][:shared] + tokens(2000 + number, 20)
+            request_id = f"r{number}"
+            manager.add_request(request_id, prompt, conversation, branch_hints=[shared])
+            for _ in range(4 * len(prompt)):
+                if manager.progress(request_id).context_done:
+                    break
+                step(manager, request_id, len(prompt))
+            manager.finish_request(request_id)
+        elif op[0] == "drop":
+            manager.drop_conversation(conversation)
+        elif op[0] == "release" and manager.can_release_conversation(conversation):
+            manager.release_conversation(conversation)
+        elif op[0] == "release_branches":
+            manager.release_branch_records(conversation)
+        assert manager.retained_page_count() == count_retained_pages(manager)
+    manager.check_integrity()
