@@ -18,6 +18,9 @@ ARMS: dict[str, Arm] = {
     # strict affinity bounded at 30 s, per_conversation reuse of 5 turns, checkpoint: what a
     # fleet gets when nothing is set.
     "defaults": Arm(),
+    # the defaults with router-driven prefetch: a turn waiting for its home's slot holds its
+    # blocks there, so they are released after every other retained turn.
+    "prefetch": Arm(("--prefetch",), {}, {"prefetch": "true"}),
     # the affinity the project argues against, with the retention sim_sweep.py calls t2.
     "lenient/t2": Arm(
         ("--affinity", "lenient"),

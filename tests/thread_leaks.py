@@ -12,6 +12,7 @@ target, which points at the fixture that did not stop it.
 
 from __future__ import annotations
 
+import gc
 import os
 import sys
 import threading
@@ -44,6 +45,9 @@ def where(thread: threading.Thread) -> str:
 
 def leftover_threads(before: set[threading.Thread], grace: float) -> list[threading.Thread]:
     """Threads started since `before` that are still alive after waiting up to `grace`."""
+    # Some threads end when their owner is freed: grpc.aio's completion-queue poller lives
+    # until its last channel is deallocated, which a reference cycle defers to a collection.
+    gc.collect()
     started = [
         thread
         for thread in threading.enumerate()

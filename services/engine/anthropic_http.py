@@ -31,6 +31,7 @@ from .anthropic_errors import AnthropicRoute, sse_error
 from .anthropic_params import PreparedMessages, check_model, messages_prompt, prepare
 from .anthropic_schema import CountTokensRequest, MessagesRequest
 from .anthropic_shapes import event, matched_stop, message_body, stop_reason_of, usage_body
+from .client_gone import all_outputs, first_output
 from .detokenizer import StopText, StreamDetokenizer, first_stop
 from .engine_request import SampleOutput, Usage
 from .http_backends import GenerateBackend
@@ -50,14 +51,13 @@ def add_messages_routes(
         prepared = prepare(body, backend, request, tool_family)
         stream = backend.generate(prepared.call)
         # Pull the first output before answering, so bad input is a 4xx, not a broken stream.
-        first = await anext(stream, None)
+        first = await first_output(request, stream)
         parsing = tool_parsing(tool_family, body)
         tokenizer = output_tokenizer(backend, parsing)
         if body.stream:
             events = _sse(tokenizer, body, prepared, parsing, first, stream, request)
             return StreamingResponse(events, media_type="text/event-stream")
-        outputs = [first] if first is not None else []
-        outputs += [output async for output in stream]
+        outputs = await all_outputs(request, first, stream)
         return _whole(tokenizer, body, prepared, parsing, outputs)
 
     @router.post("/v1/messages/count_tokens")

@@ -24,6 +24,7 @@ from .engine_request import (
     SequenceFailedError,
 )
 from .grammar import GrammarCompiler, compile_grammar
+from .request_handle import RequestCancelled
 from .request_inputs import branch_hints_of, make_sampling, retention_seconds_of
 from .tokenizer import Tokenizer
 
@@ -208,6 +209,8 @@ class EngineServicer(engine_pb2_grpc.EngineServicer):
                 if not unfinished:
                     done()
                 yield chunk_from_output(output, text)
+        except RequestCancelled:
+            return  # the caller cancelled the call: nobody reads this stream
         except (
             EngineStoppedError,
             SequenceFailedError,

@@ -8,7 +8,7 @@ Nothing here imports torch: the router process serves the OpenAI API through Rou
 from __future__ import annotations
 
 import asyncio
-import threading
+import contextlib
 from collections.abc import AsyncIterator, Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Protocol
@@ -34,9 +34,7 @@ if TYPE_CHECKING:
     from .config import ModelConfig
     from .engine_core import EngineCore
 
-POLL_SECONDS = 0.25
 ROUTER_TIMEOUT_SECONDS = 600.0
-_DONE = object()
 
 
 @dataclass(frozen=True)
@@ -103,13 +101,30 @@ class EngineBackend:
                 request.retention_seconds,
             )
         )
+        # The core thread wakes this loop when it queues an output: no thread waits per
+        # request (a pool of them capped how many streams advanced at once).
+        arrived = asyncio.Event()
+        handle.wake_on_put(_waker(asyncio.get_running_loop(), arrived))
         try:
             while not handle.done:
-                output = await asyncio.to_thread(handle.get, POLL_SECONDS)
-                if output is not None:
-                    yield output
+                arrived.clear()
+                output = handle.poll()
+                if output is None:
+                    await arrived.wait()
+                    continue
+                yield output
         finally:
             handle.cancel()  # a client that went away frees its pages
+
+
+def _waker(loop: asyncio.AbstractEventLoop, event: asyncio.Event):
+    """A callback for another thread that sets `event` on `loop` (nothing once it closed)."""
+
+    def wake() -> None:
+        with contextlib.suppress(RuntimeError):  # the loop closed: nobody reads this any more
+            loop.call_soon_threadsafe(event.set)
+
+    return wake
 
 
 def sampling_to_proto(sampling: SamplingParams) -> common_pb2.SamplingParams:
@@ -148,15 +163,32 @@ class RouterBackend:
         self.model_names = model_names
         self.model_card = dict(card or {})
         self.max_request_tokens = max_request_tokens or self.model_card.get("max_model_len")
-        self._channel = grpc.insecure_channel(router_address, options=GRPC_MESSAGE_OPTIONS)
-        self._stub = router_pb2_grpc.RouterStub(self._channel)
+        self._address = router_address
+        # An asyncio channel, made on the serving loop at the first request: each stream is
+        # awaited there, where a blocking stub parked a pool thread per stream (the pool's
+        # size then capped the streams that advanced, and chunks queued behind waiting turns).
+        self._channel: grpc.aio.Channel | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None
 
     def close(self) -> None:
-        self._channel.close()
+        """Close the channel on its loop while that still runs (a stopped loop took its
+        streams with it)."""
+        channel, loop = self._channel, self._loop
+        self._channel = None
+        if channel is not None and loop is not None and loop.is_running():
+            with contextlib.suppress(RuntimeError, TimeoutError):  # it stopped since the check
+                asyncio.run_coroutine_threadsafe(channel.close(), loop).result(timeout=5)
+
+    def _stub(self) -> router_pb2_grpc.RouterStub:
+        loop = asyncio.get_running_loop()
+        if self._channel is None or self._loop is not loop:
+            self._channel = grpc.aio.insecure_channel(self._address, options=GRPC_MESSAGE_OPTIONS)
+            self._loop = loop
+        return router_pb2_grpc.RouterStub(self._channel)
 
     async def generate(self, request: BackendRequest) -> AsyncIterator[SampleOutput]:
         sampling = request.sampling
-        call = self._stub.Generate(
+        call = self._stub().Generate(
             router_pb2.GenerateRequest(
                 request_id=request.request_id,
                 conversation_id=request.conversation_id or "",
@@ -171,18 +203,8 @@ class RouterBackend:
             # NOTE: the router forwards the remaining deadline; with none it gets none left.
             timeout=ROUTER_TIMEOUT_SECONDS,
         )
-        responses = iter(call)
-        lock = threading.Lock()
-
-        def next_response():
-            with lock:
-                return next(responses, _DONE)
-
         try:
-            while True:
-                response = await asyncio.to_thread(next_response)
-                if response is _DONE:
-                    return
+            async for response in call:
                 yield _output(response.chunk)
         except grpc.RpcError as error:
             raise _http_error(error) from error

@@ -19,10 +19,11 @@ from collections.abc import AsyncIterator, Callable, Mapping
 from typing import Any
 
 from fastapi import FastAPI, Request
-from fastapi.responses import JSONResponse, StreamingResponse
+from fastapi.responses import JSONResponse, Response, StreamingResponse
 
 from .anthropic_errors import too_large_body
 from .anthropic_http import add_messages_routes
+from .client_gone import ClientGone, all_outputs, first_output
 from .detokenizer import StopText, StreamDetokenizer
 from .engine_request import SampleOutput, Usage
 from .http_backends import BackendRequest, GenerateBackend
@@ -53,6 +54,7 @@ def build_app(
     """
     app = FastAPI(title="kvfleet", docs_url=None, redoc_url=None)
     install_error_handlers(app)
+    app.add_exception_handler(ClientGone, _client_gone)
     app.add_middleware(BodyLimit, max_bytes=max_body_bytes, shape_for_path=too_large_body)
 
     @app.get("/health")
@@ -85,6 +87,11 @@ def build_app(
     return app
 
 
+async def _client_gone(_request: Request, _error: Exception) -> Response:
+    """Nobody reads this answer: 499, nginx's "client closed request", for the access log."""
+    return Response(status_code=499)
+
+
 async def _respond(
     backend: GenerateBackend,
     request: Request,
@@ -96,7 +103,7 @@ async def _respond(
     call = backend_request(backend, request, body, prompt, family)
     stream = backend.generate(call)
     # Pull the first output before answering, so bad input is a 400, not a broken stream.
-    first = await anext(stream, None)
+    first = await first_output(request, stream)
     # Parsed text keeps the call markers that are special tokens (decoding drops those).
     tokenizer = tool_text_tokenizer(backend.tokenizer, family) if family else backend.tokenizer
     shape = ResponseShape(call.request_id, body.model, chat, tokenizer)
@@ -107,8 +114,7 @@ async def _respond(
             _sse(shape, call, first, stream, include_usage, request, tools),
             media_type="text/event-stream",
         )
-    outputs = [first] if first is not None else []
-    outputs += [output async for output in stream]
+    outputs = await all_outputs(request, first, stream)
     response = shape.full(outputs, call.num_samples, call.sampling.stop)
     return with_tool_calls(response, family, body.tools or []) if family else response
 

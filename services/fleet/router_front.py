@@ -84,6 +84,6 @@ class RouterFront:
         return self
 
     def stop(self) -> None:
+        self.backend.close()  # on the serving loop, before it stops
         self.http.stop()
-        self.backend.close()
         self._health_channel.close()
