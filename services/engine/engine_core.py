@@ -75,14 +75,14 @@ class EngineCore:
         self._block_tokens = BlockTokens(config.page_size)
         # The compute backend allocates the device KV with its host and disk tiers.
         self.manager = KVCacheManager(
-            self.compute.store_config, self._events.append, self.compute.open_tiers()
+            self.compute.store_config, self._events.append, self.compute.open_tiers(), clock
         )
         self.metrics.tiers.watch(self.manager.tiers.metrics)
         # Scale-in: retained prefixes go to the shared disk while the rank drains (core thread).
         self.drain = DiskDrain(self.manager, self.metrics.drain_flushed_blocks)
         self._draining_mark = False  # the last mark handed to the core (set_draining's caller)
         self.scheduler = Scheduler(
-            self.manager, config.max_batch_size, config.max_num_batched_tokens, clock
+            self.manager, config.max_batch_size, config.max_num_batched_tokens
         )
         self._commands: queue.Queue[Callable[[], None]] = queue.Queue()
         self._handles: dict[str, RequestHandle] = {}

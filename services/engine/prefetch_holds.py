@@ -19,7 +19,6 @@ Only the engine core's thread calls it (the manager has one writer).
 from __future__ import annotations
 
 import itertools
-import time
 from collections import OrderedDict
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -48,11 +47,9 @@ class _Hold:
 class PrefetchHolds:
     """Holds per conversation and the last prompt of each; the only writer of both."""
 
-    def __init__(
-        self, manager: KVCacheManager, clock: Callable[[], float] = time.monotonic
-    ) -> None:
+    def __init__(self, manager: KVCacheManager) -> None:
         self.manager = manager
-        self.clock = clock
+        self.clock = manager.clock  # holds expire on the rank's clock
         self.cancelled = 0  # holds given up under memory pressure
         self._holds: dict[str, _Hold] = {}
         self._prompts: OrderedDict[str, tuple[tuple[int, ...], bytes]] = OrderedDict()

@@ -13,7 +13,6 @@ sequence is re-added with its output so far and resumes from whatever prefix is 
 
 from __future__ import annotations
 
-import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
@@ -51,10 +50,9 @@ class Scheduler(StepPlanner[Sequence, ScheduledChunk]):
         manager: KVCacheManager,
         max_batch_size: int,
         token_budget: int,
-        clock: Callable[[], float] = time.monotonic,
     ) -> None:
-        super().__init__(manager, max_batch_size, token_budget, clock)
-        self.holds = PrefetchHolds(manager, clock)  # router-driven prefetch between turns
+        super().__init__(manager, max_batch_size, token_budget)
+        self.holds = PrefetchHolds(manager)  # router-driven prefetch between turns
 
     # -- membership ------------------------------------------------------------------------------
 

@@ -54,7 +54,7 @@ class SimRank(HandoffSide, HoldSide, StepPlanner[SimRequest, Chunk]):
         page_bytes: dict[str, int] | None = None,
         chip: SharedChip | None = None,
     ) -> None:
-        StepPlanner.__init__(self, manager, max_batch_size, token_budget, clock.now)
+        StepPlanner.__init__(self, manager, max_batch_size, token_budget)
         self.rank_id = rank_id
         self.role = role
         self.costs = costs
