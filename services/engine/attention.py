@@ -17,6 +17,9 @@ from typing import Protocol
 
 import torch
 
+from .attn_flash import FlashAttention, flash_supports
+from .attn_reference import ReferenceAttention
+from .attn_sdpa import SdpaAttention
 from .batch import AttentionMetadata
 
 
@@ -49,7 +52,16 @@ class BackendEntry:
     supports: Callable[[torch.device], bool]
 
 
-BACKENDS: dict[str, BackendEntry] = {}
+def _any_device(_device: torch.device) -> bool:
+    return True
+
+
+# The backends import nothing of this module, so it can import them all here.
+BACKENDS: dict[str, BackendEntry] = {
+    "flash": BackendEntry(factory=FlashAttention, supports=flash_supports),
+    "reference": BackendEntry(factory=ReferenceAttention, supports=_any_device),
+    "sdpa": BackendEntry(factory=SdpaAttention, supports=_any_device),
+}
 
 # Preference order of the automatic pick on each device type.
 AUTO_ORDER: dict[str, tuple[str, ...]] = {
@@ -58,14 +70,8 @@ AUTO_ORDER: dict[str, tuple[str, ...]] = {
 }
 
 
-def register_backend(name: str, entry: BackendEntry) -> None:
-    """Add a backend to the registry under `name`."""
-    BACKENDS[name] = entry
-
-
 def available_backends(device: torch.device | str) -> list[str]:
     """Names of the registered backends that can run on `device`."""
-    _load_builtin_backends()
     device = torch.device(device)
     return [name for name, entry in BACKENDS.items() if entry.supports(device)]
 
@@ -74,7 +80,6 @@ def make_backend(
     name: str | None, device: torch.device | str, **options: object
 ) -> AttentionBackend:
     """The backend `name` (or the best available when None or "auto") for `device`."""
-    _load_builtin_backends()
     device = torch.device(device)
     if name in (None, "auto"):
         order = AUTO_ORDER.get(device.type, ("reference",))
@@ -85,8 +90,3 @@ def make_backend(
     if not entry.supports(device):
         raise ValueError(f"attention backend {name!r} cannot run on device {device}")
     return entry.factory(**options)
-
-
-def _load_builtin_backends() -> None:
-    # Imported here, not at module top, so that each backend module can import this one.
-    from . import attn_flash, attn_reference, attn_sdpa  # noqa: F401

@@ -15,7 +15,6 @@ import functools
 
 import torch
 
-from .attention import BackendEntry, register_backend
 from .batch import AttentionMetadata
 from .kv_quant import dequantize
 
@@ -35,7 +34,8 @@ def _multiprocessors(device_index: int) -> int:
     return torch.cuda.get_device_properties(device_index).multi_processor_count
 
 
-def _supports(device: torch.device) -> bool:
+def flash_supports(device: torch.device) -> bool:
+    """CUDA of compute capability 9 or newer (Hopper, Blackwell), with `flash_attn.cute`."""
     if device.type != "cuda" or not torch.cuda.is_available():
         return False
     major, _ = torch.cuda.get_device_capability(device)
@@ -212,6 +212,3 @@ def with_sinks(out: torch.Tensor, lse: torch.Tensor, sinks: torch.Tensor) -> tor
     head's softmax had had one more column, its sink logit `sinks [H]`, of value zero."""
     keep = torch.sigmoid(lse - sinks.float()[None, :])
     return (out.float() * keep[..., None]).to(out.dtype)
-
-
-register_backend("flash", BackendEntry(factory=FlashAttention, supports=_supports))

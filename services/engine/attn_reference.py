@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import torch
 
-from .attention import BackendEntry, register_backend
 from .batch import AttentionMetadata
 from .kv_quant import dequantize
 
@@ -84,8 +83,3 @@ class ReferenceAttention:
             )
             start += n
         return out
-
-
-register_backend(
-    "reference", BackendEntry(factory=ReferenceAttention, supports=lambda _device: True)
-)

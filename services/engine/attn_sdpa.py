@@ -10,7 +10,6 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from .attention import BackendEntry, register_backend
 from .batch import AttentionMetadata
 from .kv_quant import dequantize
 
@@ -96,6 +95,3 @@ def _padded_index(
         torch.arange(int(meta.cu_seqlens_q[-1]), device=device) - meta.cu_seqlens_q[:-1].long()[row]
     )
     return row, col
-
-
-register_backend("sdpa", BackendEntry(factory=SdpaAttention, supports=lambda _device: True))

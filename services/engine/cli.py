@@ -116,7 +116,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 def engine_config_from_args(args: argparse.Namespace):
     """The config file (if any) with the command line's explicit values on top."""
-    from .engine_config import EngineConfig, load_engine_config
+    from .engine_config import EngineConfig
+    from .engine_yaml import load_engine_config
 
     config = load_engine_config(args.config) if args.config else EngineConfig()
     return config.with_changes(

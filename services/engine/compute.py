@@ -28,7 +28,7 @@ from .kv_calibration import calibrate_kv_scales
 from .kv_quant import KVScales, is_fp8
 from .kv_setup import build_kv, kv_cache_dtype, open_kv_tiers, tier_config
 from .sampling import NON_FINITE_LOGITS, RowResult, SampleFailure, sample_batch
-from .scheduler import ScheduledChunk
+from .scheduled_chunk import ScheduledChunk
 from .tp import ShardedBytes, TPLayout, broadcast_chunks, load_sharded_checkpoint, shard_config
 from .tp.rank_group import join_rank_group, worker_device
 from .tp.step_plan import OPEN, send_to_workers

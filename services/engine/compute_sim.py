@@ -32,7 +32,7 @@ from .compute_types import resolve_model_config
 from .config import ModelConfig
 from .engine_config import EngineConfig
 from .kv_setup import kv_layout, kvstore_config, tier_config
-from .scheduler import ScheduledChunk
+from .scheduled_chunk import ScheduledChunk
 
 # Sampled ids are printable ASCII bytes when the vocabulary has them: readable text through the
 # byte tokenizer, and never a special (stop) token, so outputs run to max_tokens.

@@ -13,7 +13,7 @@ from ...kvstore.config import KVStoreConfig
 from ...kvstore.tiers.stack import KVTiers
 from .config import ModelConfig, preset
 from .engine_config import EngineConfig
-from .scheduler import ScheduledChunk
+from .scheduled_chunk import ScheduledChunk
 from .weights import config_from_file
 
 if TYPE_CHECKING:

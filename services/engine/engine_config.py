@@ -1,14 +1,13 @@
 """What one engine rank runs with: model, slots, step budget, reuse policy, KV pool size.
 
-`load_engine_config` reads the operator's `engine.yaml`; engine_yaml.py holds its typed layout
-(an unknown key is an error naming it).
+engine_yaml.py reads the operator's `engine.yaml` into one (`load_engine_config`), through its
+typed layout (an unknown key is an error naming it).
 """
 
 from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
 from ..core.kv_cache_dtype import check_kv_cache_dtype
@@ -182,17 +181,3 @@ class EngineConfig:
     def with_changes(self, **changes: Any) -> EngineConfig:
         """A copy with some fields replaced; None values are ignored (unset CLI flags)."""
         return dataclasses.replace(self, **{k: v for k, v in changes.items() if v is not None})
-
-
-def engine_config_from_dict(data: dict[str, Any]) -> EngineConfig:
-    """Map the operator's engine.yaml layout onto EngineConfig (engine_yaml.py's typed model)."""
-    from .engine_yaml import engine_config_from_dict as parse
-
-    return parse(data)
-
-
-def load_engine_config(path: str | Path) -> EngineConfig:
-    """Read an engine.yaml; a missing file, an unknown key or a bad value names the path."""
-    from .engine_yaml import load_engine_config as load
-
-    return load(path)

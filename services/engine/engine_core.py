@@ -37,10 +37,12 @@ from .metrics import EngineMetrics
 from .prefetch_holds import PrefetchResult
 from .request_checks import RequestBounds, check_request, longest_request, pool_shortfall
 from .request_handle import RequestHandle
+from .request_samples import samples_of
 from .sample_finish import finish_reason, sample_usage, token_output
 from .sampling_params import SampledToken, SampleFailure, TokenLogprob
-from .scheduler import ScheduledChunk, Scheduler
-from .sequence import Sequence, samples_of
+from .scheduled_chunk import ScheduledChunk
+from .scheduler import Scheduler
+from .sequence import Sequence
 
 log = logging.getLogger(__name__)
 

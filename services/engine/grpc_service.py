@@ -23,7 +23,7 @@ from .engine_request import (
     SampleOutput,
     SequenceFailedError,
 )
-from .grammar import GrammarCompiler, compile_grammar
+from .grammar_compiler import GrammarCompiler, compile_grammar
 from .request_inputs import branch_hints_of, make_sampling, retention_seconds_of
 from .tokenizer import Tokenizer
 

@@ -26,7 +26,7 @@ from .engine_request import (
     SequenceFailedError,
     Usage,
 )
-from .grammar import GrammarCompiler, compile_grammar
+from .grammar_compiler import GrammarCompiler, compile_grammar
 from .sampling_params import SamplingParams, TokenLogprob
 from .tokenizer import Tokenizer
 

@@ -5,8 +5,8 @@ Peer routers load a tokenizer from the `model_path` a worker reports; pointing t
 directory means none of them downloads one. The `sim` compute backend needs no weights, so
 `kvfleet engine --compute-backend sim --model-path DIR` serves from it as it is.
 
-The tokenizer gives the same ids as the engine's `ByteTokenizer`: UTF-8 byte `b` is id `b`,
-and the special tokens follow at 256, 257, ...
+The tokenizer (tokenizer.py's `byte_tokenizer_json`) gives the same ids as the engine's
+`ByteTokenizer`: UTF-8 byte `b` is id `b`, and the special tokens follow at 256, 257, ...
 """
 
 from __future__ import annotations
@@ -15,31 +15,7 @@ import json
 from pathlib import Path
 
 from .config import ModelConfig
-from .tokenizer import BYTE_SPECIAL_TOKENS
-
-
-def byte_to_unicode() -> dict[int, str]:
-    """The byte-level pre-tokenizer's printable stand-in for each byte (GPT-2's table)."""
-    printable = [*range(ord("!"), ord("~") + 1), *range(0xA1, 0xAC + 1), *range(0xAE, 0xFF + 1)]
-    table = {b: chr(b) for b in printable}
-    extra = 0
-    for b in range(256):
-        if b not in table:
-            table[b] = chr(256 + extra)
-            extra += 1
-    return table
-
-
-def byte_tokenizer_json(special_tokens: tuple[str, ...] = BYTE_SPECIAL_TOKENS) -> str:
-    """A `tokenizers` JSON whose ids are the UTF-8 bytes, then `special_tokens`."""
-    from tokenizers import Tokenizer, decoders, models, pre_tokenizers
-
-    vocab = {char: byte for byte, char in byte_to_unicode().items()}
-    tokenizer = Tokenizer(models.BPE(vocab=vocab, merges=[]))
-    tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)
-    tokenizer.decoder = decoders.ByteLevel()
-    tokenizer.add_special_tokens(list(special_tokens))
-    return tokenizer.to_str()
+from .tokenizer import BYTE_SPECIAL_TOKENS, byte_tokenizer_json
 
 
 def write_model_dir(path: str | Path, model: ModelConfig) -> Path:

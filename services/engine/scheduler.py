@@ -7,39 +7,20 @@ runs on the engine core's thread and is the only caller of the kvstore manager t
 
 The rule itself (running first, admission first come first served, memory pressure: release
 the oldest retained conversation to the LRU, then preempt the newest running sequence) is
-`StepPlanner`'s, shared with the simulator; this class says what a chunk is. A preempted
-sequence is re-added with its output so far and resumes from whatever prefix is still cached.
+`StepPlanner`'s, shared with the simulator; this class makes its chunks (scheduled_chunk.py).
+A preempted sequence is re-added with its output so far and resumes from whatever prefix is
+still cached.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from collections.abc import Callable
 
 from ...kvstore.manager import KVCacheManager
 from ..core.step_planner import StepPlanner
 from .prefetch_holds import PrefetchHolds
+from .scheduled_chunk import ScheduledChunk
 from .sequence import Sequence
-
-
-@dataclass(frozen=True)
-class ScheduledChunk:
-    """One sequence's share of a step: tokens [start, start + len(new_tokens)) and its pages."""
-
-    sequence: Sequence
-    start: int
-    new_tokens: tuple[int, ...]
-    page_ids: Mapping[str, tuple[int, ...]]
-
-    @property
-    def samples(self) -> bool:
-        """True when the chunk reaches the last known token, so its logits give the next one."""
-        return self.start + len(self.new_tokens) == self.sequence.num_tokens
-
-    @property
-    def count(self) -> int:
-        """Tokens this chunk computes."""
-        return len(self.new_tokens)
 
 
 class Scheduler(StepPlanner[Sequence, ScheduledChunk]):

@@ -55,6 +55,30 @@ def stop_ids_of(tokenizer: Tokenizer) -> tuple[int, ...]:
     return stops or ((eos,) if eos is not None else ())
 
 
+def byte_to_unicode() -> dict[int, str]:
+    """The byte-level pre-tokenizer's printable stand-in for each byte (GPT-2's table)."""
+    printable = [*range(ord("!"), ord("~") + 1), *range(0xA1, 0xAC + 1), *range(0xAE, 0xFF + 1)]
+    table = {b: chr(b) for b in printable}
+    extra = 0
+    for b in range(256):
+        if b not in table:
+            table[b] = chr(256 + extra)
+            extra += 1
+    return table
+
+
+def byte_tokenizer_json(special_tokens: tuple[str, ...] = BYTE_SPECIAL_TOKENS) -> str:
+    """A `tokenizers` JSON whose ids are the UTF-8 bytes, then `special_tokens`."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers
+
+    vocab = {char: byte for byte, char in byte_to_unicode().items()}
+    tokenizer = Tokenizer(models.BPE(vocab=vocab, merges=[]))
+    tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)
+    tokenizer.decoder = decoders.ByteLevel()
+    tokenizer.add_special_tokens(list(special_tokens))
+    return tokenizer.to_str()
+
+
 @dataclass
 class ByteTokenizer:
     """Ids 0..255 are the UTF-8 bytes; the special tokens follow them."""
@@ -87,8 +111,6 @@ class ByteTokenizer:
 
     def to_json(self) -> str:
         """This vocabulary as a `tokenizers` JSON (what the grammar library reads)."""
-        from .model_dir import byte_tokenizer_json
-
         return byte_tokenizer_json(self.special_tokens)
 
 

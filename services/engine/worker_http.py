@@ -29,7 +29,7 @@ from .chat_template import render_chat
 from .engine_request import EngineLoad, InvalidRequestError
 from .http_backends import BackendRequest, GenerateBackend
 from .openai_http import json_body
-from .sampling import SamplingParams
+from .sampling_params import SamplingParams
 
 HEALTH_PROBE_TOKEN = 32  # a space in the byte vocabulary; any id < vocab_size would do
 

@@ -17,10 +17,9 @@ from kvfleet.proto import common_pb2, router_pb2, router_pb2_grpc
 from kvfleet.services.engine.engine_config import EngineConfig
 from kvfleet.services.engine.engine_core import EngineCore
 from kvfleet.services.engine.engine_request import GenerateCall
-from kvfleet.services.engine.model_dir import byte_tokenizer_json
 from kvfleet.services.engine.openai_params import chat_prompt, system_end_hint
 from kvfleet.services.engine.openai_schema import ChatCompletionRequest
-from kvfleet.services.engine.tokenizer import load_model_tokenizer
+from kvfleet.services.engine.tokenizer import byte_tokenizer_json, load_model_tokenizer
 from kvfleet.services.fleet.embedded import EmbeddedFleet, FleetConfig
 
 PAGE = 16

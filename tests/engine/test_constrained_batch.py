@@ -11,7 +11,8 @@ import jsonschema
 import pytest
 from engine_testkit import TEST_CONFIG, final, greedy, make_core, run_together, tokens_of
 from kvfleet.services.engine.engine_request import GenerateCall, SequenceFailedError
-from kvfleet.services.engine.grammar import CompiledGrammar, GrammarCompiler
+from kvfleet.services.engine.grammar import CompiledGrammar
+from kvfleet.services.engine.grammar_compiler import GrammarCompiler
 from kvfleet.services.engine.grammar_spec import json_grammar
 from kvfleet.services.engine.sampling import SamplingParams
 from kvfleet.services.engine.tokenizer import stop_ids_of

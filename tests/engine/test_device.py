@@ -8,7 +8,8 @@ import pytest
 import torch
 from kvfleet.services.engine.compute import TorchCompute
 from kvfleet.services.engine.device import resolve_device
-from kvfleet.services.engine.engine_config import EngineConfig, engine_config_from_dict
+from kvfleet.services.engine.engine_config import EngineConfig
+from kvfleet.services.engine.engine_yaml import engine_config_from_dict
 
 LOGGER = "kvfleet.services.engine.device"
 

@@ -5,7 +5,8 @@ from __future__ import annotations
 import pytest
 import yaml
 from kvfleet.services.engine.config import preset
-from kvfleet.services.engine.engine_config import EngineConfig, load_engine_config
+from kvfleet.services.engine.engine_config import EngineConfig
+from kvfleet.services.engine.engine_yaml import load_engine_config
 from kvfleet.services.engine.kv_setup import kvstore_config
 
 

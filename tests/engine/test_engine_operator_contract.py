@@ -171,7 +171,7 @@ def _rendered_yaml():
 @pytest.mark.parametrize("path", [p for p, _ in _yaml_leaves(_rendered_yaml())], ids=".".join)
 def test_every_rendered_engine_yaml_key_changes_the_engine_config(path):
     """A key the operator renders but the engine ignores is a CR field that does nothing."""
-    from kvfleet.services.engine.engine_config import engine_config_from_dict
+    from kvfleet.services.engine.engine_yaml import engine_config_from_dict
 
     rendered = _rendered_yaml()
     value = dict(_yaml_leaves(rendered))[path]
@@ -191,7 +191,7 @@ def test_every_rendered_engine_yaml_key_changes_the_engine_config(path):
 def test_an_unknown_engine_yaml_key_is_an_error_naming_it(tmp_path, data, key):
     """A misspelt key would run the engine on a default nobody chose."""
     import yaml
-    from kvfleet.services.engine.engine_config import load_engine_config
+    from kvfleet.services.engine.engine_yaml import load_engine_config
 
     path = tmp_path / "engine.yaml"
     path.write_text(yaml.safe_dump(data))
@@ -201,7 +201,7 @@ def test_an_unknown_engine_yaml_key_is_an_error_naming_it(tmp_path, data, key):
 
 def test_rendered_engine_yaml_reaches_the_engine():
     """gpuMemoryFraction, ranksPerPod and model.config must arrive, not just be rendered."""
-    from kvfleet.services.engine.engine_config import engine_config_from_dict
+    from kvfleet.services.engine.engine_yaml import engine_config_from_dict
 
     config = engine_config_from_dict(_rendered_yaml())
     assert (config.ranks_per_pod, config.gpu_memory_fraction) == (2, 0.9)
@@ -374,7 +374,7 @@ def test_tensor_parallel_pool_runs_one_rank_of_workers_under_torchrun():
     from kvfleet.operator.names import FleetRef
     from kvfleet.operator.render_config import engine_config
     from kvfleet.operator.render_pools import engine_args, render_pool
-    from kvfleet.services.engine.engine_config import engine_config_from_dict
+    from kvfleet.services.engine.engine_yaml import engine_config_from_dict
 
     fleet, spec = FleetRef("f", "ns", "uid"), _tensor_parallel_spec()
     args = engine_args(fleet, spec, "generation")

@@ -9,7 +9,8 @@ from kvfleet.kvstore.sizing import TypicalStep
 from kvfleet.kvstore.tiers.layout import KVLayout
 from kvfleet.services.engine.cli import engine_config_from_args
 from kvfleet.services.engine.compute import resolve_model_config
-from kvfleet.services.engine.engine_config import EngineConfig, engine_config_from_dict
+from kvfleet.services.engine.engine_config import EngineConfig
+from kvfleet.services.engine.engine_yaml import engine_config_from_dict
 from kvfleet.services.engine.kv_setup import (
     GIB,
     build_kv,

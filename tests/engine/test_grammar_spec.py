@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 from kvfleet.services.engine.engine_request import InvalidRequestError
-from kvfleet.services.engine.grammar import GrammarCompiler
+from kvfleet.services.engine.grammar_compiler import GrammarCompiler
 from kvfleet.services.engine.grammar_spec import ToolMode, ToolSpec, json_grammar, tool_grammar
 from tool_call_kit import ANSWERS, SPECIALS, TEMPLATE, TOOLS, write_tool_tokenizer
 

@@ -10,8 +10,7 @@ import json
 import pytest
 from kvfleet.services.engine.chat_template import render_chat, render_template
 from kvfleet.services.engine.engine_request import InvalidRequestError
-from kvfleet.services.engine.model_dir import byte_tokenizer_json
-from kvfleet.services.engine.tokenizer import load_model_tokenizer, stop_ids_of
+from kvfleet.services.engine.tokenizer import byte_tokenizer_json, load_model_tokenizer, stop_ids_of
 
 pytest.importorskip("transformers")
 

@@ -132,7 +132,7 @@ def test_chart_example_fleet_names_a_model_the_engine_reads(tmp_path):
     import yaml
     from kvfleet.operator.render_config import engine_config
     from kvfleet.operator.spec import parse_spec
-    from kvfleet.services.engine.engine_config import engine_config_from_dict
+    from kvfleet.services.engine.engine_yaml import engine_config_from_dict
     from kvfleet.services.engine.weights import config_from_file
 
     example = Path(__file__).resolve().parents[2] / "charts/kvfleet/examples/fleet.yaml"

@@ -67,7 +67,7 @@ def test_fleet_model_settings_reach_the_engine(tmp_path):
     """engine.yaml's model.config (the chart's free-form model settings) must be read, and an
     unknown key refused, not dropped."""
     from kvfleet.services.engine.compute_types import resolve_model_config
-    from kvfleet.services.engine.engine_config import engine_config_from_dict
+    from kvfleet.services.engine.engine_yaml import engine_config_from_dict
 
     _, path = save_tiny("Qwen3ForCausalLM", tmp_path, seed=1)
     data = {"model": {"name": "q", "path": str(path),

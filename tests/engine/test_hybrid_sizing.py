@@ -117,7 +117,7 @@ def test_a_prompt_whose_states_outgrow_the_state_pool_is_refused_by_name():
 
 def test_engine_yaml_sets_the_snapshot_boundaries():
     """engine.yaml's `engine:` section takes a list; the state life cycle gets a tuple."""
-    from kvfleet.services.engine.engine_config import engine_config_from_dict
+    from kvfleet.services.engine.engine_yaml import engine_config_from_dict
 
     config = engine_config_from_dict(
         {"model": "hybrid-tiny", "engine": {"state_every_tokens": 4096,

@@ -8,7 +8,8 @@ import logging
 import pytest
 import torch
 from kvfleet.services.engine.config import preset
-from kvfleet.services.engine.engine_config import EngineConfig, engine_config_from_dict
+from kvfleet.services.engine.engine_config import EngineConfig
+from kvfleet.services.engine.engine_yaml import engine_config_from_dict
 from kvfleet.services.engine.kv_budget import (
     GIB,
     DeviceMemory,

@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 from kvfleet.services.engine.engine_request import GenerateCall
+from kvfleet.services.engine.request_samples import samples_of
 from kvfleet.services.engine.sampling_params import SamplingParams
-from kvfleet.services.engine.sequence import samples_of
 
 
 def test_children_follow_the_parent_with_seeds_of_their_own():

@@ -10,8 +10,9 @@ from types import SimpleNamespace
 
 import pytest
 from kvfleet.services.engine.compute import TorchCompute
-from kvfleet.services.engine.engine_config import EngineConfig, engine_config_from_dict
+from kvfleet.services.engine.engine_config import EngineConfig
 from kvfleet.services.engine.engine_core import EngineCore
+from kvfleet.services.engine.engine_yaml import engine_config_from_dict
 from kvfleet.services.engine.kv_setup import disk_tier_root
 from kvfleet.services.engine.models.tiny_checkpoint import write_tiny_checkpoint
 from tp_engine_run import PAGE, engine_config, serve_conversation

@@ -17,8 +17,7 @@ from kvfleet.services.engine.compute_sim import SimCompute
 from kvfleet.services.engine.engine_config import EngineConfig
 from kvfleet.services.engine.engine_core import EngineCore
 from kvfleet.services.engine.http_backends import EngineBackend
-from kvfleet.services.engine.model_dir import byte_tokenizer_json
-from kvfleet.services.engine.tokenizer import load_model_tokenizer
+from kvfleet.services.engine.tokenizer import byte_tokenizer_json, load_model_tokenizer
 
 MARKERS = ("<tool_call>", "</tool_call>", "[TOOL_CALLS]", "[ARGS]", "<|python_tag|>")
 SPECIALS = ("<|endoftext|>", "<|im_start|>", "<|im_end|>", *MARKERS)

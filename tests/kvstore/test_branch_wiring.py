@@ -2,7 +2,7 @@
 
 from kvfleet.kvstore.policies import PerConversation
 from kvfleet.services.engine.compute import resolve_model_config
-from kvfleet.services.engine.engine_config import engine_config_from_dict
+from kvfleet.services.engine.engine_yaml import engine_config_from_dict
 from kvfleet.services.engine.kv_setup import kvstore_config, typical_step
 from kvfleet.services.replay.sim_config import load_sim_config
 from kvfleet.services.replay.sim_fleet import SimFleet

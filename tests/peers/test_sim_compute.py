@@ -20,7 +20,7 @@ from kvfleet.services.engine.engine_core import EngineCore
 from kvfleet.services.engine.engine_request import GenerateCall
 from kvfleet.services.engine.rank import EngineRank, RankAddresses
 from kvfleet.services.engine.sampling import SamplingParams
-from kvfleet.services.engine.scheduler import ScheduledChunk
+from kvfleet.services.engine.scheduled_chunk import ScheduledChunk
 from peers_testkit import SIM_CONFIG
 
 

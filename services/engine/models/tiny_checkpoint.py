@@ -16,6 +16,7 @@ from typing import Any
 import torch
 
 from ..model import CausalLM
+from ..tokenizer import byte_tokenizer_json
 from .registry import ARCHITECTURES, model_config_from_hf
 
 CHATML_TOKENS = ("<|endoftext|>", "<|im_start|>", "<|im_end|>")
@@ -198,7 +199,6 @@ def write_tiny_checkpoint(
     """Write a tiny random `arch` checkpoint with tokenizer and chat template into `path`."""
     from huggingface_hub import save_torch_state_dict
 
-    from ..model_dir import byte_tokenizer_json
     from ..weights import build_model
 
     path = Path(path)
