@@ -11,10 +11,10 @@ from kvfleet.kvstore.life_cycles import FullLifeCycle, WindowLifeCycle
 from kvfleet.kvstore.manager import KVCacheManager
 from kvfleet.kvstore.policies import PerConversation, PerRequest
 from kvfleet.services.core.retained_order import RetainedConversations
-from kvfleet.services.engine.engine_request import GenerateCall
-from kvfleet.services.engine.sampling import SamplingParams
-from kvfleet.services.engine.scheduler import Scheduler
-from kvfleet.services.engine.sequence import Sequence
+from kvfleet.services.engine.compute.sampling import SamplingParams
+from kvfleet.services.engine.core.scheduler import Scheduler
+from kvfleet.services.engine.request.engine_request import GenerateCall
+from kvfleet.services.engine.request.sequence import Sequence
 
 BLOCK = 4
 USABLE_PAGES = 8
