@@ -12,8 +12,15 @@ import gc
 import torch
 import torch.distributed as dist
 
+from ....kvstore.tiers.torch_bytes import TorchBytes
+from ..attention.backends import make_backend
 from ..config.engine_config import EngineConfig
+from ..kv.device_kv_cache import DeviceKVCache
+from ..kv.kv_setup import kv_layout
+from .device import resolve_device
+from .tp.loading import load_sharded_checkpoint
 from .tp.sharding import TPLayout
+from .tp.step_plan import StepPlanFollower
 
 
 def join_rank_group(config: EngineConfig, device: torch.device) -> TPLayout:
@@ -55,14 +62,6 @@ def worker_device(device: torch.device, layout: TPLayout) -> torch.device:
 def follow(config: EngineConfig) -> int:
     """A worker other than 0: load its shard, then carry out the leader's orders until it
     says stop; returns how many it carried out."""
-    from ....kvstore.tiers.torch_bytes import TorchBytes
-    from ..attention.backends import make_backend
-    from ..kv.device_kv_cache import DeviceKVCache
-    from ..kv.kv_setup import kv_layout
-    from .device import resolve_device
-    from .tp.loading import load_sharded_checkpoint
-    from .tp.step_plan import StepPlanFollower
-
     torch.set_num_threads(config.torch_threads)
     device = resolve_device(config.device)
     layout = join_rank_group(config, device)

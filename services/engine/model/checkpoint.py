@@ -19,6 +19,7 @@ from typing import Any
 import torch
 
 from ..config.model_config import ModelConfig
+from .classes import model_class
 from .decoder import CausalLM
 from .registry import model_config_from_hf
 
@@ -113,8 +114,6 @@ def empty_model(
     config: ModelConfig, dtype: torch.dtype, device: torch.device | str
 ) -> tuple[CausalLM, dict[str, torch.Tensor]]:
     """The model allocated (not initialised) on `device` in `dtype`, and its parameters by name."""
-    from .classes import model_class
-
     with torch.device("meta"):
         model = model_class(config)(config).to(dtype)
     model = model.to_empty(device=device)

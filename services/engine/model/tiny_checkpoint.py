@@ -18,6 +18,7 @@ import torch
 from .decoder import CausalLM
 from .registry import ARCHITECTURES, model_config_from_hf
 from .tokenizer import byte_tokenizer_json
+from .weights import build_model
 
 CHATML_TOKENS = ("<|endoftext|>", "<|im_start|>", "<|im_end|>")
 # ChatML with tools, as Qwen2.5's template writes them: the tools, the <tool_call> syntax the
@@ -198,8 +199,6 @@ def write_tiny_checkpoint(
 ) -> Path:
     """Write a tiny random `arch` checkpoint with tokenizer and chat template into `path`."""
     from huggingface_hub import save_torch_state_dict
-
-    from .weights import build_model
 
     path = Path(path)
     path.mkdir(parents=True, exist_ok=True)

@@ -17,6 +17,8 @@ from pathlib import Path
 import torch
 
 from ..config.model_config import ModelConfig
+from . import checkpoint
+from .classes import model_class
 from .decoder import CausalLM
 
 _MASK64 = (1 << 64) - 1
@@ -85,8 +87,6 @@ def build_model(
 ) -> CausalLM:
     """A model with seeded random weights, allocated directly on `device` in `dtype` (a
     hybrid SSM/attention model when the config names `ssm_layers`)."""
-    from .classes import model_class
-
     with torch.device("meta"):
         model = model_class(config)(config)
     model = model.to_empty(device=device)
@@ -119,13 +119,9 @@ def load_checkpoint(
     dtype: torch.dtype | None = None,
 ) -> CausalLM:
     """A local checkpoint: ours (`save_checkpoint`) or a Hugging Face one (checkpoint.py)."""
-    from .checkpoint import load_checkpoint as load
-
-    return load(directory, device, dtype)
+    return checkpoint.load_checkpoint(directory, device, dtype)
 
 
 def config_from_file(path: str | Path) -> ModelConfig:
     """The ModelConfig of our `config.json` or of a Hugging Face one (`architectures`)."""
-    from .checkpoint import config_from_dict
-
-    return config_from_dict(json.loads(Path(path).read_text()), Path(path).parent.name)
+    return checkpoint.config_from_dict(json.loads(Path(path).read_text()), Path(path).parent.name)
