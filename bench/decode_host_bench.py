@@ -27,12 +27,12 @@ from gpu_common import import_engine, print_table
 
 import_engine()
 
-from kvfleet.services.engine.compute import TorchCompute  # noqa: E402
-from kvfleet.services.engine.config import PRESETS, ModelConfig  # noqa: E402
-from kvfleet.services.engine.engine_config import EngineConfig  # noqa: E402
-from kvfleet.services.engine.engine_core import EngineCore  # noqa: E402
-from kvfleet.services.engine.engine_request import GenerateCall  # noqa: E402
-from kvfleet.services.engine.sampling import SamplingParams  # noqa: E402
+from kvfleet.services.engine.compute.backends import TorchCompute  # noqa: E402
+from kvfleet.services.engine.compute.sampling import SamplingParams  # noqa: E402
+from kvfleet.services.engine.config.engine_config import EngineConfig  # noqa: E402
+from kvfleet.services.engine.config.model_config import PRESETS, ModelConfig  # noqa: E402
+from kvfleet.services.engine.core.engine_core import EngineCore  # noqa: E402
+from kvfleet.services.engine.request.engine_request import GenerateCall  # noqa: E402
 
 
 def host_shape() -> ModelConfig:

@@ -24,11 +24,11 @@ from gpu_common import import_engine
 
 import_engine()  # the device machine runs this from the checkout, not installed
 
-from kvfleet.services.engine.compute import TorchCompute  # noqa: E402
-from kvfleet.services.engine.engine_config import EngineConfig  # noqa: E402
-from kvfleet.services.engine.engine_core import EngineCore  # noqa: E402
-from kvfleet.services.engine.engine_request import GenerateCall  # noqa: E402
-from kvfleet.services.engine.sampling import SamplingParams  # noqa: E402
+from kvfleet.services.engine.compute.backends import TorchCompute  # noqa: E402
+from kvfleet.services.engine.compute.sampling import SamplingParams  # noqa: E402
+from kvfleet.services.engine.config.engine_config import EngineConfig  # noqa: E402
+from kvfleet.services.engine.core.engine_core import EngineCore  # noqa: E402
+from kvfleet.services.engine.request.engine_request import GenerateCall  # noqa: E402
 
 
 def conversations(count: int, turns: int, prompt: int, grow: int, vocab: int, seed: int = 0):

@@ -15,10 +15,10 @@ import statistics
 import time
 
 import torch
-from kvfleet.services.engine.engine_config import EngineConfig
-from kvfleet.services.engine.engine_core import EngineCore
-from kvfleet.services.engine.engine_request import GenerateCall
-from kvfleet.services.engine.sampling import SamplingParams
+from kvfleet.services.engine.compute.sampling import SamplingParams
+from kvfleet.services.engine.config.engine_config import EngineConfig
+from kvfleet.services.engine.core.engine_core import EngineCore
+from kvfleet.services.engine.request.engine_request import GenerateCall
 
 
 def _call(rid: str, prompt, max_tokens: int) -> GenerateCall:

@@ -24,7 +24,7 @@ from pathlib import Path
 import yaml
 from fleet_arms import ARMS
 from fleet_sizing import kv_bytes_per_token, report_half, size_fleet
-from kvfleet.services.engine.config import preset
+from kvfleet.services.engine.config.model_config import preset
 
 SHARED = Path(
     os.environ.get("KVFLEET_SHARED") or Path(__file__).resolve().parents[1] / ".." / "shared"

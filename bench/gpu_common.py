@@ -13,24 +13,46 @@ import tempfile
 import time
 from collections.abc import Callable
 from pathlib import Path
+from types import SimpleNamespace
 
 import torch
 
 REPO = Path(__file__).resolve().parent.parent
 
 
-def import_engine():
-    """`kvfleet.services.engine`, installed or straight from this checkout."""
+def import_engine() -> SimpleNamespace:
+    """The engine's compute pieces these benchmarks call, from kvfleet installed or straight
+    from this checkout (`engine.make_backend`, `engine.ForwardBatch`, ...)."""
     try:
-        import kvfleet.services.engine as engine
+        import kvfleet.services.engine  # noqa: F401
     except ImportError:
         shim = Path(tempfile.mkdtemp(prefix="kvfleet-shim-")) / "kvfleet"
         shim.mkdir()
         for folder in ("services", "kvstore", "proto"):
             (shim / folder).symlink_to(REPO / folder)
         sys.path.insert(0, str(shim.parent))
-        import kvfleet.services.engine as engine
-    return engine
+    from kvfleet.services.engine.attention.backends import available_backends, make_backend
+    from kvfleet.services.engine.attention.batch import ForwardBatch, SequenceChunk
+    from kvfleet.services.engine.compute.generation import default_dtype, generate
+    from kvfleet.services.engine.config.model_config import ModelConfig, preset
+    from kvfleet.services.engine.kv.kv_cache import PagedKVCache
+    from kvfleet.services.engine.model.weights import build_model, load_checkpoint
+    from kvfleet.services.engine.request.sampling_params import SamplingParams
+
+    return SimpleNamespace(
+        available_backends=available_backends,
+        make_backend=make_backend,
+        ForwardBatch=ForwardBatch,
+        SequenceChunk=SequenceChunk,
+        default_dtype=default_dtype,
+        generate=generate,
+        ModelConfig=ModelConfig,
+        preset=preset,
+        PagedKVCache=PagedKVCache,
+        build_model=build_model,
+        load_checkpoint=load_checkpoint,
+        SamplingParams=SamplingParams,
+    )
 
 
 def sync(device: torch.device) -> None:

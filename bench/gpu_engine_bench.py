@@ -87,7 +87,7 @@ def main() -> int:
     torch.manual_seed(0)
     engine = import_engine()
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    from kvfleet.services.engine import fused  # as the serving path does (compute.py)
+    from kvfleet.services.engine.model import fused  # as the serving path does
 
     fused.enable(device.type == "cuda" and not args.unfused)
     backends = [b for b in ("flash", "sdpa") if b in engine.available_backends(device)]

@@ -28,10 +28,10 @@ from gpu_common import import_engine, print_table
 
 import_engine()
 
-from kvfleet.services.engine.batch import ForwardBatch, SequenceChunk  # noqa: E402
-from kvfleet.services.engine.compute import TorchCompute  # noqa: E402
-from kvfleet.services.engine.engine_config import EngineConfig  # noqa: E402
-from kvfleet.services.engine.models.paged_ssm import SSMBatchPlan  # noqa: E402
+from kvfleet.services.engine.attention.batch import ForwardBatch, SequenceChunk  # noqa: E402
+from kvfleet.services.engine.compute.backends import TorchCompute  # noqa: E402
+from kvfleet.services.engine.config.engine_config import EngineConfig  # noqa: E402
+from kvfleet.services.engine.model.paged_ssm import SSMBatchPlan  # noqa: E402
 
 
 def parse_args() -> argparse.Namespace:

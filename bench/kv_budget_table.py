@@ -12,10 +12,10 @@ from __future__ import annotations
 import argparse
 
 import torch
-from kvfleet.services.engine.config import PRESETS, preset
-from kvfleet.services.engine.engine_config import EngineConfig
-from kvfleet.services.engine.kv_budget import GIB, DeviceMemory, kv_budget
-from kvfleet.services.engine.kv_setup import build_kv, kvstore_config
+from kvfleet.services.engine.config.engine_config import EngineConfig
+from kvfleet.services.engine.config.model_config import PRESETS, preset
+from kvfleet.services.engine.kv.kv_budget import GIB, DeviceMemory, kv_budget
+from kvfleet.services.engine.kv.kv_setup import build_kv, kvstore_config
 
 MIB = 1 << 20
 

@@ -32,8 +32,8 @@ import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
-from kvfleet.services.engine.config import preset
-from kvfleet.services.engine.model_dir import write_model_dir
+from kvfleet.services.engine.config.model_config import preset
+from kvfleet.services.engine.model.model_dir import write_model_dir
 from kvfleet.services.replay.claude_code import read_claude_code
 from kvfleet.services.replay.http_target import OpenAICompletionsTarget
 from kvfleet.services.replay.target import TARGET_FACTORIES

@@ -12,7 +12,7 @@ import torch
 
 def qwen3_0_6b_shape():
     """Qwen3-0.6B's shape (per-head q/k norms, tied embeddings); random weights."""
-    from kvfleet.services.engine.config import ModelConfig
+    from kvfleet.services.engine.config.model_config import ModelConfig
 
     return ModelConfig(
         vocab_size=151936,

@@ -17,7 +17,7 @@ import time
 from pathlib import Path
 
 import torch
-from kvfleet.services.engine.config import preset
+from kvfleet.services.engine.config.model_config import preset
 from kvfleet.services.replay.driver import DriverOptions
 from kvfleet.services.replay.sim_config import SimConfig, load_sim_config
 from kvfleet.services.replay.tokens import TokenSynthesizer

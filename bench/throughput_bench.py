@@ -26,13 +26,13 @@ from serving_steps import StepRecorder, count_launches, qwen3_0_6b_shape
 
 import_engine()  # the device machine runs this from the checkout, not installed
 
-from kvfleet.services.engine import fused  # noqa: E402
-from kvfleet.services.engine.compute import TorchCompute  # noqa: E402
-from kvfleet.services.engine.config import PRESETS  # noqa: E402
-from kvfleet.services.engine.engine_config import EngineConfig  # noqa: E402
-from kvfleet.services.engine.engine_core import EngineCore  # noqa: E402
-from kvfleet.services.engine.engine_request import GenerateCall  # noqa: E402
-from kvfleet.services.engine.sampling import SamplingParams  # noqa: E402
+from kvfleet.services.engine.compute.backends import TorchCompute  # noqa: E402
+from kvfleet.services.engine.compute.sampling import SamplingParams  # noqa: E402
+from kvfleet.services.engine.config.engine_config import EngineConfig  # noqa: E402
+from kvfleet.services.engine.config.model_config import PRESETS  # noqa: E402
+from kvfleet.services.engine.core.engine_core import EngineCore  # noqa: E402
+from kvfleet.services.engine.model import fused  # noqa: E402
+from kvfleet.services.engine.request.engine_request import GenerateCall  # noqa: E402
 
 # Rows of the comparison: (decode_graphs, fused elementwise ops, next step planned ahead).
 MODES = {"off": ("off", False, False), "graphs": ("auto", False, False),

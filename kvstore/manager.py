@@ -29,6 +29,7 @@ disk, so another rank resumes those conversations.
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable, Mapping, Sequence
 from functools import partial
 
@@ -82,13 +83,16 @@ class KVCacheManager:
         config: KVStoreConfig,
         listener: KVEventListener = ignore_event,
         tiers: KVTiers | None = None,
+        clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self.config = config
+        # The rank's clock: cache TTLs in every tier and retention times are measured on it.
+        self.clock = clock
         self.life_cycles = {lc.name: lc for lc in config.life_cycles}
         # Only these release pages while a request runs (a commit skips the others).
         self._sliding = {name: lc for name, lc in self.life_cycles.items() if lc.slides}
         self.tiers = tiers or KVTiers.device_only(list(self.life_cycles))
-        pool_listener = self.tiers.attach(listener, self._on_device)
+        pool_listener = self.tiers.attach(listener, self._on_device, clock)
         evict = self.tiers.on_device_evict
         self.pools: Mapping[str, BlockPool] = {
             name: BlockPool(name, config.pool_pages[name], pool_listener, partial(evict, name))

@@ -20,9 +20,9 @@ SUBCOMMAND_MODULES: tuple[str, ...] = (
     "kvfleet.proto.cli",
     "kvfleet.services.replay.command",
     "kvfleet.operator.cli",
-    "kvfleet.services.engine.cli",
+    "kvfleet.services.engine.rank.cli",
     "kvfleet.services.fleet.up",
-    "kvfleet.services.engine.model_dir",
+    "kvfleet.services.engine.model.model_dir",
 )
 
 

@@ -42,7 +42,7 @@ def parse_args() -> argparse.Namespace:
 
 def load_model(engine, args, device):
     if args.model_path:
-        from kvfleet.services.engine.weights import load_checkpoint
+        from kvfleet.services.engine.model.weights import load_checkpoint
 
         return load_checkpoint(args.model_path, device, torch.bfloat16)
     config = engine.preset(args.model)
@@ -121,7 +121,7 @@ def main() -> None:
     args = parse_args()
     device = torch.device("cuda")
     engine = import_engine()
-    from kvfleet.services.engine.kv_calibration import calibrate_kv_scales
+    from kvfleet.services.engine.kv.kv_calibration import calibrate_kv_scales
 
     t0 = time.perf_counter()
     model = load_model(engine, args, device)

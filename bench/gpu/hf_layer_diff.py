@@ -43,7 +43,7 @@ def capture(model: torch.nn.Module, names: list[str]) -> tuple[dict, list]:
 
 def rope_rows(engine, name, hf, ours, length, device, dtype) -> list[list[object]]:
     """Our cos/sin against transformers' rotary embedding at the same positions."""
-    from kvfleet.services.engine.models.rope import rope_angles
+    from kvfleet.services.engine.model.rope import rope_angles
 
     positions = torch.arange(length, device=device)
     cos, sin = rope_angles(positions, ours.config)

@@ -69,8 +69,8 @@ def make_core(args, engine_config, engine_core, model: str):
 
 def greedy_call(call_id: str, prompt, max_tokens: int, salt: str = ""):
     """A greedy request of its own conversation (`salt`: a cache salt, so it matches nothing)."""
-    from kvfleet.services.engine.engine_request import GenerateCall
-    from kvfleet.services.engine.sampling_params import SamplingParams
+    from kvfleet.services.engine.request.engine_request import GenerateCall
+    from kvfleet.services.engine.request.sampling_params import SamplingParams
 
     sampling = SamplingParams(temperature=0.0, max_tokens=max_tokens)
     conversation = call_id.split("-")[0]
@@ -198,7 +198,8 @@ def on_fresh_core(args, model: str, measure, *extra):
     """`measure(args, core, *extra)` on a new core serving `model`. The core is stopped and no
     longer referenced on return, so its weights, KV and graphs are freed before the next model's
     core sizes its KV from the free memory."""
-    from kvfleet.services.engine import engine_config, engine_core
+    from kvfleet.services.engine.config import engine_config
+    from kvfleet.services.engine.core import engine_core
 
     core = make_core(args, engine_config, engine_core, model)
     try:
@@ -215,7 +216,7 @@ def on_fresh_core(args, model: str, measure, *extra):
 def main() -> None:
     args = parse_args()
     import_engine()
-    from kvfleet.services.engine.models import paged_ssm, ssd_scan, ssm
+    from kvfleet.services.engine.model import paged_ssm, ssd_scan, ssm
 
     rng = random.Random(0)
     vocab = 256

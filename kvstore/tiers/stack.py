@@ -76,7 +76,7 @@ class KVTiers:
             raise ValueError(f"disk_prefetch_num_reqs must be >= 0, got {disk_prefetch_num_reqs}")
         self.bytes = byte_store or NoBytes()
         self.page_bytes = dict(page_bytes)
-        self.clock: Callable[[], float] = time.monotonic  # what cache TTLs are measured on
+        self.clock: Callable[[], float] = time.monotonic  # the manager's, once attached
         self._kept: Deadlines[int] = Deadlines()  # block id -> end of its cache TTL
         self.host = TierIndex(HOST, host_pages, self.kept)
         self.metrics: dict[str, TierMetrics] = new_tier_metrics()
@@ -101,10 +101,14 @@ class KVTiers:
         return cls(zero, zero, zero)
 
     def attach(
-        self, listener: KVEventListener, on_device: Callable[[str, int], bool]
+        self,
+        listener: KVEventListener,
+        on_device: Callable[[str, int], bool],
+        clock: Callable[[], float],
     ) -> KVEventListener:
-        """Take the rank's event listener; return the one the device pools must call."""
-        self._listener, self._on_device = listener, on_device
+        """Take the owning manager's event listener and clock (what cache TTLs are measured
+        on); return the listener the device pools must call."""
+        self._listener, self._on_device, self.clock = listener, on_device, clock
         return self._device_event
 
     # -- reads -----------------------------------------------------------------------------

@@ -17,7 +17,6 @@ still reuse its prefix.
 
 from __future__ import annotations
 
-import time
 from collections import OrderedDict
 from collections.abc import Callable, Iterable, Iterator
 
@@ -32,11 +31,10 @@ class RetainedConversations:
         self,
         manager: KVCacheManager,
         awaited: Callable[[], Iterable[str | None]] = tuple,
-        clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self.manager = manager
         self.awaited = awaited  # conversations with a request on the rank, released last
-        self.clock = clock
+        self.clock = manager.clock  # retention times run on the rank's clock, as the tiers' TTLs
         self.released = 0  # conversations released so far
         self.released_early = 0  # ... of them, inside their retention time
         self._order: OrderedDict[str, None] = OrderedDict()

@@ -21,7 +21,6 @@ does not fit after releasing stops the admissions: later items wait behind it.
 
 from __future__ import annotations
 
-import time
 from collections import deque
 from collections.abc import Callable, Sequence
 from typing import Generic, Protocol, TypeVar
@@ -66,7 +65,6 @@ class StepPlanner(Generic[ItemT, ChunkT]):
         manager: KVCacheManager,
         max_batch_size: int,
         token_budget: int,
-        clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self.manager = manager
         self.max_batch_size = max_batch_size
@@ -74,8 +72,7 @@ class StepPlanner(Generic[ItemT, ChunkT]):
         self.waiting: deque[ItemT] = deque()
         self.running: list[ItemT] = []
         self.preemptions = 0
-        self.retained = RetainedConversations(manager, self._awaited_conversations, clock)
-        manager.tiers.clock = clock  # cache TTLs run on the rank's clock in every tier
+        self.retained = RetainedConversations(manager, self._awaited_conversations)
 
     def _awaited_conversations(self) -> list[str | None]:
         """Conversations with an item on this rank: their retained turns are released last."""

@@ -1,53 +1,24 @@
-"""The engine's compute half: a Llama-style decoder over a paged KV cache, attention backends,
-sampling, tokenizers and weights. The serving half (scheduler, gRPC, HTTP) builds on these.
+"""One engine rank, in sub-packages with one job each that import downward only (the engine
+contract in `.importlinter`; tests/test_import_layers.py also refuses any import cycle, a
+function-level import included):
 
-Names are loaded on first use (PEP 562), so that importing one light submodule (the `kvfleet`
-command's parsers, say) does not import torch.
+    rank       the process: `EngineRank`, the gRPC service, the router link, peer routers'
+               worker endpoints, pod ranks, `kvfleet engine`
+    api        the OpenAI and Anthropic HTTP API over a generate backend: bodies, parameters,
+               shapes, errors, tool calls, chat templates, the uvicorn server; the fleet's
+               router front serves the same app over the router
+    core       `EngineCore` (the thread that owns the kvstore manager, the scheduler and the
+               compute backend), the scheduler, request checks, detokenizer, KV events, metrics
+    compute    compute backends (`torch`, `sim`), sampling, grammar masks, decode graphs, the
+               tensor-parallel worker group and tp/
+    model      the decoder, its layers and architectures, checkpoints, weights, tokenizers,
+               local model directories
+    attention  paged attention backends and the forward batch they read
+    kv         the device KV: paged tensors, the model's view of the tiers, sizing, fp8 scales
+    config     what a rank runs with: `ModelConfig` presets, `EngineConfig`, engine.yaml
+    request    what a request is on its way through: the call and its outputs, sampling
+               parameters, grammar state, its samples and a sample's share of a step
+
+config and request import nothing of each other. The packages' `__init__` modules import
+nothing, so importing one light module (the `kvfleet` command's parsers) never imports torch.
 """
-
-from __future__ import annotations
-
-import importlib
-from typing import Any
-
-# Public name -> the submodule that defines it.
-_EXPORTS: dict[str, str] = {
-    "AttentionBackend": "attention",
-    "available_backends": "attention",
-    "make_backend": "attention",
-    "AttentionMetadata": "batch",
-    "ForwardBatch": "batch",
-    "SequenceChunk": "batch",
-    "FULL_GROUP": "config",
-    "PRESETS": "config",
-    "WINDOW_GROUP": "config",
-    "ModelConfig": "config",
-    "preset": "config",
-    "Generation": "generation",
-    "default_dtype": "generation",
-    "generate": "generation",
-    "PagedKVCache": "kv_cache",
-    "CausalLM": "model",
-    "SamplingParams": "sampling",
-    "make_generator": "sampling",
-    "sample_batch": "sampling",
-    "sample_token": "sampling",
-    "ByteTokenizer": "tokenizer",
-    "JsonTokenizer": "tokenizer",
-    "Tokenizer": "tokenizer",
-    "load_tokenizer": "tokenizer",
-    "build_model": "weights",
-    "load_checkpoint": "weights",
-    "save_checkpoint": "weights",
-}
-
-__all__ = sorted(_EXPORTS)
-
-
-def __getattr__(name: str) -> Any:
-    module = _EXPORTS.get(name)
-    if module is None:
-        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    value = getattr(importlib.import_module(f".{module}", __name__), name)
-    globals()[name] = value  # later lookups skip this function
-    return value

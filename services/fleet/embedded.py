@@ -12,10 +12,10 @@ import time
 import uuid
 from dataclasses import dataclass, field
 
-from ..engine.engine_config import EngineConfig
-from ..engine.http_backends import model_card
-from ..engine.rank import EngineRank, RankAddresses
-from ..engine.tool_calls import resolve_tool_family
+from ..engine.api.http_backends import model_card
+from ..engine.api.tool_calls import resolve_tool_family
+from ..engine.config.engine_config import EngineConfig
+from ..engine.rank.engine_rank import EngineRank, RankAddresses
 from ..router.admission import AdmissionConfig
 from .metrics import FleetMetrics, serve_fleet_metrics
 from .router_front import RouterFront

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import argparse
 
-from ..engine.tool_calls import add_tool_call_parser_flag
+from ..engine.api.tool_calls import add_tool_call_parser_flag
 from ..router import cli as router_cli
 
 
@@ -26,7 +26,7 @@ def start_front(args: argparse.Namespace, grpc_port: int, details=None):
     loopback port when the client port serves TLS). With the router's certificate the HTTP
     port serves HTTPS too, so neither client door is left in the clear. `details`: what
     /health adds (the router's Redis state)."""
-    from ..engine.tool_calls import resolve_tool_family
+    from ..engine.api.tool_calls import resolve_tool_family
     from .router_front import RouterFront, front_tokenizer
 
     tls = (args.tls_cert_file, args.tls_key_file) if args.tls_cert_file else None

@@ -16,10 +16,10 @@ from pathlib import Path
 import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
-from ..engine.http_backends import RouterBackend
-from ..engine.http_server import HttpServer
-from ..engine.openai_http import build_app
-from ..engine.tokenizer import Tokenizer, tokenizer_for_model
+from ..engine.api.http_backends import RouterBackend
+from ..engine.api.http_server import HttpServer
+from ..engine.api.openai_http import build_app
+from ..engine.model.tokenizer import Tokenizer, tokenizer_for_model
 
 HEALTH_TIMEOUT_SECONDS = 2.0
 

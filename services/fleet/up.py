@@ -19,7 +19,7 @@ import sys
 import threading
 from pathlib import Path
 
-from ..engine.tool_calls import add_tool_call_parser_flag
+from ..engine.api.tool_calls import add_tool_call_parser_flag
 
 # Step token budget when --max-num-batched-tokens is not given: the model forward on CPU is
 # slow per token, the cost model is not (it prices chunks of the simulator's default size).
@@ -103,7 +103,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 def fleet_config(args: argparse.Namespace):
     """The `FleetConfig` the command line asks for."""
-    from ..engine.engine_config import EngineConfig
+    from ..engine.config.engine_config import EngineConfig
     from ..router.admission import AdmissionConfig
     from .embedded import FleetConfig
 
@@ -134,7 +134,7 @@ def fleet_config(args: argparse.Namespace):
 
 
 def run(args: argparse.Namespace) -> int:
-    from ..engine.config import PRESETS
+    from ..engine.config.model_config import PRESETS
     from ..router.redis_connect import redacted
     from .embedded import EmbeddedFleet
 

@@ -64,9 +64,9 @@ def admission_config(sim: SimConfig) -> AdmissionConfig:
 def engine_config(sim: SimConfig, settings: TwinSettings) -> Any:
     """An `EngineConfig` whose kvstore config equals the simulator rank's; raise TwinMismatch
     when an option cannot be mirrored or the two kvstore configs differ."""
-    from ..engine.config import preset
-    from ..engine.engine_config import EngineConfig
-    from ..engine.kv_setup import kvstore_config
+    from ..engine.config.engine_config import EngineConfig
+    from ..engine.config.model_config import preset
+    from ..engine.kv.kv_setup import kvstore_config
 
     options = sim.fleet
     for name, value in UNMIRRORED_DEFAULTS.items():

@@ -101,7 +101,7 @@ class SimFleet:
             if rank is not None:
                 self._on_kv_event(rank, event)
 
-        manager = KVCacheManager(kv_config, listener=forward, tiers=tiers)
+        manager = KVCacheManager(kv_config, listener=forward, tiers=tiers, clock=self.clock.now)
         rank = SimRank(
             rank_id,
             manager,

@@ -1,7 +1,7 @@
 """One simulated engine rank: a real KVCacheManager, continuous batching, a cost model for time.
 
 Scheduling is the engine's own step rule (`services/core/step_planner.py`, shared with
-`services/engine/scheduler.py`): running requests first (a decode token each, or the next
+`services/engine/core/scheduler.py`): running requests first (a decode token each, or the next
 prefill chunk), then waiting requests first come first served while the token budget lasts;
 short of pages, release the oldest retained conversation to the LRU, then preempt the newest
 running request (recompute). This class supplies the hooks: pages are taken only when a step
@@ -54,7 +54,7 @@ class SimRank(HandoffSide, HoldSide, StepPlanner[SimRequest, Chunk]):
         page_bytes: dict[str, int] | None = None,
         chip: SharedChip | None = None,
     ) -> None:
-        StepPlanner.__init__(self, manager, max_batch_size, token_budget, clock.now)
+        StepPlanner.__init__(self, manager, max_batch_size, token_budget)
         self.rank_id = rank_id
         self.role = role
         self.costs = costs

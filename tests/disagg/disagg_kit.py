@@ -6,8 +6,8 @@ import time
 
 import grpc
 from kvfleet.proto import common_pb2, engine_pb2, engine_pb2_grpc, router_pb2, router_pb2_grpc
-from kvfleet.services.engine.engine_config import EngineConfig
-from kvfleet.services.engine.rank import EngineRank, RankAddresses
+from kvfleet.services.engine.config.engine_config import EngineConfig
+from kvfleet.services.engine.rank.engine_rank import EngineRank, RankAddresses
 from kvfleet.services.router.server import RouterConfig, create_server
 
 # Small pools, a small step budget (chunked prefill), a short checkpoint margin: as the engine

@@ -15,7 +15,7 @@ from disagg_kit import (
     tokens,
 )
 from kvfleet.proto import common_pb2
-from kvfleet.services.engine.grammar_spec import json_grammar
+from kvfleet.services.engine.api.grammar_spec import json_grammar
 
 PROMPT = list(range(1, 100))  # 99 tokens: 6 full blocks of 16 and a partial one
 

@@ -8,8 +8,8 @@ from kvfleet.services.disagg.blocks import NO_HASH, KVBlock, kv_layout, read_pag
 from kvfleet.services.disagg.disk_handoff import DiskHandoff
 from kvfleet.services.disagg.transport_types import FetchRequest, TransportContext, TransportError
 from kvfleet.services.disagg.transports import build_transports
-from kvfleet.services.engine import PagedKVCache
-from kvfleet.services.engine.config import preset
+from kvfleet.services.engine.config.model_config import preset
+from kvfleet.services.engine.kv.kv_cache import PagedKVCache
 from kvfleet.services.router.admission import (
     GENERATION_ROLES,
     AdmissionConfig,

@@ -6,7 +6,9 @@ import math
 from collections.abc import Sequence
 
 import torch
-from kvfleet.services.engine import ForwardBatch, ModelConfig, PagedKVCache, SequenceChunk
+from kvfleet.services.engine.attention.batch import ForwardBatch, SequenceChunk
+from kvfleet.services.engine.config.model_config import ModelConfig
+from kvfleet.services.engine.kv.kv_cache import PagedKVCache
 
 torch.set_num_threads(1)
 

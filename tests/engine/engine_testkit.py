@@ -6,11 +6,15 @@ import random
 import threading
 import time
 
-from kvfleet.services.engine.compute import TorchCompute
-from kvfleet.services.engine.engine_config import EngineConfig
-from kvfleet.services.engine.engine_core import EngineCore
-from kvfleet.services.engine.engine_request import GenerateCall, SampleOutput, SequenceFailedError
-from kvfleet.services.engine.sampling import SamplingParams
+from kvfleet.services.engine.compute.backends import TorchCompute
+from kvfleet.services.engine.compute.sampling import SamplingParams
+from kvfleet.services.engine.config.engine_config import EngineConfig
+from kvfleet.services.engine.core.engine_core import EngineCore
+from kvfleet.services.engine.request.engine_request import (
+    GenerateCall,
+    SampleOutput,
+    SequenceFailedError,
+)
 
 # Small pools and a small step budget, so chunked prefill and paging are exercised; a short
 # checkpoint margin so that short prompts that rewrite their tail still reuse a prefix.

@@ -10,7 +10,9 @@ from contextlib import contextmanager
 from pathlib import Path
 
 import torch
-from kvfleet.services.engine import ForwardBatch, PagedKVCache, SequenceChunk, make_backend
+from kvfleet.services.engine.attention.backends import make_backend
+from kvfleet.services.engine.attention.batch import ForwardBatch, SequenceChunk
+from kvfleet.services.engine.kv.kv_cache import PagedKVCache
 
 # Shared shape: small, but with GQA, 3 layers, and sizes grouped_mm accepts (multiples of 4).
 BASE = dict(
@@ -136,9 +138,9 @@ def _paged_cache(config, num_pages: int, page_size: int, dtype):
     if not config.ssm_layers:
         yield PagedKVCache(config, num_pages, page_size, dtype=dtype)
         return
-    from kvfleet.services.engine.device_kv_cache import DeviceKVCache
-    from kvfleet.services.engine.engine_config import EngineConfig
-    from kvfleet.services.engine.kv_setup import build_kv, open_kv_tiers
+    from kvfleet.services.engine.config.engine_config import EngineConfig
+    from kvfleet.services.engine.kv.device_kv_cache import DeviceKVCache
+    from kvfleet.services.engine.kv.kv_setup import build_kv, open_kv_tiers
 
     engine = EngineConfig(kv_pages=num_pages, page_size=page_size)
     tiers = open_kv_tiers(config, engine, build_kv(config, engine, dtype), "cpu")

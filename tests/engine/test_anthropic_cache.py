@@ -7,12 +7,15 @@ import json
 from types import SimpleNamespace
 
 import pytest
-from kvfleet.services.engine.anthropic_params import prepare
-from kvfleet.services.engine.anthropic_schema import MessagesRequest
-from kvfleet.services.engine.anthropic_shapes import usage_body
-from kvfleet.services.engine.engine_request import InvalidRequestError, Usage
-from kvfleet.services.engine.model_dir import byte_tokenizer_json
-from kvfleet.services.engine.tokenizer import ByteTokenizer, load_model_tokenizer
+from kvfleet.services.engine.api.anthropic_params import prepare
+from kvfleet.services.engine.api.anthropic_schema import MessagesRequest
+from kvfleet.services.engine.api.anthropic_shapes import usage_body
+from kvfleet.services.engine.model.tokenizer import (
+    ByteTokenizer,
+    byte_tokenizer_json,
+    load_model_tokenizer,
+)
+from kvfleet.services.engine.request.engine_request import InvalidRequestError, Usage
 from test_branch_hints import TEMPLATE
 
 BACKEND = SimpleNamespace(tokenizer=ByteTokenizer(), model_names=("kvfleet",))

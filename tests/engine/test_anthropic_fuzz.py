@@ -9,7 +9,7 @@ import schemathesis
 from engine_testkit import TEST_CONFIG
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from kvfleet.services.engine.rank import EngineRank, RankAddresses
+from kvfleet.services.engine.rank.engine_rank import EngineRank, RankAddresses
 from schemathesis import GenerationMode
 
 MESSAGES_PATHS = ("/v1/messages", "/v1/messages/count_tokens")

@@ -15,7 +15,7 @@ import anthropic
 import httpx
 import pytest
 from engine_testkit import TEST_CONFIG
-from kvfleet.services.engine.rank import EngineRank, RankAddresses
+from kvfleet.services.engine.rank.engine_rank import EngineRank, RankAddresses
 from kvfleet.services.fleet.embedded import EmbeddedFleet, FleetConfig
 
 CONFIG = TEST_CONFIG.with_changes(reuse_policy="per_conversation")

@@ -11,8 +11,8 @@ from __future__ import annotations
 
 import anthropic
 import pytest
-from kvfleet.services.engine.http_server import HttpServer
-from kvfleet.services.engine.openai_http import build_app
+from kvfleet.services.engine.api.http_server import HttpServer
+from kvfleet.services.engine.api.openai_http import build_app
 from tool_call_kit import ANSWERS, ARGUMENTS, TOOLS, engine, tokenizer
 
 __all__ = ["engine", "tokenizer"]  # fixtures of the kit, used by name

@@ -7,8 +7,8 @@ import torch
 from engine_helpers import paged_case
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from kvfleet.services.engine import available_backends, make_backend
-from kvfleet.services.engine.attn_reference import dense_attention, gather_pages
+from kvfleet.services.engine.attention.attn_reference import dense_attention, gather_pages
+from kvfleet.services.engine.attention.backends import available_backends, make_backend
 
 BACKENDS = [name for name in available_backends("cpu") if name != "reference"]
 SCALE = 8**-0.5

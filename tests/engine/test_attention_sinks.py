@@ -7,9 +7,9 @@ import torch
 from engine_helpers import paged_case
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from kvfleet.services.engine import make_backend
-from kvfleet.services.engine.attn_flash import with_sinks
-from kvfleet.services.engine.attn_reference import dense_attention, gather_pages
+from kvfleet.services.engine.attention.attn_flash import with_sinks
+from kvfleet.services.engine.attention.attn_reference import dense_attention, gather_pages
+from kvfleet.services.engine.attention.backends import make_backend
 from test_attention_backends import CASES, SCALE
 
 

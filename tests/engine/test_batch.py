@@ -6,7 +6,9 @@ import pytest
 import torch
 from engine_helpers import small_config
 from kvfleet.kvstore.block_pool import IntegrityError
-from kvfleet.services.engine import ForwardBatch, PagedKVCache, SequenceChunk, preset
+from kvfleet.services.engine.attention.batch import ForwardBatch, SequenceChunk
+from kvfleet.services.engine.config.model_config import preset
+from kvfleet.services.engine.kv.kv_cache import PagedKVCache
 
 
 def _cache(window=4, pages=10, page_size=4):

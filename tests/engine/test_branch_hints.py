@@ -14,13 +14,12 @@ import pytest
 import torch
 from engine_testkit import final, greedy, run_call, shared_compute, tokens_of
 from kvfleet.proto import common_pb2, router_pb2, router_pb2_grpc
-from kvfleet.services.engine.engine_config import EngineConfig
-from kvfleet.services.engine.engine_core import EngineCore
-from kvfleet.services.engine.engine_request import GenerateCall
-from kvfleet.services.engine.model_dir import byte_tokenizer_json
-from kvfleet.services.engine.openai_params import chat_prompt, system_end_hint
-from kvfleet.services.engine.openai_schema import ChatCompletionRequest
-from kvfleet.services.engine.tokenizer import load_model_tokenizer
+from kvfleet.services.engine.api.openai_params import chat_prompt, system_end_hint
+from kvfleet.services.engine.api.openai_schema import ChatCompletionRequest
+from kvfleet.services.engine.config.engine_config import EngineConfig
+from kvfleet.services.engine.core.engine_core import EngineCore
+from kvfleet.services.engine.model.tokenizer import byte_tokenizer_json, load_model_tokenizer
+from kvfleet.services.engine.request.engine_request import GenerateCall
 from kvfleet.services.fleet.embedded import EmbeddedFleet, FleetConfig
 
 PAGE = 16

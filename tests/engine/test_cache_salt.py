@@ -6,7 +6,7 @@ from __future__ import annotations
 import openai
 import pytest
 from engine_testkit import TEST_CONFIG, final, greedy, make_core, run_call
-from kvfleet.services.engine.engine_request import GenerateCall
+from kvfleet.services.engine.request.engine_request import GenerateCall
 from kvfleet.services.fleet.embedded import EmbeddedFleet, FleetConfig
 
 PER_REQUEST = TEST_CONFIG.with_changes(reuse_policy="per_request")

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 from engine_helpers import small_config
-from kvfleet.services.engine import ModelConfig, preset
+from kvfleet.services.engine.config.model_config import ModelConfig, preset
 
 
 def test_presets_have_the_advertised_shapes():

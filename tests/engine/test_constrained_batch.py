@@ -10,11 +10,12 @@ import json
 import jsonschema
 import pytest
 from engine_testkit import TEST_CONFIG, final, greedy, make_core, run_together, tokens_of
-from kvfleet.services.engine.engine_request import GenerateCall, SequenceFailedError
-from kvfleet.services.engine.grammar import CompiledGrammar, GrammarCompiler
-from kvfleet.services.engine.grammar_spec import json_grammar
-from kvfleet.services.engine.sampling import SamplingParams
-from kvfleet.services.engine.tokenizer import stop_ids_of
+from kvfleet.services.engine.api.grammar_spec import json_grammar
+from kvfleet.services.engine.compute.sampling import SamplingParams
+from kvfleet.services.engine.core.grammar_compiler import GrammarCompiler
+from kvfleet.services.engine.model.tokenizer import stop_ids_of
+from kvfleet.services.engine.request.engine_request import GenerateCall, SequenceFailedError
+from kvfleet.services.engine.request.grammar import CompiledGrammar
 from tool_call_kit import write_tool_tokenizer
 
 SCHEMA = {

@@ -17,11 +17,11 @@ import jsonschema
 import openai
 import pytest
 from engine_testkit import shared_compute
-from kvfleet.services.engine.engine_config import EngineConfig
-from kvfleet.services.engine.engine_core import EngineCore
-from kvfleet.services.engine.http_backends import EngineBackend
-from kvfleet.services.engine.http_server import HttpServer
-from kvfleet.services.engine.openai_http import build_app
+from kvfleet.services.engine.api.http_backends import EngineBackend
+from kvfleet.services.engine.api.http_server import HttpServer
+from kvfleet.services.engine.api.openai_http import build_app
+from kvfleet.services.engine.config.engine_config import EngineConfig
+from kvfleet.services.engine.core.engine_core import EngineCore
 from tool_call_kit import write_tool_tokenizer
 
 pytestmark = pytest.mark.slow  # a few hundred CPU decode steps of the tiny model

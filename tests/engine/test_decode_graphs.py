@@ -17,10 +17,10 @@ from engine_testkit import (
     tokens_of,
     wait_until,
 )
-from kvfleet.services.engine.batch import ForwardBatch, SequenceChunk
-from kvfleet.services.engine.cuda_graphs import DecodeRunner, batch_buckets, is_decode_step
-from kvfleet.services.engine.engine_config import EngineConfig
-from kvfleet.services.engine.engine_request import GenerateCall, SequenceFailedError
+from kvfleet.services.engine.attention.batch import ForwardBatch, SequenceChunk
+from kvfleet.services.engine.compute.cuda_graphs import DecodeRunner, batch_buckets, is_decode_step
+from kvfleet.services.engine.config.engine_config import EngineConfig
+from kvfleet.services.engine.request.engine_request import GenerateCall, SequenceFailedError
 
 # The planned-ahead step (overlap_decode, on by default) runs on the static path; EAGER has none.
 STATIC = TEST_CONFIG.with_changes(decode_graphs="static", overlap_decode=True)

@@ -6,11 +6,12 @@ import logging
 
 import pytest
 import torch
-from kvfleet.services.engine.compute import TorchCompute
-from kvfleet.services.engine.device import resolve_device
-from kvfleet.services.engine.engine_config import EngineConfig, engine_config_from_dict
+from kvfleet.services.engine.compute.backends import TorchCompute
+from kvfleet.services.engine.compute.device import resolve_device
+from kvfleet.services.engine.config.engine_config import EngineConfig
+from kvfleet.services.engine.config.engine_yaml import engine_config_from_dict
 
-LOGGER = "kvfleet.services.engine.device"
+LOGGER = "kvfleet.services.engine.compute.device"
 
 
 def no_cuda() -> bool:
@@ -92,7 +93,7 @@ def test_a_cpu_machine_with_a_gpu_pod_environment_runs_on_cpu_and_warns(caplog, 
 def test_engine_flags_set_the_device_and_the_budget():
     """If this fails, `kvfleet engine --device/--gpu-memory-fraction/--cpu-kv-gib` is ignored."""
     from kvfleet.services.cli import build_parser
-    from kvfleet.services.engine.cli import engine_config_from_args
+    from kvfleet.services.engine.rank.cli import engine_config_from_args
 
     flags = ["--device", "cuda:1", "--gpu-memory-fraction", "0.5", "--cpu-kv-gib", "2"]
     config = engine_config_from_args(build_parser().parse_args(["engine", *flags]))
@@ -103,7 +104,7 @@ def test_engine_flags_set_the_device_and_the_budget():
 
 def test_auto_splits_a_pods_ranks_one_gpu_each():
     """If this fails, every rank of a multi-rank GPU pod on `device: auto` shares GPU 0."""
-    from kvfleet.services.engine.pod_ranks import rank_device
+    from kvfleet.services.engine.rank.pod_ranks import rank_device
 
     assert [rank_device("auto", i, 2, cuda_available=lambda: True) for i in (0, 1)] == [
         "cuda:0",

@@ -4,9 +4,10 @@ from __future__ import annotations
 
 import pytest
 import yaml
-from kvfleet.services.engine.config import preset
-from kvfleet.services.engine.engine_config import EngineConfig, load_engine_config
-from kvfleet.services.engine.kv_setup import kvstore_config
+from kvfleet.services.engine.config.engine_config import EngineConfig
+from kvfleet.services.engine.config.engine_yaml import load_engine_config
+from kvfleet.services.engine.config.model_config import preset
+from kvfleet.services.engine.kv.kv_setup import kvstore_config
 
 
 def test_operator_engine_yaml_maps_onto_the_config(tmp_path):
@@ -63,7 +64,7 @@ def test_a_bad_kv_cache_dtype_names_the_key_and_the_choices(tmp_path):
 def test_the_cli_flag_sets_the_kv_cache_dtype():
     """`--kv-cache-dtype` must reach the config, over the file's value."""
     from kvfleet.services.cli import build_parser
-    from kvfleet.services.engine.cli import engine_config_from_args
+    from kvfleet.services.engine.rank.cli import engine_config_from_args
 
     parser = build_parser()
     args = parser.parse_args(["engine", "--kv-cache-dtype", "fp8_e4m3"])

@@ -13,8 +13,8 @@ from engine_testkit import (
     tokens_of,
     wait_until,
 )
-from kvfleet.services.engine.engine_request import GenerateCall, InvalidRequestError
-from kvfleet.services.engine.sampling import SamplingParams
+from kvfleet.services.engine.compute.sampling import SamplingParams
+from kvfleet.services.engine.request.engine_request import GenerateCall, InvalidRequestError
 
 PER_REQUEST = TEST_CONFIG.with_changes(reuse_policy="per_request")
 

@@ -20,11 +20,11 @@ from engine_testkit import (
     two_turns,
 )
 from kvfleet.kvstore.tiers.metrics import DISK
-from kvfleet.services.engine.engine_config import EngineConfig
-from kvfleet.services.engine.engine_core import EngineCore
-from kvfleet.services.engine.engine_request import GenerateCall
-from kvfleet.services.engine.podinfo import DRAINING_ANNOTATION
-from kvfleet.services.engine.rank import EngineRank, RankAddresses
+from kvfleet.services.engine.config.engine_config import EngineConfig
+from kvfleet.services.engine.core.engine_core import EngineCore
+from kvfleet.services.engine.rank.engine_rank import EngineRank, RankAddresses
+from kvfleet.services.engine.rank.podinfo import DRAINING_ANNOTATION
+from kvfleet.services.engine.request.engine_request import GenerateCall
 
 PAGE = TEST_CONFIG.page_size
 RETAINED_BLOCKS = 9 + 6  # full 0..8, window 3..8 (endpoint 5..8, checkpoint 3..6)

@@ -12,8 +12,8 @@ from engine_testkit import (
     run_together,
     tokens_of,
 )
-from kvfleet.services.engine.engine_request import GenerateCall, SequenceFailedError
-from kvfleet.services.engine.sampling import SamplingParams
+from kvfleet.services.engine.compute.sampling import SamplingParams
+from kvfleet.services.engine.request.engine_request import GenerateCall, SequenceFailedError
 
 PER_REQUEST = TEST_CONFIG.with_changes(reuse_policy="per_request")
 

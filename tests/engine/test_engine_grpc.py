@@ -6,7 +6,7 @@ import grpc
 import pytest
 from engine_testkit import TEST_CONFIG, wait_until
 from kvfleet.proto import common_pb2, engine_pb2, engine_pb2_grpc, router_pb2, router_pb2_grpc
-from kvfleet.services.engine.rank import EngineRank, RankAddresses
+from kvfleet.services.engine.rank.engine_rank import EngineRank, RankAddresses
 from kvfleet.services.router.server import RouterConfig, create_server
 
 

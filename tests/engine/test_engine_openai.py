@@ -6,7 +6,7 @@ import httpx
 import openai
 import pytest
 from engine_testkit import TEST_CONFIG, pages_in_use, wait_until
-from kvfleet.services.engine.rank import EngineRank, RankAddresses
+from kvfleet.services.engine.rank.engine_rank import EngineRank, RankAddresses
 
 CONFIG = TEST_CONFIG.with_changes(reuse_policy="per_request")
 

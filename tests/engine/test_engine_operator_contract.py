@@ -8,11 +8,11 @@ import urllib.request
 import pytest
 from engine_testkit import TEST_CONFIG, wait_until
 from kvfleet.operator.metrics import KV_USAGE, RETAINED, metric_sums
-from kvfleet.services.engine.cli import register
-from kvfleet.services.engine.engine_request import EngineLoad, GenerateCall
-from kvfleet.services.engine.podinfo import PodInfo, parse_annotations
-from kvfleet.services.engine.rank import EngineRank, RankAddresses
-from kvfleet.services.engine.sampling import SamplingParams
+from kvfleet.services.engine.compute.sampling import SamplingParams
+from kvfleet.services.engine.rank.cli import register
+from kvfleet.services.engine.rank.engine_rank import EngineRank, RankAddresses
+from kvfleet.services.engine.rank.podinfo import PodInfo, parse_annotations
+from kvfleet.services.engine.request.engine_request import EngineLoad, GenerateCall
 from kvfleet.services.router.admission import AdmissionConfig
 from kvfleet.services.router.server import RouterConfig, create_server
 
@@ -171,7 +171,7 @@ def _rendered_yaml():
 @pytest.mark.parametrize("path", [p for p, _ in _yaml_leaves(_rendered_yaml())], ids=".".join)
 def test_every_rendered_engine_yaml_key_changes_the_engine_config(path):
     """A key the operator renders but the engine ignores is a CR field that does nothing."""
-    from kvfleet.services.engine.engine_config import engine_config_from_dict
+    from kvfleet.services.engine.config.engine_yaml import engine_config_from_dict
 
     rendered = _rendered_yaml()
     value = dict(_yaml_leaves(rendered))[path]
@@ -191,7 +191,7 @@ def test_every_rendered_engine_yaml_key_changes_the_engine_config(path):
 def test_an_unknown_engine_yaml_key_is_an_error_naming_it(tmp_path, data, key):
     """A misspelt key would run the engine on a default nobody chose."""
     import yaml
-    from kvfleet.services.engine.engine_config import load_engine_config
+    from kvfleet.services.engine.config.engine_yaml import load_engine_config
 
     path = tmp_path / "engine.yaml"
     path.write_text(yaml.safe_dump(data))
@@ -201,7 +201,7 @@ def test_an_unknown_engine_yaml_key_is_an_error_naming_it(tmp_path, data, key):
 
 def test_rendered_engine_yaml_reaches_the_engine():
     """gpuMemoryFraction, ranksPerPod and model.config must arrive, not just be rendered."""
-    from kvfleet.services.engine.engine_config import engine_config_from_dict
+    from kvfleet.services.engine.config.engine_yaml import engine_config_from_dict
 
     config = engine_config_from_dict(_rendered_yaml())
     assert (config.ranks_per_pod, config.gpu_memory_fraction) == (2, 0.9)
@@ -210,8 +210,8 @@ def test_rendered_engine_yaml_reaches_the_engine():
 
 def test_ranks_of_a_pod_get_their_own_ports_ids_and_gpus():
     """Two ranks of one pod on the same ports (or GPU, or id) would not start or would collide."""
-    from kvfleet.services.engine.engine_config import EngineConfig
-    from kvfleet.services.engine.pod_ranks import pod_ranks
+    from kvfleet.services.engine.config.engine_config import EngineConfig
+    from kvfleet.services.engine.rank.pod_ranks import pod_ranks
 
     addresses = RankAddresses(grpc_port=50061, http_port=8000, metrics_port=9401, rank_id="p-0")
     ranks = pod_ranks(EngineConfig(ranks_per_pod=2, device="cuda"), addresses)
@@ -247,7 +247,7 @@ def test_the_fleets_kv_cache_dtype_reaches_the_engine_config():
     from kvfleet.operator.names import FleetRef
     from kvfleet.operator.render_pools import engine_args
     from kvfleet.operator.spec import parse_spec
-    from kvfleet.services.engine.cli import engine_config_from_args
+    from kvfleet.services.engine.rank.cli import engine_config_from_args
 
     raw = {"model": {"name": "m", "path": "p"}, "kvTiers": {"kvCacheDtype": "fp8_e4m3"}}
     parser = argparse.ArgumentParser()
@@ -374,7 +374,7 @@ def test_tensor_parallel_pool_runs_one_rank_of_workers_under_torchrun():
     from kvfleet.operator.names import FleetRef
     from kvfleet.operator.render_config import engine_config
     from kvfleet.operator.render_pools import engine_args, render_pool
-    from kvfleet.services.engine.engine_config import engine_config_from_dict
+    from kvfleet.services.engine.config.engine_yaml import engine_config_from_dict
 
     fleet, spec = FleetRef("f", "ns", "uid"), _tensor_parallel_spec()
     args = engine_args(fleet, spec, "generation")

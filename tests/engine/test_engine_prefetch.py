@@ -15,11 +15,11 @@ import pytest
 from engine_testkit import final, greedy, run_call, shared_compute, tokens_of, turn_two, two_turns
 from kvfleet.kvstore.tiers.metrics import HOST
 from kvfleet.proto import common_pb2, engine_pb2, engine_pb2_grpc
-from kvfleet.services.engine.engine_config import EngineConfig
-from kvfleet.services.engine.engine_core import EngineCore
-from kvfleet.services.engine.engine_request import GenerateCall
-from kvfleet.services.engine.grpc_service import create_engine_server
-from kvfleet.services.engine.tokenizer import ByteTokenizer
+from kvfleet.services.engine.config.engine_config import EngineConfig
+from kvfleet.services.engine.core.engine_core import EngineCore
+from kvfleet.services.engine.model.tokenizer import ByteTokenizer
+from kvfleet.services.engine.rank.grpc_service import create_engine_server
+from kvfleet.services.engine.request.engine_request import GenerateCall
 
 PAGE = 16
 CONFIG = EngineConfig(

@@ -7,7 +7,7 @@ import random
 import pytest
 import torch
 from engine_testkit import final, greedy, make_core, run_call, tokens_of
-from kvfleet.services.engine.engine_request import GenerateCall
+from kvfleet.services.engine.request.engine_request import GenerateCall
 
 
 def _conversation_turns(first_prompt: list[int], rng: random.Random):

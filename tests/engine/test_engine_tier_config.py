@@ -7,10 +7,10 @@ import torch
 from kvfleet.kvstore.life_cycles import FullLifeCycle, WindowLifeCycle
 from kvfleet.kvstore.sizing import TypicalStep
 from kvfleet.kvstore.tiers.layout import KVLayout
-from kvfleet.services.engine.cli import engine_config_from_args
-from kvfleet.services.engine.compute import resolve_model_config
-from kvfleet.services.engine.engine_config import EngineConfig, engine_config_from_dict
-from kvfleet.services.engine.kv_setup import (
+from kvfleet.services.engine.compute.backends import resolve_model_config
+from kvfleet.services.engine.config.engine_config import EngineConfig
+from kvfleet.services.engine.config.engine_yaml import engine_config_from_dict
+from kvfleet.services.engine.kv.kv_setup import (
     GIB,
     build_kv,
     disk_tier_root,
@@ -19,6 +19,7 @@ from kvfleet.services.engine.kv_setup import (
     tier_pages,
     typical_step,
 )
+from kvfleet.services.engine.rank.cli import engine_config_from_args
 
 # full: 2 layers -> 2 * 2 * 16 * 2 * 8 * 4 = 4096 bytes a page; window: 1 layer -> 2048.
 LAYOUT = KVLayout(
@@ -113,7 +114,7 @@ def test_tier_config_gives_the_disk_tier_its_gib_and_folder(tmp_path):
 
 def test_model_reads_the_tiers_device_kv():
     """The model would write pages the tiers never offload (or read pages they never onboard)."""
-    from kvfleet.services.engine.device_kv_cache import DeviceKVCache
+    from kvfleet.services.engine.kv.device_kv_cache import DeviceKVCache
 
     config = EngineConfig(kv_pages=8, host_kv_pages=4)
     model = resolve_model_config(config)

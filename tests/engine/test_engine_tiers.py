@@ -24,10 +24,10 @@ from engine_testkit import (
 )
 from kvfleet.kvstore.hashing import block_hashes
 from kvfleet.kvstore.tiers.metrics import DISK, HOST
-from kvfleet.services.engine.engine_config import EngineConfig
-from kvfleet.services.engine.engine_core import EngineCore
-from kvfleet.services.engine.engine_request import GenerateCall
-from kvfleet.services.engine.kv_setup import disk_tier_root
+from kvfleet.services.engine.config.engine_config import EngineConfig
+from kvfleet.services.engine.core.engine_core import EngineCore
+from kvfleet.services.engine.kv.kv_setup import disk_tier_root
+from kvfleet.services.engine.request.engine_request import GenerateCall
 
 PAGE = 16
 # per_request: finished prefixes stay cached (LRU) instead of retained, so floods evict them.

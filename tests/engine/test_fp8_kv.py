@@ -5,19 +5,16 @@ from __future__ import annotations
 import pytest
 import torch
 from engine_helpers import paged_case, small_config
-from kvfleet.services.engine import (
-    ForwardBatch,
-    PagedKVCache,
-    SamplingParams,
-    SequenceChunk,
-    build_model,
-    generate,
-    make_backend,
-)
-from kvfleet.services.engine.attn_flash import gather_dequantized
-from kvfleet.services.engine.attn_reference import dense_attention, gather_pages
-from kvfleet.services.engine.kv_calibration import calibrate_kv_scales
-from kvfleet.services.engine.kv_quant import FP8_DTYPE, FP8_MAX, KVScales
+from kvfleet.services.engine.attention.attn_flash import gather_dequantized
+from kvfleet.services.engine.attention.attn_reference import dense_attention, gather_pages
+from kvfleet.services.engine.attention.backends import make_backend
+from kvfleet.services.engine.attention.batch import ForwardBatch, SequenceChunk
+from kvfleet.services.engine.compute.generation import generate
+from kvfleet.services.engine.kv.kv_cache import PagedKVCache
+from kvfleet.services.engine.kv.kv_calibration import calibrate_kv_scales
+from kvfleet.services.engine.kv.kv_quant import FP8_DTYPE, FP8_MAX, KVScales
+from kvfleet.services.engine.model.weights import build_model
+from kvfleet.services.engine.request.sampling_params import SamplingParams
 
 SCALE = 8**-0.5
 FP8 = torch.float8_e4m3fn

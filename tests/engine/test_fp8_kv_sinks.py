@@ -6,15 +6,12 @@ from __future__ import annotations
 import pytest
 import torch
 from engine_helpers import small_config
-from kvfleet.services.engine import (
-    ForwardBatch,
-    PagedKVCache,
-    SequenceChunk,
-    build_model,
-    make_backend,
-)
-from kvfleet.services.engine.attn_flash import FlashAttention
-from kvfleet.services.engine.attn_reference import gather_pages
+from kvfleet.services.engine.attention.attn_flash import FlashAttention
+from kvfleet.services.engine.attention.attn_reference import gather_pages
+from kvfleet.services.engine.attention.backends import make_backend
+from kvfleet.services.engine.attention.batch import ForwardBatch, SequenceChunk
+from kvfleet.services.engine.kv.kv_cache import PagedKVCache
+from kvfleet.services.engine.model.weights import build_model
 from test_fp8_kv import CASES, SCALE, dequantized_reference, fp8_case
 
 

@@ -5,10 +5,10 @@ from __future__ import annotations
 
 import pytest
 import torch
-from kvfleet.services.engine import fused
-from kvfleet.services.engine.cuda_graphs import zero_pad_rows
-from kvfleet.services.engine.layers import rms_norm, silu_mul
-from kvfleet.services.engine.models.rope import apply_rope
+from kvfleet.services.engine.compute.cuda_graphs import zero_pad_rows
+from kvfleet.services.engine.model import fused
+from kvfleet.services.engine.model.layers import rms_norm, silu_mul
+from kvfleet.services.engine.model.rope import apply_rope
 
 
 def _tuple(value):

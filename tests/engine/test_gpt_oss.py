@@ -10,11 +10,11 @@ import pytest
 import torch
 from engine_testkit import TEST_CONFIG, final, greedy, run_call, tokens_of
 from hf_testkit import hf_config, save_tiny
-from kvfleet.services.engine.compute import TorchCompute
-from kvfleet.services.engine.engine_core import EngineCore
-from kvfleet.services.engine.engine_request import GenerateCall
-from kvfleet.services.engine.models.registry import model_config_from_hf
-from kvfleet.services.engine.tp import TPLayout, shard_config
+from kvfleet.services.engine.compute.backends import TorchCompute
+from kvfleet.services.engine.compute.tp import TPLayout, shard_config
+from kvfleet.services.engine.core.engine_core import EngineCore
+from kvfleet.services.engine.model.registry import model_config_from_hf
+from kvfleet.services.engine.request.engine_request import GenerateCall
 
 pytest.importorskip("transformers")
 

@@ -5,9 +5,9 @@ a forced grammar allows nothing else first. No model: the tokens are the answers
 from __future__ import annotations
 
 import pytest
-from kvfleet.services.engine.engine_request import InvalidRequestError
-from kvfleet.services.engine.grammar import GrammarCompiler
-from kvfleet.services.engine.grammar_spec import ToolMode, ToolSpec, json_grammar, tool_grammar
+from kvfleet.services.engine.api.grammar_spec import ToolMode, ToolSpec, json_grammar, tool_grammar
+from kvfleet.services.engine.core.grammar_compiler import GrammarCompiler
+from kvfleet.services.engine.request.engine_request import InvalidRequestError
 from tool_call_kit import ANSWERS, SPECIALS, TEMPLATE, TOOLS, write_tool_tokenizer
 
 PLAIN_SPECIALS = ("<|endoftext|>", "<|im_start|>", "<|im_end|>")  # markers are text

@@ -11,12 +11,12 @@ import torch
 from engine_testkit import final, greedy, run_call, tokens_of
 from hf_testkit import hf_config, hf_logits, paged_logits, random_tokens, save_tiny
 from kvfleet.kvstore.tiers.metrics import HOST
-from kvfleet.services.engine import load_checkpoint
-from kvfleet.services.engine.compute import TorchCompute
-from kvfleet.services.engine.engine_core import EngineCore
-from kvfleet.services.engine.engine_request import GenerateCall
-from kvfleet.services.engine.models.hf_keys import ConfigError
-from kvfleet.services.engine.models.registry import model_config_from_hf
+from kvfleet.services.engine.compute.backends import TorchCompute
+from kvfleet.services.engine.core.engine_core import EngineCore
+from kvfleet.services.engine.model.hf_keys import ConfigError
+from kvfleet.services.engine.model.registry import model_config_from_hf
+from kvfleet.services.engine.model.weights import load_checkpoint
+from kvfleet.services.engine.request.engine_request import GenerateCall
 from test_hybrid_engine import CONFIG, PAGE, WITH_HOST, _resume_point, _turns
 
 pytest.importorskip("transformers")

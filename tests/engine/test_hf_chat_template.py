@@ -8,10 +8,13 @@ from __future__ import annotations
 import json
 
 import pytest
-from kvfleet.services.engine.chat_template import render_chat, render_template
-from kvfleet.services.engine.engine_request import InvalidRequestError
-from kvfleet.services.engine.model_dir import byte_tokenizer_json
-from kvfleet.services.engine.tokenizer import load_model_tokenizer, stop_ids_of
+from kvfleet.services.engine.api.chat_template import render_chat, render_template
+from kvfleet.services.engine.model.tokenizer import (
+    byte_tokenizer_json,
+    load_model_tokenizer,
+    stop_ids_of,
+)
+from kvfleet.services.engine.request.engine_request import InvalidRequestError
 
 pytest.importorskip("transformers")
 

@@ -7,8 +7,8 @@ import json
 
 import pytest
 from hf_testkit import ARCHS, hf_config
-from kvfleet.services.engine.models.hf_keys import ConfigError
-from kvfleet.services.engine.models.registry import model_config_from_hf
+from kvfleet.services.engine.model.hf_keys import ConfigError
+from kvfleet.services.engine.model.registry import model_config_from_hf
 
 pytest.importorskip("transformers")
 
@@ -132,8 +132,8 @@ def test_chart_example_fleet_names_a_model_the_engine_reads(tmp_path):
     import yaml
     from kvfleet.operator.render_config import engine_config
     from kvfleet.operator.spec import parse_spec
-    from kvfleet.services.engine.engine_config import engine_config_from_dict
-    from kvfleet.services.engine.weights import config_from_file
+    from kvfleet.services.engine.config.engine_yaml import engine_config_from_dict
+    from kvfleet.services.engine.model.weights import config_from_file
 
     example = Path(__file__).resolve().parents[2] / "charts/kvfleet/examples/fleet.yaml"
     spec = parse_spec(yaml.safe_load(example.read_text())["spec"])

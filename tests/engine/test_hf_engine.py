@@ -9,9 +9,9 @@ import pytest
 import torch
 from engine_testkit import TEST_CONFIG, final, greedy, run_call, tokens_of
 from hf_testkit import ARCHS, save_tiny
-from kvfleet.services.engine.compute import TorchCompute
-from kvfleet.services.engine.engine_core import EngineCore
-from kvfleet.services.engine.engine_request import GenerateCall
+from kvfleet.services.engine.compute.backends import TorchCompute
+from kvfleet.services.engine.core.engine_core import EngineCore
+from kvfleet.services.engine.request.engine_request import GenerateCall
 
 pytest.importorskip("transformers")
 
@@ -66,8 +66,8 @@ def test_engine_greedy_tokens_equal_transformers_across_turns(tmp_path, arch):
 def test_fleet_model_settings_reach_the_engine(tmp_path):
     """engine.yaml's model.config (the chart's free-form model settings) must be read, and an
     unknown key refused, not dropped."""
-    from kvfleet.services.engine.compute_types import resolve_model_config
-    from kvfleet.services.engine.engine_config import engine_config_from_dict
+    from kvfleet.services.engine.compute.compute_types import resolve_model_config
+    from kvfleet.services.engine.config.engine_yaml import engine_config_from_dict
 
     _, path = save_tiny("Qwen3ForCausalLM", tmp_path, seed=1)
     data = {"model": {"name": "q", "path": str(path),

@@ -9,11 +9,11 @@ import pytest
 import torch
 from hf_testkit import hf_logits, paged_logits, random_tokens
 from kvfleet.services.cli import main
-from kvfleet.services.engine import load_checkpoint
-from kvfleet.services.engine.chat_template import render_chat
-from kvfleet.services.engine.model_dir import ARCHITECTURES
-from kvfleet.services.engine.models.registry import ARCHITECTURES as REGISTRY
-from kvfleet.services.engine.tokenizer import load_model_tokenizer, stop_ids_of
+from kvfleet.services.engine.api.chat_template import render_chat
+from kvfleet.services.engine.model.model_dir import ARCHITECTURES
+from kvfleet.services.engine.model.registry import ARCHITECTURES as REGISTRY
+from kvfleet.services.engine.model.tokenizer import load_model_tokenizer, stop_ids_of
+from kvfleet.services.engine.model.weights import load_checkpoint
 
 pytest.importorskip("transformers")
 
@@ -62,8 +62,8 @@ def test_written_tokenizer_and_template_match_transformers(tmp_path):
 def test_written_checkpoint_teaches_the_hermes_tool_syntax_and_a_rank_parses_it(tmp_path):
     """A tiny checkpoint must get its calls parsed like the Qwen models whose template it
     copies; `--tool-call-parser none` must turn that off."""
-    from kvfleet.services.engine.engine_config import EngineConfig
-    from kvfleet.services.engine.rank import EngineRank, RankAddresses
+    from kvfleet.services.engine.config.engine_config import EngineConfig
+    from kvfleet.services.engine.rank.engine_rank import EngineRank, RankAddresses
 
     main(["model-dir", "--arch", "LlamaForCausalLM", str(tmp_path)])
     config = EngineConfig(model_path=str(tmp_path), compute_backend="sim", kv_pages=16)

@@ -8,7 +8,7 @@ import json
 import pytest
 import torch
 from hf_testkit import ARCHS, hf_logits, paged_logits, random_tokens, save_tiny
-from kvfleet.services.engine import load_checkpoint
+from kvfleet.services.engine.model.weights import load_checkpoint
 
 pytest.importorskip("transformers")
 
@@ -84,7 +84,7 @@ def test_single_file_checkpoint_loads(tmp_path):
 
 def test_expert_loop_fallback_equals_grouped_mm(monkeypatch):
     """Devices/dtypes without grouped_mm take the loop; both must compute the same experts."""
-    from kvfleet.services.engine.models import moe
+    from kvfleet.services.engine.model import moe
 
     gen = torch.Generator().manual_seed(9)
     x, weight = torch.randn(12, 16, generator=gen), torch.randn(3, 8, 16, generator=gen)

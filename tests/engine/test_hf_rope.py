@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 from hf_testkit import hf_logits, paged_logits, random_tokens, save_tiny
-from kvfleet.services.engine import load_checkpoint
+from kvfleet.services.engine.model.weights import load_checkpoint
 
 pytest.importorskip("transformers")
 

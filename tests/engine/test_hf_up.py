@@ -10,10 +10,10 @@ from pathlib import Path
 
 import httpx
 import pytest
-from kvfleet.services.engine.chat_template import render_chat
-from kvfleet.services.engine.engine_config import EngineConfig
-from kvfleet.services.engine.models.tiny_checkpoint import write_tiny_checkpoint
-from kvfleet.services.engine.tokenizer import load_model_tokenizer
+from kvfleet.services.engine.api.chat_template import render_chat
+from kvfleet.services.engine.config.engine_config import EngineConfig
+from kvfleet.services.engine.model.tiny_checkpoint import write_tiny_checkpoint
+from kvfleet.services.engine.model.tokenizer import load_model_tokenizer
 from kvfleet.services.fleet.embedded import EmbeddedFleet, FleetConfig
 
 pytestmark = pytest.mark.slow  # the slow lane (README: the test commands)

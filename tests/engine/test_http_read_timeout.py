@@ -8,7 +8,7 @@ import socket
 
 import pytest
 from fastapi import FastAPI
-from kvfleet.services.engine.http_server import HttpServer
+from kvfleet.services.engine.api.http_server import HttpServer
 
 IDLE_S = 0.5
 CLOSED_WITHIN_S = 30.0  # a bound only a broken build reaches

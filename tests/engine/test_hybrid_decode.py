@@ -11,12 +11,12 @@ import pytest
 import torch
 from engine_testkit import final, shared_compute, tokens_of
 from engine_testkit import greedy as plain_greedy
-from kvfleet.services.engine.batch import ForwardBatch, SequenceChunk
-from kvfleet.services.engine.cuda_graphs import DecodeRunner
-from kvfleet.services.engine.engine_config import EngineConfig
-from kvfleet.services.engine.engine_core import EngineCore
-from kvfleet.services.engine.engine_request import GenerateCall
-from kvfleet.services.engine.models.paged_ssm import SSMBatchPlan
+from kvfleet.services.engine.attention.batch import ForwardBatch, SequenceChunk
+from kvfleet.services.engine.compute.cuda_graphs import DecodeRunner
+from kvfleet.services.engine.config.engine_config import EngineConfig
+from kvfleet.services.engine.core.engine_core import EngineCore
+from kvfleet.services.engine.model.paged_ssm import SSMBatchPlan
+from kvfleet.services.engine.request.engine_request import GenerateCall
 
 PAGE = 16
 CONFIG = EngineConfig(

@@ -12,9 +12,9 @@ import torch
 from engine_testkit import final, run_call, shared_compute, tokens_of
 from engine_testkit import greedy as plain_greedy
 from kvfleet.kvstore.tiers.metrics import HOST
-from kvfleet.services.engine.engine_config import EngineConfig
-from kvfleet.services.engine.engine_core import EngineCore
-from kvfleet.services.engine.engine_request import GenerateCall
+from kvfleet.services.engine.config.engine_config import EngineConfig
+from kvfleet.services.engine.core.engine_core import EngineCore
+from kvfleet.services.engine.request.engine_request import GenerateCall
 
 PAGE = 16
 REWRITE = 21  # tail tokens a rewrite replaces: within the 32-token from-end snapshot

@@ -9,12 +9,12 @@ import pytest
 import torch
 from engine_testkit import final, greedy, run_call, shared_compute, tokens_of
 from kvfleet.kvstore.sizing import plan_pools
-from kvfleet.services.engine.config import preset
-from kvfleet.services.engine.engine_config import EngineConfig
-from kvfleet.services.engine.engine_core import EngineCore
-from kvfleet.services.engine.engine_request import GenerateCall, InvalidRequestError
-from kvfleet.services.engine.kv_budget import DeviceMemory, KVBudget, kv_budget
-from kvfleet.services.engine.kv_setup import build_kv, kv_layout, life_cycles_for, typical_step
+from kvfleet.services.engine.config.engine_config import EngineConfig
+from kvfleet.services.engine.config.model_config import preset
+from kvfleet.services.engine.core.engine_core import EngineCore
+from kvfleet.services.engine.kv.kv_budget import DeviceMemory, KVBudget, kv_budget
+from kvfleet.services.engine.kv.kv_setup import build_kv, kv_layout, life_cycles_for, typical_step
+from kvfleet.services.engine.request.engine_request import GenerateCall, InvalidRequestError
 
 MIB = 1 << 20
 H200 = DeviceMemory(free_bytes=(143771 - 600) * MIB, total_bytes=143771 * MIB)
@@ -117,7 +117,7 @@ def test_a_prompt_whose_states_outgrow_the_state_pool_is_refused_by_name():
 
 def test_engine_yaml_sets_the_snapshot_boundaries():
     """engine.yaml's `engine:` section takes a list; the state life cycle gets a tuple."""
-    from kvfleet.services.engine.engine_config import engine_config_from_dict
+    from kvfleet.services.engine.config.engine_yaml import engine_config_from_dict
 
     config = engine_config_from_dict(
         {"model": "hybrid-tiny", "engine": {"state_every_tokens": 4096,

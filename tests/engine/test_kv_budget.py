@@ -7,15 +7,16 @@ import logging
 
 import pytest
 import torch
-from kvfleet.services.engine.config import preset
-from kvfleet.services.engine.engine_config import EngineConfig, engine_config_from_dict
-from kvfleet.services.engine.kv_budget import (
+from kvfleet.services.engine.config.engine_config import EngineConfig
+from kvfleet.services.engine.config.engine_yaml import engine_config_from_dict
+from kvfleet.services.engine.config.model_config import preset
+from kvfleet.services.engine.kv.kv_budget import (
     GIB,
     DeviceMemory,
     kv_budget,
     probe_device_memory,
 )
-from kvfleet.services.engine.kv_setup import build_kv, kvstore_config, typical_step
+from kvfleet.services.engine.kv.kv_setup import build_kv, kvstore_config, typical_step
 from kvfleet.services.replay.sim_config import ModelShape, load_sim_config
 from kvfleet.services.replay.sim_sizing import rank_kvstore
 from kvfleet.services.replay.sim_sizing import typical_step as sim_typical_step
@@ -40,7 +41,7 @@ def test_8b_default_fits_an_h200_budget_and_warns_with_the_numbers(caplog):
     """If this fails, an 8b rank asks for more KV than the GPU has (384 GiB before), or stays
     silent about serving below its typical step's peak."""
     config = EngineConfig(model="8b")
-    with caplog.at_level(logging.WARNING, logger="kvfleet.services.engine.kv_setup"):
+    with caplog.at_level(logging.WARNING, logger="kvfleet.services.engine.kv.kv_setup"):
         used, budget = planned_bytes("8b", config, CUDA, H200, torch.bfloat16)
     assert used <= budget.budget_bytes < 0.9 * H200.total_bytes - 15 * GIB  # weights are ~15 GiB
     assert used > 0.95 * budget.budget_bytes  # the budget is used, not a sliver of it

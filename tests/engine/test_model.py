@@ -5,15 +5,12 @@ from __future__ import annotations
 import pytest
 import torch
 from engine_helpers import small_config
-from kvfleet.services.engine import (
-    ForwardBatch,
-    PagedKVCache,
-    SamplingParams,
-    SequenceChunk,
-    build_model,
-    generate,
-    make_backend,
-)
+from kvfleet.services.engine.attention.backends import make_backend
+from kvfleet.services.engine.attention.batch import ForwardBatch, SequenceChunk
+from kvfleet.services.engine.compute.generation import generate
+from kvfleet.services.engine.kv.kv_cache import PagedKVCache
+from kvfleet.services.engine.model.weights import build_model
+from kvfleet.services.engine.request.sampling_params import SamplingParams
 
 PAGE = 4
 

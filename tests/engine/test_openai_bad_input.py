@@ -12,7 +12,7 @@ import json
 import httpx
 import pytest
 from engine_testkit import TEST_CONFIG
-from kvfleet.services.engine.rank import EngineRank, RankAddresses
+from kvfleet.services.engine.rank.engine_rank import EngineRank, RankAddresses
 from kvfleet.services.fleet.embedded import EmbeddedFleet, FleetConfig
 
 

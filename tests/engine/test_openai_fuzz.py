@@ -13,7 +13,7 @@ import schemathesis
 from engine_testkit import TEST_CONFIG
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from kvfleet.services.engine.rank import EngineRank, RankAddresses
+from kvfleet.services.engine.rank.engine_rank import EngineRank, RankAddresses
 from kvfleet.services.fleet.embedded import EmbeddedFleet, FleetConfig
 from schemathesis import GenerationMode
 

@@ -9,14 +9,14 @@ import openai
 import pytest
 import torch
 from engine_testkit import TEST_CONFIG, greedy, make_core, run_call, shared_compute, tokens_of
-from kvfleet.services.engine.batch import ForwardBatch, SequenceChunk
-from kvfleet.services.engine.detokenizer import StopText, first_stop
-from kvfleet.services.engine.engine_request import GenerateCall
-from kvfleet.services.engine.generation import lone_sequence_pages
-from kvfleet.services.engine.kv_cache import PagedKVCache
-from kvfleet.services.engine.rank import EngineRank, RankAddresses
-from kvfleet.services.engine.sampling import SamplingParams
-from kvfleet.services.engine.tokenizer import ByteTokenizer
+from kvfleet.services.engine.attention.batch import ForwardBatch, SequenceChunk
+from kvfleet.services.engine.compute.generation import lone_sequence_pages
+from kvfleet.services.engine.compute.sampling import SamplingParams
+from kvfleet.services.engine.core.detokenizer import StopText, first_stop
+from kvfleet.services.engine.kv.kv_cache import PagedKVCache
+from kvfleet.services.engine.model.tokenizer import ByteTokenizer
+from kvfleet.services.engine.rank.engine_rank import EngineRank, RankAddresses
+from kvfleet.services.engine.request.engine_request import GenerateCall
 from kvfleet.services.fleet.embedded import EmbeddedFleet, FleetConfig
 
 PER_REQUEST = TEST_CONFIG.with_changes(reuse_policy="per_request")

@@ -12,14 +12,14 @@ from __future__ import annotations
 import httpx
 import openai
 import pytest
-from kvfleet.services.engine.compute_sim import SimCompute
-from kvfleet.services.engine.engine_config import EngineConfig
-from kvfleet.services.engine.engine_core import EngineCore
-from kvfleet.services.engine.engine_request import GenerateCall, InvalidRequestError
-from kvfleet.services.engine.http_backends import EngineBackend
-from kvfleet.services.engine.http_server import HttpServer
-from kvfleet.services.engine.openai_http import build_app
-from kvfleet.services.engine.sampling_params import SamplingParams
+from kvfleet.services.engine.api.http_backends import EngineBackend
+from kvfleet.services.engine.api.http_server import HttpServer
+from kvfleet.services.engine.api.openai_http import build_app
+from kvfleet.services.engine.compute.compute_sim import SimCompute
+from kvfleet.services.engine.config.engine_config import EngineConfig
+from kvfleet.services.engine.core.engine_core import EngineCore
+from kvfleet.services.engine.request.engine_request import GenerateCall, InvalidRequestError
+from kvfleet.services.engine.request.sampling_params import SamplingParams
 from tool_call_kit import ScriptedCompute, write_tool_tokenizer
 
 SPECIALS = ("<|endoftext|>", "<|im_start|>", "<|im_end|>")

@@ -11,11 +11,11 @@ import json
 
 import openai
 import pytest
-from kvfleet.services.engine.chat_template import render_template
-from kvfleet.services.engine.http_server import HttpServer
-from kvfleet.services.engine.openai_http import build_app
-from kvfleet.services.engine.openai_params import chat_messages
-from kvfleet.services.engine.openai_schema import ChatCompletionRequest
+from kvfleet.services.engine.api.chat_template import render_template
+from kvfleet.services.engine.api.http_server import HttpServer
+from kvfleet.services.engine.api.openai_http import build_app
+from kvfleet.services.engine.api.openai_params import chat_messages
+from kvfleet.services.engine.api.openai_schema import ChatCompletionRequest
 from tool_call_kit import ANSWERS, ARGUMENTS, TEMPLATE, TOOLS, engine, tokenizer
 
 __all__ = ["engine", "tokenizer"]  # fixtures of the kit, used by name

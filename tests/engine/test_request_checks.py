@@ -7,14 +7,14 @@ import pytest
 from kvfleet.kvstore.config import KVStoreConfig
 from kvfleet.kvstore.life_cycles import FullLifeCycle
 from kvfleet.kvstore.policies import PerRequest
-from kvfleet.services.engine.engine_request import GenerateCall, InvalidRequestError
-from kvfleet.services.engine.request_checks import (
+from kvfleet.services.engine.core.request_checks import (
     RequestBounds,
     check_request,
     longest_request,
     pool_shortfall,
 )
-from kvfleet.services.engine.sampling_params import SamplingParams
+from kvfleet.services.engine.request.engine_request import GenerateCall, InvalidRequestError
+from kvfleet.services.engine.request.sampling_params import SamplingParams
 
 BOUNDS = RequestBounds(max_position=64, vocab_size=100, max_batch_size=4)
 

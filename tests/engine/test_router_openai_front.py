@@ -19,7 +19,7 @@ import httpx
 import openai
 import pytest
 from engine_testkit import TEST_CONFIG, wait_until
-from kvfleet.services.engine.rank import EngineRank, RankAddresses
+from kvfleet.services.engine.rank.engine_rank import EngineRank, RankAddresses
 from kvfleet.services.router.fleet_secret import SECRET_ENV
 
 FLEET_SECRET = "front-test-secret"

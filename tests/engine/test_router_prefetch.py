@@ -22,12 +22,12 @@ from engine_testkit import (
     wait_until,
 )
 from kvfleet.proto import common_pb2, engine_pb2_grpc, router_pb2, router_pb2_grpc
-from kvfleet.services.engine.engine_config import EngineConfig
-from kvfleet.services.engine.engine_core import EngineCore
-from kvfleet.services.engine.engine_request import GenerateCall
-from kvfleet.services.engine.grpc_service import create_engine_server
-from kvfleet.services.engine.rank import EngineRank, RankAddresses
-from kvfleet.services.engine.tokenizer import ByteTokenizer
+from kvfleet.services.engine.config.engine_config import EngineConfig
+from kvfleet.services.engine.core.engine_core import EngineCore
+from kvfleet.services.engine.model.tokenizer import ByteTokenizer
+from kvfleet.services.engine.rank.engine_rank import EngineRank, RankAddresses
+from kvfleet.services.engine.rank.grpc_service import create_engine_server
+from kvfleet.services.engine.request.engine_request import GenerateCall
 from kvfleet.services.router.model import PendingRequest, RankInfo
 from kvfleet.services.router.prefetch import PrefetchPlanner
 from kvfleet.services.router.server import RouterConfig, create_server

@@ -4,10 +4,10 @@ functions: stop before length before a grammar's end, usage by whole blocks."""
 from __future__ import annotations
 
 import pytest
-from kvfleet.services.engine.engine_request import GenerateCall, Usage
-from kvfleet.services.engine.sample_finish import finish_reason, sample_usage, token_output
-from kvfleet.services.engine.sampling_params import SamplingParams, TokenLogprob
-from kvfleet.services.engine.sequence import Sequence
+from kvfleet.services.engine.core.sample_finish import finish_reason, sample_usage, token_output
+from kvfleet.services.engine.request.engine_request import GenerateCall, Usage
+from kvfleet.services.engine.request.sampling_params import SamplingParams, TokenLogprob
+from kvfleet.services.engine.request.sequence import Sequence
 
 SAMPLING = SamplingParams(max_tokens=3, stop_token_ids=(9,))
 

@@ -4,8 +4,13 @@ from __future__ import annotations
 
 import pytest
 import torch
-from kvfleet.services.engine import SamplingParams, make_generator, sample_batch, sample_token
-from kvfleet.services.engine.sampling import SampleFailure
+from kvfleet.services.engine.compute.sampling import (
+    SampleFailure,
+    make_generator,
+    sample_batch,
+    sample_token,
+)
+from kvfleet.services.engine.request.sampling_params import SamplingParams
 
 LOGITS = torch.tensor([0.1, 2.0, 1.9, -1.0, 0.5, 1.0])
 

@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-from kvfleet.services.engine.engine_request import GenerateCall
-from kvfleet.services.engine.sampling_params import SamplingParams
-from kvfleet.services.engine.sequence import samples_of
+from kvfleet.services.engine.core.request_samples import samples_of
+from kvfleet.services.engine.request.engine_request import GenerateCall
+from kvfleet.services.engine.request.sampling_params import SamplingParams
 
 
 def test_children_follow_the_parent_with_seeds_of_their_own():

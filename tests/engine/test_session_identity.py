@@ -5,13 +5,13 @@ harnesses' session headers, `prompt_cache_key`, `conversation_id`, Claude Code's
 from __future__ import annotations
 
 import pytest
-from kvfleet.services.engine.engine_request import InvalidRequestError
-from kvfleet.services.engine.session_identity import (
+from kvfleet.services.engine.api.session_identity import (
     SESSION_HEADERS,
     PrefixParts,
     conversation_of,
     session_of_user_id,
 )
+from kvfleet.services.engine.request.engine_request import InvalidRequestError
 
 CLAUDE_USER_ID = (
     "user_5f1d0c0ffee0a1b2c3d4e5f60718293a4b5c6d7e8f9001122334455667788990_account_"
@@ -88,7 +88,7 @@ class RecordingBackend:
     """A backend that records each request and answers one token."""
 
     def __init__(self) -> None:
-        from kvfleet.services.engine.tokenizer import ByteTokenizer
+        from kvfleet.services.engine.model.tokenizer import ByteTokenizer
 
         self.tokenizer = ByteTokenizer()
         self.model_names = ("kvfleet",)
@@ -97,7 +97,7 @@ class RecordingBackend:
         self.calls: list = []
 
     async def generate(self, request):
-        from kvfleet.services.engine.engine_request import SampleOutput, Usage
+        from kvfleet.services.engine.request.engine_request import SampleOutput, Usage
 
         self.calls.append(request)
         usage = Usage(len(request.prompt_token_ids), 0, 1, 0.0, 0.0)
@@ -114,7 +114,7 @@ class RecordingBackend:
 )
 def test_the_openai_chat_path_takes_the_order_and_never_the_user(extra, conversation):
     from fastapi.testclient import TestClient
-    from kvfleet.services.engine.openai_http import build_app
+    from kvfleet.services.engine.api.openai_http import build_app
 
     backend = RecordingBackend()
     body = {"model": "kvfleet", "messages": [{"role": "user", "content": "hi"}], **extra}

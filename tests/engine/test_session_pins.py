@@ -8,7 +8,7 @@ import time
 import httpx
 import pytest
 from engine_testkit import TEST_CONFIG
-from kvfleet.services.engine.session_identity import PrefixParts
+from kvfleet.services.engine.api.session_identity import PrefixParts
 from kvfleet.services.fleet.embedded import EmbeddedFleet, FleetConfig
 
 CONFIG = TEST_CONFIG.with_changes(reuse_policy="per_conversation")

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import pytest
 import torch
-from kvfleet.services.engine.config import preset
-from kvfleet.services.engine.models.ssd_scan import chunk_scan
-from kvfleet.services.engine.models.ssm import SelectiveSSM, SSMShape, SSMState
+from kvfleet.services.engine.config.model_config import preset
+from kvfleet.services.engine.model.ssd_scan import chunk_scan
+from kvfleet.services.engine.model.ssm import SelectiveSSM, SSMShape, SSMState
 
 
 def _layer() -> SelectiveSSM:

@@ -4,22 +4,24 @@ The simulator's rank runs the same rule (`services/replay/sim_rank.py`); its reg
 and pressure tests cover the simulator side.
 """
 
+import time
+
 from kvfleet.kvstore.config import KVStoreConfig
 from kvfleet.kvstore.life_cycles import FullLifeCycle, WindowLifeCycle
 from kvfleet.kvstore.manager import KVCacheManager
 from kvfleet.kvstore.policies import PerConversation, PerRequest
 from kvfleet.services.core.retained_order import RetainedConversations
-from kvfleet.services.engine.engine_request import GenerateCall
-from kvfleet.services.engine.sampling import SamplingParams
-from kvfleet.services.engine.scheduler import Scheduler
-from kvfleet.services.engine.sequence import Sequence
+from kvfleet.services.engine.compute.sampling import SamplingParams
+from kvfleet.services.engine.core.scheduler import Scheduler
+from kvfleet.services.engine.request.engine_request import GenerateCall
+from kvfleet.services.engine.request.sequence import Sequence
 
 BLOCK = 4
 USABLE_PAGES = 8
 
 
-def make_manager(policy=None) -> KVCacheManager:
-    """One full-attention pool of 8 usable pages of 4 tokens (plus the null page)."""
+def make_manager(policy=None, clock=time.monotonic) -> KVCacheManager:
+    """One full-attention pool of 8 usable pages of 4 tokens (plus the null page), on `clock`."""
     config = KVStoreConfig(
         block_size=BLOCK,
         life_cycles=(FullLifeCycle("full"),),
@@ -27,7 +29,7 @@ def make_manager(policy=None) -> KVCacheManager:
         reuse_policy=policy or PerRequest(),
         checkpoint=False,
     )
-    manager = KVCacheManager(config, lambda event: None)
+    manager = KVCacheManager(config, lambda event: None, clock=clock)
     assert manager.pools["full"].num_usable == USABLE_PAGES
     return manager
 
@@ -219,8 +221,8 @@ def test_a_cache_ttl_keeps_a_conversation_past_a_squeeze_and_releases_it_after()
     keeps its conversation's turns past memory pressure that releases older-TTL-less ones
     first; refreshed by the next turn; once it runs out the conversation goes by age again."""
     now = [0.0]
-    manager = make_manager(PerConversation(max_num_turns=1))
-    scheduler = Scheduler(manager, max_batch_size=4, token_budget=64, clock=lambda: now[0])
+    manager = make_manager(PerConversation(max_num_turns=1), clock=lambda: now[0])
+    scheduler = Scheduler(manager, max_batch_size=4, token_budget=64)
     run_turn(scheduler, make_sequence("kept-1", 0, 8, "kept", retention_seconds=300))
     now[0] = 200.0  # its next turn refreshes the TTL to 500 s
     run_turn(scheduler, make_sequence("kept-2", 0, 9, "kept", retention_seconds=300))
@@ -239,8 +241,8 @@ def test_a_cache_ttl_keeps_a_conversation_past_a_squeeze_and_releases_it_after()
 def test_a_cache_ttl_gives_way_when_nothing_else_can_make_room():
     """Inside its TTL a conversation is released last, yet released: a request on the rank
     must never wait for ever behind an idle cache."""
-    manager = make_manager(PerConversation(max_num_turns=1))
-    scheduler = Scheduler(manager, max_batch_size=4, token_budget=64, clock=lambda: 0.0)
+    manager = make_manager(PerConversation(max_num_turns=1), clock=lambda: 0.0)
+    scheduler = Scheduler(manager, max_batch_size=4, token_budget=64)
     run_turn(scheduler, make_sequence("kept", 0, 8, "kept", retention_seconds=3600))
     run_turn(scheduler, make_sequence("plain", 100, 8, "plain"))
     run_turn(scheduler, make_sequence("squeeze", 200, 32))  # every page

@@ -9,11 +9,11 @@ from pathlib import Path
 import pytest
 import torch
 from hf_testkit import save_tiny
-from kvfleet.services.engine import SequenceChunk, make_backend
-from kvfleet.services.engine.batch import ForwardBatch
-from kvfleet.services.engine.models.tiny_checkpoint import write_tiny_checkpoint
-from kvfleet.services.engine.tp import TPLayout, load_sharded_checkpoint, shard_config
-from kvfleet.services.engine.weights import load_checkpoint
+from kvfleet.services.engine.attention.backends import make_backend
+from kvfleet.services.engine.attention.batch import ForwardBatch, SequenceChunk
+from kvfleet.services.engine.compute.tp import TPLayout, load_sharded_checkpoint, shard_config
+from kvfleet.services.engine.model.tiny_checkpoint import write_tiny_checkpoint
+from kvfleet.services.engine.model.weights import load_checkpoint
 from tp_scenario import kv_bytes, run_scenario
 from tp_testkit import run_workers
 

@@ -9,11 +9,12 @@ from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
-from kvfleet.services.engine.compute import TorchCompute
-from kvfleet.services.engine.engine_config import EngineConfig, engine_config_from_dict
-from kvfleet.services.engine.engine_core import EngineCore
-from kvfleet.services.engine.kv_setup import disk_tier_root
-from kvfleet.services.engine.models.tiny_checkpoint import write_tiny_checkpoint
+from kvfleet.services.engine.compute.backends import TorchCompute
+from kvfleet.services.engine.config.engine_config import EngineConfig
+from kvfleet.services.engine.config.engine_yaml import engine_config_from_dict
+from kvfleet.services.engine.core.engine_core import EngineCore
+from kvfleet.services.engine.kv.kv_setup import disk_tier_root
+from kvfleet.services.engine.model.tiny_checkpoint import write_tiny_checkpoint
 from tp_engine_run import PAGE, engine_config, serve_conversation
 from tp_testkit import run_workers
 

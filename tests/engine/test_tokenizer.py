@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 import pytest
-from kvfleet.services.engine import ByteTokenizer, JsonTokenizer, load_tokenizer, preset
+from kvfleet.services.engine.config.model_config import preset
+from kvfleet.services.engine.model.tokenizer import ByteTokenizer, JsonTokenizer, load_tokenizer
 
 
 @pytest.mark.parametrize("text", ["", "hello", "naïve café ☕ 日本語", "a\nb\tc\x00"])

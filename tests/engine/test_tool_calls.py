@@ -11,7 +11,7 @@ import json
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from kvfleet.services.engine.tool_calls import (
+from kvfleet.services.engine.api.tool_calls import (
     ContentDelta,
     ToolCallDelta,
     ToolCallStream,
@@ -336,7 +336,7 @@ MISTRAL_ID_CHECK = """{%- for message in messages %}{%- for call in message.tool
 
 def test_mistral_call_ids_pass_its_template_on_the_next_turn():
     """A `call_...` id sent back in the history makes Mistral's template refuse the turn."""
-    from kvfleet.services.engine.chat_template import render_template
+    from kvfleet.services.engine.api.chat_template import render_template
 
     _content, calls = parse_tool_calls('[TOOL_CALLS]f[ARGS]{"a": 1}', "mistral")
     history = [{"role": "assistant", "tool_calls": [{"id": calls[0].id, "type": "function"}]}]

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import httpx
 import pytest
-from kvfleet.services.engine.engine_config import EngineConfig
-from kvfleet.services.engine.rank import EngineRank, RankAddresses
+from kvfleet.services.engine.config.engine_config import EngineConfig
+from kvfleet.services.engine.rank.engine_rank import EngineRank, RankAddresses
 from prometheus_client.parser import text_string_to_metric_families
 
 pytestmark = pytest.mark.slow

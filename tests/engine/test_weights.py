@@ -7,8 +7,13 @@ import json
 import pytest
 import torch
 from engine_helpers import small_config
-from kvfleet.services.engine import build_model, load_checkpoint, save_checkpoint
-from kvfleet.services.engine.weights import config_from_file, hashed_uniform
+from kvfleet.services.engine.model.weights import (
+    build_model,
+    config_from_file,
+    hashed_uniform,
+    load_checkpoint,
+    save_checkpoint,
+)
 
 
 def test_same_seed_gives_identical_weights():

@@ -13,12 +13,11 @@ from __future__ import annotations
 import json
 
 import pytest
-from kvfleet.services.engine.compute_sim import SimCompute
-from kvfleet.services.engine.engine_config import EngineConfig
-from kvfleet.services.engine.engine_core import EngineCore
-from kvfleet.services.engine.http_backends import EngineBackend
-from kvfleet.services.engine.model_dir import byte_tokenizer_json
-from kvfleet.services.engine.tokenizer import load_model_tokenizer
+from kvfleet.services.engine.api.http_backends import EngineBackend
+from kvfleet.services.engine.compute.compute_sim import SimCompute
+from kvfleet.services.engine.config.engine_config import EngineConfig
+from kvfleet.services.engine.core.engine_core import EngineCore
+from kvfleet.services.engine.model.tokenizer import byte_tokenizer_json, load_model_tokenizer
 
 MARKERS = ("<tool_call>", "</tool_call>", "[TOOL_CALLS]", "[ARGS]", "<|python_tag|>")
 SPECIALS = ("<|endoftext|>", "<|im_start|>", "<|im_end|>", *MARKERS)

@@ -15,9 +15,9 @@ sys.path.insert(0, str(Path(__file__).parent))
 
 from engine_testkit import final, greedy, run_call, tokens_of, turn_two, two_turns
 from kvfleet.kvstore.tiers.metrics import HOST
-from kvfleet.services.engine.engine_config import EngineConfig
-from kvfleet.services.engine.engine_core import EngineCore
-from kvfleet.services.engine.engine_request import GenerateCall
+from kvfleet.services.engine.config.engine_config import EngineConfig
+from kvfleet.services.engine.core.engine_core import EngineCore
+from kvfleet.services.engine.request.engine_request import GenerateCall
 
 PAGE = 16
 
@@ -59,8 +59,8 @@ def serve_conversation(core: EngineCore) -> dict:
 
 
 def main(args: argparse.Namespace) -> None:
-    from kvfleet.services.engine.compute import TorchCompute
-    from kvfleet.services.engine.tp.rank_group import follow
+    from kvfleet.services.engine.compute.backends import TorchCompute
+    from kvfleet.services.engine.compute.rank_group import follow
     from tp_testkit import worker_group
 
     with worker_group(args.rendezvous, args.rank, args.world):

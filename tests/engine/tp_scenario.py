@@ -38,7 +38,7 @@ def kv_bytes(config):
     """Device KV and a small host tier for `config`'s (a worker's) KV heads."""
     from kvfleet.kvstore.tiers.layout import KVLayout
     from kvfleet.kvstore.tiers.torch_bytes import TorchBytes
-    from kvfleet.services.engine.device_kv_cache import DeviceKVCache
+    from kvfleet.services.engine.kv.device_kv_cache import DeviceKVCache
 
     layout = KVLayout(
         PAGE_SIZE, config.num_kv_heads, config.head_dim, dict(config.groups), "float32"
@@ -94,8 +94,9 @@ def run_scenario(forward: Forward, groups, chunk_type, tier) -> dict:
 
 
 def _worker(args: argparse.Namespace) -> None:
-    from kvfleet.services.engine import SequenceChunk, make_backend
-    from kvfleet.services.engine.tp import (
+    from kvfleet.services.engine.attention.backends import make_backend
+    from kvfleet.services.engine.attention.batch import SequenceChunk
+    from kvfleet.services.engine.compute.tp import (
         ShardedBytes,
         StepPlanFollower,
         TPLayout,

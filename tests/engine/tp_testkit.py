@@ -51,7 +51,7 @@ def worker_group(rendezvous: str, rank: int, world: int) -> Iterator[None]:
     from datetime import timedelta
 
     import torch.distributed as dist
-    from kvfleet.services.engine.tp.rank_group import leave_rank_group
+    from kvfleet.services.engine.compute.rank_group import leave_rank_group
 
     faulthandler.enable()  # a worker that dies on a signal leaves its Python stacks in its log
     dist.init_process_group(

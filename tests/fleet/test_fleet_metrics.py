@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import httpx
 from kvfleet.services.cli import build_parser
-from kvfleet.services.engine.engine_config import EngineConfig
+from kvfleet.services.engine.config.engine_config import EngineConfig
 from kvfleet.services.fleet.embedded import EmbeddedFleet, FleetConfig
 from kvfleet.services.fleet.up import fleet_config
 from prometheus_client.parser import text_string_to_metric_families

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import grpc
 from kvfleet.proto import router_pb2, router_pb2_grpc
-from kvfleet.services.engine.engine_config import EngineConfig
+from kvfleet.services.engine.config.engine_config import EngineConfig
 from kvfleet.services.fleet.embedded import EmbeddedFleet, FleetConfig
 
 

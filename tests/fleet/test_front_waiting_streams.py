@@ -7,7 +7,7 @@ import asyncio
 import time
 
 import httpx
-from kvfleet.services.engine.engine_config import EngineConfig
+from kvfleet.services.engine.config.engine_config import EngineConfig
 from kvfleet.services.fleet.embedded import EmbeddedFleet, FleetConfig
 
 # More waiting turns than any thread pool the front could have parked them in (asyncio's

@@ -6,7 +6,7 @@ from __future__ import annotations
 import json
 
 from kvfleet.services.cli import build_parser
-from kvfleet.services.engine.model_dir import byte_tokenizer_json
+from kvfleet.services.engine.model.tokenizer import byte_tokenizer_json
 from kvfleet.services.fleet.router_command import start_front
 from kvfleet.services.fleet.up import fleet_config
 

@@ -1,9 +1,9 @@
 """keep_root / keep_branch_points reach the kvstore policy and sizing from the sim and engine."""
 
 from kvfleet.kvstore.policies import PerConversation
-from kvfleet.services.engine.compute import resolve_model_config
-from kvfleet.services.engine.engine_config import engine_config_from_dict
-from kvfleet.services.engine.kv_setup import kvstore_config, typical_step
+from kvfleet.services.engine.compute.backends import resolve_model_config
+from kvfleet.services.engine.config.engine_yaml import engine_config_from_dict
+from kvfleet.services.engine.kv.kv_setup import kvstore_config, typical_step
 from kvfleet.services.replay.sim_config import load_sim_config
 from kvfleet.services.replay.sim_fleet import SimFleet
 

@@ -25,8 +25,12 @@ def test_a_released_conversation_inside_its_ttl_stays_on_host_through_a_flood(
     keep_seconds, shelter
 ):
     now = [0.0]
-    manager = make_tiered(device_pages=5, host_pages=6, policy=PerConversation(max_num_turns=1))
-    manager.tiers.clock = lambda: now[0]
+    manager = make_tiered(
+        device_pages=5,
+        host_pages=6,
+        policy=PerConversation(max_num_turns=1),
+        clock=lambda: now[0],
+    )
     conversation = prompt_of(1)  # four blocks
     serve(manager, "turn", conversation, "c")
     manager.release_conversation("c", keep_seconds=keep_seconds)

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import os
 import tempfile
-from collections.abc import Sequence
+import time
+from collections.abc import Callable, Sequence
 
 import torch
 from kvfleet.kvstore.block_pool import NULL_PAGE
@@ -48,8 +49,10 @@ def make_tiered(
     dtype: str = "float32",
     events: list[KVEvent] | None = None,
     scales_tag: str = "",
+    clock: Callable[[], float] = time.monotonic,
 ) -> KVCacheManager:
-    """A manager with CPU device KV, a host tier and a disk tier in a fresh temp folder."""
+    """A manager with CPU device KV, a host tier and a disk tier in a fresh temp folder, whose
+    cache TTLs run on `clock`."""
     names = [lc.name for lc in life_cycles]
     store = KVStoreConfig(
         block_size=BLOCK,
@@ -68,7 +71,7 @@ def make_tiered(
     layout = make_layout(life_cycles, dtype, scales_tag)
     tiers = build_tiers(store, tier_config, layout, device=DEVICE)
     listener = events.append if events is not None else (lambda event: None)
-    return KVCacheManager(store, listener, tiers)
+    return KVCacheManager(store, listener, tiers, clock)
 
 
 def block_kv(manager: KVCacheManager, life_cycle: str, block_hash: int) -> torch.Tensor:

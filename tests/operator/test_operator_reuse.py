@@ -8,7 +8,7 @@ import yaml
 from kvfleet.operator.names import FleetRef
 from kvfleet.operator.render_config import config_hash, engine_config, render_engine_configmap
 from kvfleet.operator.spec import SpecError, parse_spec
-from kvfleet.services.engine.engine_config import engine_config_from_dict
+from kvfleet.services.engine.config.engine_yaml import engine_config_from_dict
 from operator_testkit import crd_schema
 
 MODEL = {"name": "m", "path": "/m"}

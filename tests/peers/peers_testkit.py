@@ -9,9 +9,9 @@ import time
 from pathlib import Path
 
 import httpx
-from kvfleet.services.engine.config import preset
-from kvfleet.services.engine.engine_config import EngineConfig
-from kvfleet.services.engine.model_dir import write_model_dir
+from kvfleet.services.engine.config.engine_config import EngineConfig
+from kvfleet.services.engine.config.model_config import preset
+from kvfleet.services.engine.model.model_dir import write_model_dir
 
 # Small pools, a short step budget (chunked prefill), no sleeping unless a test asks for it.
 SIM_CONFIG = EngineConfig(

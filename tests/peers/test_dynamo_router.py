@@ -8,7 +8,7 @@ from pathlib import Path
 
 import httpx
 import pytest
-from kvfleet.services.engine.rank import EngineRank, RankAddresses
+from kvfleet.services.engine.rank.engine_rank import EngineRank, RankAddresses
 from peers_testkit import SIM_CONFIG, free_port, start_router, stop_process, tiny_model_dir
 
 ROOT = Path(__file__).resolve().parents[2]

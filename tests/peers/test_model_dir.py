@@ -5,10 +5,10 @@ from __future__ import annotations
 import dataclasses
 
 import pytest
-from kvfleet.services.engine.compute import resolve_model_config
-from kvfleet.services.engine.config import preset
-from kvfleet.services.engine.model_dir import write_model_dir
-from kvfleet.services.engine.tokenizer import ByteTokenizer, JsonTokenizer
+from kvfleet.services.engine.compute.backends import resolve_model_config
+from kvfleet.services.engine.config.model_config import preset
+from kvfleet.services.engine.model.model_dir import write_model_dir
+from kvfleet.services.engine.model.tokenizer import ByteTokenizer, JsonTokenizer
 from peers_testkit import SIM_CONFIG, tiny_model_dir
 
 

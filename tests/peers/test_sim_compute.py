@@ -12,15 +12,15 @@ from kvfleet.kvstore.tiers.metrics import DISK, HOST
 from kvfleet.proto import common_pb2, engine_pb2, engine_pb2_grpc
 from kvfleet.services.cli import build_parser
 from kvfleet.services.core.cost_model import StepWork
-from kvfleet.services.engine.cli import engine_config_from_args
-from kvfleet.services.engine.compute import make_compute
-from kvfleet.services.engine.compute_sim import SimCompute, step_work
-from kvfleet.services.engine.engine_config import EngineConfig
-from kvfleet.services.engine.engine_core import EngineCore
-from kvfleet.services.engine.engine_request import GenerateCall
-from kvfleet.services.engine.rank import EngineRank, RankAddresses
-from kvfleet.services.engine.sampling import SamplingParams
-from kvfleet.services.engine.scheduler import ScheduledChunk
+from kvfleet.services.engine.compute.backends import make_compute
+from kvfleet.services.engine.compute.compute_sim import SimCompute, step_work
+from kvfleet.services.engine.compute.sampling import SamplingParams
+from kvfleet.services.engine.config.engine_config import EngineConfig
+from kvfleet.services.engine.core.engine_core import EngineCore
+from kvfleet.services.engine.rank.cli import engine_config_from_args
+from kvfleet.services.engine.rank.engine_rank import EngineRank, RankAddresses
+from kvfleet.services.engine.request.engine_request import GenerateCall
+from kvfleet.services.engine.request.scheduled_chunk import ScheduledChunk
 from peers_testkit import SIM_CONFIG
 
 

@@ -6,7 +6,7 @@ import dataclasses
 
 import httpx
 import pytest
-from kvfleet.services.engine.rank import EngineRank, RankAddresses
+from kvfleet.services.engine.rank.engine_rank import EngineRank, RankAddresses
 from peers_testkit import SIM_CONFIG, tiny_model_dir
 
 

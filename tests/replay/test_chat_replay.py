@@ -14,13 +14,13 @@ from pathlib import Path
 
 import pytest
 from kvfleet.services.cli import main
-from kvfleet.services.engine.anthropic_cache import breakpoints_of
-from kvfleet.services.engine.anthropic_chat import Cut
-from kvfleet.services.engine.anthropic_schema import MessagesRequest
-from kvfleet.services.engine.config import preset
-from kvfleet.services.engine.engine_config import EngineConfig
-from kvfleet.services.engine.model_dir import write_model_dir
-from kvfleet.services.engine.session_identity import session_of_user_id
+from kvfleet.services.engine.api.anthropic_cache import breakpoints_of
+from kvfleet.services.engine.api.anthropic_chat import Cut
+from kvfleet.services.engine.api.anthropic_schema import MessagesRequest
+from kvfleet.services.engine.api.session_identity import session_of_user_id
+from kvfleet.services.engine.config.engine_config import EngineConfig
+from kvfleet.services.engine.config.model_config import preset
+from kvfleet.services.engine.model.model_dir import write_model_dir
 from kvfleet.services.fleet.embedded import EmbeddedFleet, FleetConfig
 from kvfleet.services.replay.chat_text import chat_text, token_text
 from kvfleet.services.replay.claude_code import read_claude_code

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 from kvfleet.services.cli import main
-from kvfleet.services.engine.engine_config import EngineConfig
+from kvfleet.services.engine.config.engine_config import EngineConfig
 from kvfleet.services.fleet.embedded import EmbeddedFleet, FleetConfig
 from replay_cache_server import running_server
 from replay_paths import CLAUDE_CODE

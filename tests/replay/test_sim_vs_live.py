@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from kvfleet.services.engine.config import preset
+from kvfleet.services.engine.config.model_config import preset
 from kvfleet.services.replay.driver import DriverOptions
 from kvfleet.services.replay.live_twin import (
     TwinMismatch,

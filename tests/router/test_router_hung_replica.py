@@ -14,8 +14,8 @@ import time
 import grpc
 import pytest
 from kvfleet.proto import common_pb2, router_pb2, router_pb2_grpc
-from kvfleet.services.engine.engine_config import EngineConfig
-from kvfleet.services.engine.rank import EngineRank, RankAddresses
+from kvfleet.services.engine.config.engine_config import EngineConfig
+from kvfleet.services.engine.rank.engine_rank import EngineRank, RankAddresses
 from kvfleet.services.router.redis_store import RedisStore
 from router_fake_engine import wait_until
 from router_process import TEST_FLEET_SECRET, start_router

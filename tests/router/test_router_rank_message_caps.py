@@ -6,7 +6,7 @@ from __future__ import annotations
 import grpc
 import pytest
 from kvfleet.proto import router_pb2, router_pb2_grpc
-from kvfleet.services.engine.router_link import split_batches
+from kvfleet.services.engine.rank.router_link import split_batches
 from kvfleet.services.router.fleet_secret import METHOD_MESSAGE_BYTES, secret_metadata
 from kvfleet.services.router.server import RouterConfig, create_server
 from router_fake_engine import FakeEngine, wait_until

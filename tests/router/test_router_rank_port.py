@@ -10,8 +10,8 @@ import grpc
 import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from kvfleet.proto import common_pb2, router_pb2, router_pb2_grpc
-from kvfleet.services.engine.engine_config import EngineConfig
-from kvfleet.services.engine.rank import EngineRank, RankAddresses
+from kvfleet.services.engine.config.engine_config import EngineConfig
+from kvfleet.services.engine.rank.engine_rank import EngineRank, RankAddresses
 from kvfleet.services.router.fleet_secret import SECRET_ENV, secret_metadata
 from kvfleet.services.router.server import RouterConfig, create_server
 from router_fake_engine import FakeEngine, wait_until

@@ -7,8 +7,8 @@ from __future__ import annotations
 import grpc
 import pytest
 from kvfleet.proto import common_pb2, router_pb2, router_pb2_grpc
-from kvfleet.services.engine.engine_config import EngineConfig
-from kvfleet.services.engine.rank import EngineRank, RankAddresses
+from kvfleet.services.engine.config.engine_config import EngineConfig
+from kvfleet.services.engine.rank.engine_rank import EngineRank, RankAddresses
 from kvfleet.services.router.admission import AdmissionConfig
 from kvfleet.services.router.server import RouterConfig, create_server
 from router_fake_engine import wait_until

@@ -1,0 +1,1 @@
+"""Compute backends: what runs a step's chunks and samples their next tokens (torch, sim)."""

@@ -1,0 +1,1 @@
+"""What an engine rank runs with: the model's shape, the rank's settings, engine.yaml."""

@@ -1,0 +1,1 @@
+"""The engine core: one thread owns the kvstore manager, the scheduler and the compute backend."""

@@ -1,0 +1,165 @@
+"""Continuous batching with chunked prefill under a per-step token budget.
+
+Each step: running sequences first (decodes and unfinished prefills, oldest first), then
+waiting ones are admitted into free slots while budget is left. A prefill chunk starts after
+the reused prefix (the kvstore match), so cached tokens are never recomputed. The scheduler
+runs on the engine core's thread and is the only caller of the kvstore manager there.
+
+The rule itself (running first, admission first come first served, memory pressure: release
+the oldest retained conversation to the LRU, then preempt the newest running sequence) is
+`StepPlanner`'s, shared with the simulator; this class makes its chunks (scheduled_chunk.py).
+A preempted sequence is re-added with its output so far and resumes from whatever prefix is
+still cached.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from ....kvstore.manager import KVCacheManager
+from ...core.step_planner import StepPlanner
+from ..request.scheduled_chunk import ScheduledChunk
+from ..request.sequence import Sequence
+from .prefetch_holds import PrefetchHolds
+
+
+class Scheduler(StepPlanner[Sequence, ScheduledChunk]):
+    """Waiting queue, running set and the step plan of sequences, over one kvstore manager."""
+
+    def __init__(
+        self,
+        manager: KVCacheManager,
+        max_batch_size: int,
+        token_budget: int,
+    ) -> None:
+        super().__init__(manager, max_batch_size, token_budget)
+        self.holds = PrefetchHolds(manager)  # router-driven prefetch between turns
+
+    # -- membership ------------------------------------------------------------------------------
+
+    def add(self, sequence: Sequence) -> None:
+        """Queue a sequence and let the manager hash its prompt."""
+        self._track(sequence, sequence.prompt)
+        sequence.kv_prompt_len = len(sequence.prompt)
+        self.waiting.append(sequence)
+
+    def remove(self, sequence: Sequence) -> None:
+        """Forget a finished or cancelled sequence and release every page it holds."""
+        self.park(sequence)
+        if sequence.key in self.manager.request_ids():
+            self.manager.finish_request(sequence.key)
+
+    def park(self, sequence: Sequence) -> None:
+        """Stop running a sequence but keep its pages (a hand-off holds them)."""
+        if sequence in self.running:
+            self.running.remove(sequence)
+        elif sequence in self.waiting:
+            self.waiting.remove(sequence)
+
+    def adopt(self, sequence: Sequence) -> None:
+        """Run a sequence the manager already admitted (its KV arrived by hand-off)."""
+        sequence.kv_prompt_len = len(sequence.prompt)
+        self.running.append(sequence)
+
+    def release_retained_until(self, fits) -> bool:
+        """Release retained conversations, oldest first, until `fits()`; False if it never does."""
+        return self.retained.release_until(fits)
+
+    def retained_pages(self) -> int:
+        """Distinct pages the retained turns of every conversation hold."""
+        return self.manager.retained_page_count()
+
+    @property
+    def num_sequences(self) -> int:
+        return len(self.running) + len(self.waiting)
+
+    # -- the step plan -----------------------------------------------------------------------------
+
+    def schedule(self) -> list[ScheduledChunk]:
+        """Pick this step's chunks and allocate their pages; empty when nothing can run."""
+        self.manager.land_prefetched()  # finished reads are on host before anything matches
+        self.holds.expire()
+        chunks = self.plan_step()
+        # NOTE: the disk blocks of the requests still waiting after this step's admissions head
+        # for host in the background. Chosen before the admissions, the reads went to requests
+        # admitted in this very step (which read their blocks at admission): on an idle rank
+        # the requests behind the first ones started their reads a step late.
+        self.manager.prefetch([sequence.key for sequence in self.waiting])
+        return chunks
+
+    def context_ended(self, item: Sequence) -> None:
+        super().context_ended(item)
+        self.holds.remember(item.conversation_id, item.prompt, item.call.extra_key)
+
+    def _free_for(self, fits: Callable[[], bool], keep: str | None = None) -> bool:
+        # Retained turns go first, then held prefetches; only then is anything preempted.
+        return self.retained.fits_or_release(fits) or self.holds.cancel_until(fits, keep)
+
+    def _next_count(self, sequence: Sequence, budget: int) -> int:
+        start = self.manager.progress(sequence.key).num_computed_tokens
+        return min(sequence.num_tokens - start, budget)
+
+    def _fits(self, sequence: Sequence, count: int) -> bool:
+        return self.manager.can_allocate(sequence.key, count)
+
+    def _grow(self, sequence: Sequence, count: int) -> ScheduledChunk:
+        start = self.manager.progress(sequence.key).num_computed_tokens
+        self.manager.allocate(sequence.key, count)
+        return self._chunk(sequence, start, count)
+
+    def _grow_all(self, budget: int) -> list[ScheduledChunk] | None:
+        # A decode step of the whole batch: one kvstore call for every sequence's next page,
+        # the per-sequence path's plan when all of them fit (nothing to release or preempt).
+        running = self.running
+        if not running or len(running) > budget:
+            return None
+        keys = [sequence.key for sequence in running]
+        starts = self.manager.computed_tokens(keys)
+        for sequence, start in zip(running, starts, strict=True):
+            if sequence.num_tokens - start != 1:
+                return None
+        if not self.manager.can_allocate_all(keys, 1):
+            return None
+        self.manager.allocate_all(keys, 1)
+        return [
+            self._chunk(sequence, start, 1) for sequence, start in zip(running, starts, strict=True)
+        ]
+
+    def _ready(self, sequence: Sequence) -> bool:
+        return sequence.ready()
+
+    def _admit(self, sequence: Sequence, budget: int) -> ScheduledChunk | None:
+        match = self.manager.match(sequence.key)
+        count = min(sequence.num_tokens - match.num_reusable_tokens, budget)
+        conversation = sequence.conversation_id
+        if not self._free_for(lambda: self.manager.can_admit(sequence.key, count), conversation):
+            return None
+        # NOTE: admission onboards host/disk blocks and may reuse less than the match said
+        # (a disk file that failed its checks); the chunk starts where reuse really ends.
+        reused = self.manager.admit(sequence.key, count).num_reused_tokens
+        self.holds.take(conversation)  # the sequence holds the pages now
+        sequence.admitted = True
+        if sequence.cached_tokens is None:
+            sequence.cached_tokens = reused
+        return self._chunk(sequence, reused, count)
+
+    def _chunk(self, sequence: Sequence, start: int, count: int) -> ScheduledChunk:
+        pages = {
+            name: self.manager.page_table(sequence.key, name) for name in self.manager.life_cycles
+        }
+        return ScheduledChunk(sequence, start, tuple(sequence.tokens(start, start + count)), pages)
+
+    # -- preemption ------------------------------------------------------------------------------
+
+    def _recompute_tokens(self, victim: Sequence) -> list[int]:
+        return victim.tokens(0, victim.num_tokens)
+
+    def _extra_key(self, item: Sequence) -> bytes:
+        return item.call.extra_key
+
+    def _branch_hints(self, item: Sequence) -> tuple[int, ...]:
+        return item.call.branch_hints
+
+    def _on_preempted(self, victim: Sequence, num_tokens: int) -> None:
+        victim.kv_prompt_len = num_tokens
+        victim.admitted = False

@@ -1,0 +1,109 @@
+"""Building blocks of the decoder: RMSNorm, SwiGLU, attention projections, decoder layers.
+
+Parameter names follow the Hugging Face checkpoints (Llama, Qwen: `self_attn.q_proj`,
+`mlp.gate_proj`, `mlp.experts.gate_up_proj`, ...), so that their tensors load by name;
+`weights.py` maps the few older layouts (per-expert tensors, Mixtral's names) onto these.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from ..config.model_config import ModelConfig
+from .fused import fusable
+from .gpt_oss_moe import GptOssMoE
+from .moe import SparseMoE
+from .rope import apply_rope, rope_angles
+
+__all__ = ["AttentionProjections", "DecoderLayer", "RMSNorm", "SwiGLU", "apply_rope", "rope_angles"]
+
+# ModelConfig.experts_kind -> the MoE block of that flavour.
+MOE_BLOCKS: dict[str, type[nn.Module]] = {"swiglu": SparseMoE, "gpt_oss": GptOssMoE}
+
+
+class RMSNorm(nn.Module):
+    """x / rms(x) * weight: normalised in fp32, cast back, then scaled (as transformers does)."""
+
+    def __init__(self, size: int, eps: float) -> None:
+        super().__init__()
+        self.weight = nn.Parameter(torch.ones(size))
+        self.eps = eps
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return rms_norm(x, self.weight, self.eps)
+
+
+@fusable
+def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    """RMSNorm's math (one fused kernel on CUDA: fused.py)."""
+    x32 = x.float()
+    x32 = x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + eps)
+    return weight * x32.to(x.dtype)
+
+
+class SwiGLU(nn.Module):
+    """down(silu(gate(x)) * up(x))."""
+
+    def __init__(self, config: ModelConfig) -> None:
+        super().__init__()
+        h, i, bias = config.hidden_size, config.intermediate_size, config.mlp_bias
+        self.gate_proj = nn.Linear(h, i, bias=bias)
+        self.up_proj = nn.Linear(h, i, bias=bias)
+        self.down_proj = nn.Linear(i, h, bias=bias)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.down_proj(silu_mul(self.gate_proj(x), self.up_proj(x)))
+
+
+@fusable
+def silu_mul(gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
+    """silu(gate) * up (one fused kernel on CUDA: fused.py)."""
+    return F.silu(gate) * up
+
+
+class AttentionProjections(nn.Module):
+    """q/k/v/o projections, per-head q/k norms (Qwen3), RoPE and per-head sink logits (gpt-oss)
+    of one layer; the attention itself is a backend's job."""
+
+    def __init__(self, config: ModelConfig) -> None:
+        super().__init__()
+        h, d = config.hidden_size, config.head_dim
+        self.num_heads, self.num_kv_heads, self.head_dim = config.num_heads, config.num_kv_heads, d
+        self.q_proj = nn.Linear(h, config.num_heads * d, bias=config.qkv_bias)
+        self.k_proj = nn.Linear(h, config.num_kv_heads * d, bias=config.qkv_bias)
+        self.v_proj = nn.Linear(h, config.num_kv_heads * d, bias=config.qkv_bias)
+        self.o_proj = nn.Linear(config.num_heads * d, h, bias=config.o_bias)
+        if config.qk_norm:
+            self.q_norm = RMSNorm(d, config.rms_norm_eps)
+            self.k_norm = RMSNorm(d, config.rms_norm_eps)
+        else:
+            self.q_norm = self.k_norm = None
+        self.sinks = nn.Parameter(torch.empty(config.num_heads)) if config.attention_sinks else None
+
+    def qkv(
+        self, x: torch.Tensor, rope: tuple[torch.Tensor, torch.Tensor] | None
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """Rotated q `[T, H, D]`, rotated k and v `[T, KVH, D]` of tokens `x [T, hidden]`
+        (not rotated when `rope` is None: a model without positional embeddings)."""
+        q = self.q_proj(x).view(-1, self.num_heads, self.head_dim)
+        k = self.k_proj(x).view(-1, self.num_kv_heads, self.head_dim)
+        v = self.v_proj(x).view(-1, self.num_kv_heads, self.head_dim)
+        if self.q_norm is not None:
+            q, k = self.q_norm(q), self.k_norm(k)
+        if rope is None:
+            return q, k, v
+        return apply_rope(q, rope), apply_rope(k, rope), v
+
+
+class DecoderLayer(nn.Module):
+    """Pre-norm attention block then pre-norm MLP block (SwiGLU or experts), each residual."""
+
+    def __init__(self, config: ModelConfig, layer: int = 0) -> None:
+        super().__init__()
+        self.input_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
+        self.self_attn = AttentionProjections(config)
+        self.post_attention_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
+        moe = MOE_BLOCKS[config.experts_kind]
+        self.mlp = moe(config) if config.is_moe_layer(layer) else SwiGLU(config)
