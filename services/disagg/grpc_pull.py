@@ -1,4 +1,5 @@
-"""The direct hand-off: `Engine.PullKvBlocks` served by the context rank, pulled by the receiver."""
+"""The direct hand-off: `Engine.PullKvBlocks` served by the context rank (or a moved turn's
+home), pulled by the receiver."""
 
 from __future__ import annotations
 
@@ -56,6 +57,9 @@ class GrpcPull:
         pull = engine_pb2.KvPullRequest(
             request_id=request.request_id, block_hashes=list(request.held_hashes)
         )
+        if request.prompt:  # a moved turn's prefix (prefix_pull.py)
+            pull.prompt_token_ids.ids.extend(request.prompt)
+            pull.cache_salt = request.cache_salt
         try:
             call = stub.PullKvBlocks(pull, timeout=request.timeout_seconds)
             return [block_from_proto(message, self.life_cycles) for message in call]
