@@ -9,6 +9,7 @@ from collections.abc import Iterator, Sequence
 import grpc
 
 from ...proto import engine_pb2, engine_pb2_grpc
+from ...proto.limits import GRPC_MESSAGE_OPTIONS
 from .blocks import KVBlock
 from .transport_types import FetchRequest, TransportError
 
@@ -80,7 +81,9 @@ class GrpcPull:
     def _channel(self, address: str) -> grpc.Channel:
         with self._lock:
             if address not in self._channels:
-                self._channels[address] = grpc.insecure_channel(address)
+                # NOTE: one block is one message: a page of a large model (8 MiB for 8b at 64
+                # tokens) is over gRPC's default 4 MiB receive limit.
+                self._channels[address] = grpc.insecure_channel(address, GRPC_MESSAGE_OPTIONS)
             return self._channels[address]
 
 

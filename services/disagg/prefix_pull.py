@@ -29,6 +29,8 @@ from dataclasses import dataclass
 
 from ...kvstore.admission import computed_blocks
 from ...kvstore.block_pool import NULL_PAGE
+from ...kvstore.config import KVStoreConfig
+from ...kvstore.life_cycles import LifeCycle
 from .blocks import CorruptBlockError, KVBlock
 from .metrics import FAILED, MISSING, NO_ROOM, NOTHING, PULLED
 from .page_io import pages_of
@@ -51,8 +53,8 @@ def check_home_address(address: str) -> None:
 
 
 def complete_blocks(
-    life_cycles: Mapping[str, object],
-    config,
+    life_cycles: Mapping[str, LifeCycle],
+    config: KVStoreConfig,
     received: Mapping[str, set[int]],
     held: int,
 ) -> int:
@@ -137,6 +139,8 @@ class PrefixPull:
             return PullOutcome(FAILED)
         if not blocks:
             return PullOutcome(NOTHING)
+        # A block is taken only under the id this prompt gives its position: never another's.
+        blocks = [b for b in blocks if b.index < len(hashes) and b.block_hash == hashes[b.index]]
         self.metrics.blocks.labels("received").inc(len(blocks))
         self.metrics.bytes.labels("received").inc(sum(len(block.data) for block in blocks))
         return core.call_on_core(lambda: self._install(call, held, blocks))
