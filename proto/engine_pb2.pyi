@@ -28,7 +28,7 @@ class PrefetchReply(_message.Message):
     def __init__(self, held: _Optional[bool] = ..., host_blocks: _Optional[int] = ..., disk_blocks: _Optional[int] = ...) -> None: ...
 
 class EngineGenerateRequest(_message.Message):
-    __slots__ = ("request_id", "conversation_id", "prompt_token_ids", "prompt_text", "sampling", "max_tokens", "num_samples", "kv_source_address", "handoff_token_ids", "cache_salt", "branch_hints", "retention_seconds")
+    __slots__ = ("request_id", "conversation_id", "prompt_token_ids", "prompt_text", "sampling", "max_tokens", "num_samples", "kv_source_address", "handoff_token_ids", "cache_salt", "branch_hints", "retention_seconds", "kv_home_address")
     REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
     CONVERSATION_ID_FIELD_NUMBER: _ClassVar[int]
     PROMPT_TOKEN_IDS_FIELD_NUMBER: _ClassVar[int]
@@ -41,6 +41,7 @@ class EngineGenerateRequest(_message.Message):
     CACHE_SALT_FIELD_NUMBER: _ClassVar[int]
     BRANCH_HINTS_FIELD_NUMBER: _ClassVar[int]
     RETENTION_SECONDS_FIELD_NUMBER: _ClassVar[int]
+    KV_HOME_ADDRESS_FIELD_NUMBER: _ClassVar[int]
     request_id: str
     conversation_id: str
     prompt_token_ids: _common_pb2.TokenIds
@@ -53,15 +54,20 @@ class EngineGenerateRequest(_message.Message):
     cache_salt: str
     branch_hints: _containers.RepeatedScalarFieldContainer[int]
     retention_seconds: int
-    def __init__(self, request_id: _Optional[str] = ..., conversation_id: _Optional[str] = ..., prompt_token_ids: _Optional[_Union[_common_pb2.TokenIds, _Mapping]] = ..., prompt_text: _Optional[str] = ..., sampling: _Optional[_Union[_common_pb2.SamplingParams, _Mapping]] = ..., max_tokens: _Optional[int] = ..., num_samples: _Optional[int] = ..., kv_source_address: _Optional[str] = ..., handoff_token_ids: _Optional[_Iterable[int]] = ..., cache_salt: _Optional[str] = ..., branch_hints: _Optional[_Iterable[int]] = ..., retention_seconds: _Optional[int] = ...) -> None: ...
+    kv_home_address: str
+    def __init__(self, request_id: _Optional[str] = ..., conversation_id: _Optional[str] = ..., prompt_token_ids: _Optional[_Union[_common_pb2.TokenIds, _Mapping]] = ..., prompt_text: _Optional[str] = ..., sampling: _Optional[_Union[_common_pb2.SamplingParams, _Mapping]] = ..., max_tokens: _Optional[int] = ..., num_samples: _Optional[int] = ..., kv_source_address: _Optional[str] = ..., handoff_token_ids: _Optional[_Iterable[int]] = ..., cache_salt: _Optional[str] = ..., branch_hints: _Optional[_Iterable[int]] = ..., retention_seconds: _Optional[int] = ..., kv_home_address: _Optional[str] = ...) -> None: ...
 
 class KvPullRequest(_message.Message):
-    __slots__ = ("request_id", "block_hashes")
+    __slots__ = ("request_id", "block_hashes", "prompt_token_ids", "cache_salt")
     REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
     BLOCK_HASHES_FIELD_NUMBER: _ClassVar[int]
+    PROMPT_TOKEN_IDS_FIELD_NUMBER: _ClassVar[int]
+    CACHE_SALT_FIELD_NUMBER: _ClassVar[int]
     request_id: str
     block_hashes: _containers.RepeatedScalarFieldContainer[int]
-    def __init__(self, request_id: _Optional[str] = ..., block_hashes: _Optional[_Iterable[int]] = ...) -> None: ...
+    prompt_token_ids: _common_pb2.TokenIds
+    cache_salt: str
+    def __init__(self, request_id: _Optional[str] = ..., block_hashes: _Optional[_Iterable[int]] = ..., prompt_token_ids: _Optional[_Union[_common_pb2.TokenIds, _Mapping]] = ..., cache_salt: _Optional[str] = ...) -> None: ...
 
 class KvBlockData(_message.Message):
     __slots__ = ("block_hash", "layer_group", "data", "crc32", "block_index")

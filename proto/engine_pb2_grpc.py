@@ -63,7 +63,8 @@ class EngineServicer:
         raise NotImplementedError('Method not implemented!')
 
     def PullKvBlocks(self, request, context):
-        """Hand-off of KV blocks from a context (prefill) rank to a generation (decode) rank.
+        """Hand-off of KV blocks from a context (prefill) rank to a generation (decode) rank; also
+        the blocks of a conversation's prefix its home rank holds, for a rank its turn moved to.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')

@@ -1,14 +1,16 @@
-"""Build a rank's tiers from config: real bytes for an engine, an index alone for the simulator."""
+"""Build a rank's tiers from config: real bytes for an engine, an index alone for the simulator
+(with marker files in a shared folder for a byte-less engine rank)."""
 
 from __future__ import annotations
 
 import logging
+import os
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
 from ..config import KVStoreConfig
-from .disk_files import DiskFiles, NoDiskFiles
+from .disk_files import DiskFiles, MarkerFiles, NoDiskFiles
 from .layout import KVLayout
 from .stack import KVTiers
 
@@ -19,8 +21,9 @@ log = logging.getLogger(__name__)
 class TierConfig:
     """Pages per life cycle on host and on disk, the shared disk folder, prefetch depth.
 
-    `disk_dir` None with a layout: no disk tier. Without a layout (the simulator) the disk tier
-    is an index of `disk_pages` and `disk_dir` must be None.
+    `disk_dir` None with a layout: no disk tier. Without a layout (the simulator, the engine's
+    `sim` backend) the disk tier is an index of `disk_pages`, over marker files (no payload) in
+    `disk_dir`/byteless when a folder is given.
     """
 
     host_pages: Mapping[str, int] = field(default_factory=dict)
@@ -48,9 +51,10 @@ def build_tiers(
         "prefetch_queue_blocks": tiers.prefetch_queue_blocks,
     }
     if layout is None:
-        if tiers.disk_dir is not None:
-            raise ValueError("disk_dir needs a layout: the byte-less tiers keep no files")
-        return KVTiers(host, disk, dict.fromkeys(names, 0), **common)
+        markers = _open_markers(tiers.disk_dir, names)
+        if tiers.disk_dir is not None and markers is None:
+            disk = dict.fromkeys(names, 0)
+        return KVTiers(host, disk, dict.fromkeys(names, 0), disk_files=markers, **common)
     missing = sorted(set(names) - set(layout.layers))
     if missing:
         raise ValueError(f"layout has no layers entry for life cycles {missing}")
@@ -62,6 +66,20 @@ def build_tiers(
     if isinstance(files, NoDiskFiles):
         disk = dict.fromkeys(names, 0)
     return KVTiers(host, disk, page_bytes, byte_store, files, **common)
+
+
+def _open_markers(disk_dir: str | None, names: list[str]) -> MarkerFiles | None:
+    """Byte-less ranks' marker files under `disk_dir`, or None (no folder, or unusable)."""
+    if disk_dir is None:
+        return None
+    root = os.path.join(disk_dir, "byteless")
+    files = MarkerFiles(root, {name: f"byteless/{name}".encode() for name in names})
+    try:
+        files.probe()
+    except OSError as error:
+        log.warning("disk tier at %s unusable (%s): no disk tier", root, error)
+        return None
+    return files
 
 
 def _open_disk(disk_dir: str | None, layout: KVLayout, names: list[str]):

@@ -234,6 +234,32 @@ class DiskFiles:
         return None
 
 
+class MarkerFiles(DiskFiles):
+    """Block files without a payload, for byte-less ranks (the engine's `sim` compute backend):
+    the header, fingerprint and contents alone, so ranks sharing the folder find each other's
+    blocks (a drained rank's flush, host evictions) with the same checks, and no bytes move.
+
+    NOTE: kept in a folder of their own (`build_tiers`): a rank with real pages would take a
+    marker file for a foreign block and remove it, and the other way round.
+    """
+
+    def write(
+        self,
+        life_cycle: str,
+        block_hash: int,
+        payload: memoryview | bytes | None,
+        contents: bytes = b"",
+    ) -> None:
+        """Store the block's marker (its `contents`, no payload) atomically."""
+        super().write(life_cycle, block_hash, b"", contents)
+
+    def check_into(
+        self, life_cycle: str, block_hash: int, out: memoryview | None, contents: bytes = b""
+    ) -> str | None:
+        """Check the block's marker file; there is no payload to fill `out` with."""
+        return super().check_into(life_cycle, block_hash, None, contents)
+
+
 class NoDiskFiles:
     """The byte-less stand-in: the simulator's disk tier is an index and nothing else."""
 

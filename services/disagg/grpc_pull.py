@@ -1,4 +1,5 @@
-"""The direct hand-off: `Engine.PullKvBlocks` served by the context rank, pulled by the receiver."""
+"""The direct hand-off: `Engine.PullKvBlocks` served by the context rank (or a moved turn's
+home), pulled by the receiver."""
 
 from __future__ import annotations
 
@@ -8,6 +9,7 @@ from collections.abc import Iterator, Sequence
 import grpc
 
 from ...proto import engine_pb2, engine_pb2_grpc
+from ...proto.limits import GRPC_MESSAGE_OPTIONS
 from .blocks import KVBlock
 from .transport_types import FetchRequest, TransportError
 
@@ -56,6 +58,9 @@ class GrpcPull:
         pull = engine_pb2.KvPullRequest(
             request_id=request.request_id, block_hashes=list(request.held_hashes)
         )
+        if request.prompt:  # a moved turn's prefix (prefix_pull.py)
+            pull.prompt_token_ids.ids.extend(request.prompt)
+            pull.cache_salt = request.cache_salt
         try:
             call = stub.PullKvBlocks(pull, timeout=request.timeout_seconds)
             return [block_from_proto(message, self.life_cycles) for message in call]
@@ -76,7 +81,9 @@ class GrpcPull:
     def _channel(self, address: str) -> grpc.Channel:
         with self._lock:
             if address not in self._channels:
-                self._channels[address] = grpc.insecure_channel(address)
+                # NOTE: one block is one message: a page of a large model (8 MiB for 8b at 64
+                # tokens) is over gRPC's default 4 MiB receive limit.
+                self._channels[address] = grpc.insecure_channel(address, GRPC_MESSAGE_OPTIONS)
             return self._channels[address]
 
 

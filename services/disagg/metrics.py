@@ -1,4 +1,5 @@
-"""Hand-off metrics of one engine rank, registered in the rank's own registry."""
+"""Hand-off metrics of one engine rank, registered in the rank's own registry: a parked
+request's KV (disaggregation) and a moved turn's prefix (`prefix_pull.py`)."""
 
 from __future__ import annotations
 
@@ -43,4 +44,38 @@ class HandoffMetrics:
         self.parked = Counter(
             "kvfleet_engine_handoff_parked", "Requests parked after prefill for a hand-off",
             registry=r,
+        )  # fmt: skip
+        self.moves = MoveMetrics(r)
+
+
+# What became of one moved turn's pull (`prefix_pull.py`).
+PULLED, NOTHING, FAILED, MISSING, NO_ROOM = "pulled", "nothing", "failed", "missing", "no_room"
+
+
+class MoveMetrics:
+    """Turns placed away from their home that pulled its prefix here, and what moved."""
+
+    def __init__(self, registry: CollectorRegistry) -> None:
+        r = registry
+        self.turns = Counter(
+            "kvfleet_engine_moved_turns",
+            "Moved turns by what their pull did: pulled, nothing (the home had no block past "
+            "this rank's), failed (home unreachable), missing (blocks a resume needs did not "
+            "come), no_room", ["outcome"], registry=r,
+        )  # fmt: skip
+        self.blocks = Counter(
+            "kvfleet_engine_moved_blocks", "Blocks of moved turns' prefixes, sent or received",
+            ["direction"], registry=r,
+        )  # fmt: skip
+        self.bytes = Counter(
+            "kvfleet_engine_moved_bytes", "KV bytes of moved turns' prefixes, sent or received",
+            ["direction"], registry=r,
+        )  # fmt: skip
+        self.tokens = Counter(
+            "kvfleet_engine_moved_tokens",
+            "Prompt tokens moved turns found pulled here instead of recomputing", registry=r,
+        )  # fmt: skip
+        self.seconds = Histogram(
+            "kvfleet_engine_moved_pull_seconds", "Time to pull and install a moved turn's prefix",
+            registry=r, buckets=SECONDS_BUCKETS,
         )  # fmt: skip

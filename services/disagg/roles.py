@@ -6,7 +6,8 @@
 | `context`    | parks single-sample requests (hand-off) | yes                |
 | `generation` | keeps decoding (plain requests)        | yes                |
 
-Every rank can receive a hand-off (`GenerationSide`); only the router decides who gets one.
+Every rank can receive a hand-off (`GenerationSide`) and pull a moved turn's prefix from its
+home (`PrefixPull`); only the router decides who gets one.
 """
 
 from __future__ import annotations
@@ -19,6 +20,8 @@ from .blocks import kv_layout
 from .context_side import HANDOFF_REASON, ContextSide
 from .disk_handoff import DiskHandoff
 from .generation_side import GenerationSide
+from .grpc_pull import GrpcPull
+from .prefix_pull import PrefixPull
 from .transport_types import TransportContext
 from .transports import build_transports
 
@@ -44,6 +47,13 @@ class AggregatedRole:
     def __init__(self, core) -> None:
         self.core = core
         self._receiver: GenerationSide | None = None
+        config = core.config
+        self.prefix_pull = PrefixPull(
+            core,
+            GrpcPull(tuple(core.manager.life_cycles)),
+            config.handoff_timeout_seconds,
+            config.handoff_hold_seconds,
+        )
 
     def after_first_token(self, sequence, output) -> bool:
         """True when the role took the request over (the core then forgets it)."""
@@ -69,6 +79,7 @@ class AggregatedRole:
         if self._receiver is not None:
             for transport in self._receiver.transports:
                 transport.close()
+        self.prefix_pull.transport.close()
 
 
 class ContextRole(AggregatedRole):

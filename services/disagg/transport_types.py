@@ -25,6 +25,8 @@ class FetchRequest:
     `wanted[lc]` lists `(index, block_hash)` of every block the receiver would take (hash 0:
     the partial last block); `held_hashes` are the chained hashes of the prefix it holds;
     `contents[index]` is what a full block's shared disk file must hold (disk_files.py).
+    `prompt` set: a moved turn's prefix, asked of its home by prompt (`prefix_pull.py`), not a
+    parked request's KV.
     """
 
     request_id: str
@@ -33,6 +35,8 @@ class FetchRequest:
     wanted: Mapping[str, tuple[tuple[int, int], ...]]
     timeout_seconds: float
     contents: Mapping[int, bytes] = field(default_factory=dict)
+    prompt: tuple[int, ...] = ()
+    cache_salt: str = ""
 
 
 class HandoffTransport(Protocol):

@@ -38,6 +38,7 @@ class FleetConfig:
     admission: AdmissionConfig = field(default_factory=AdmissionConfig)  # affinity, wait bound
     metrics_port: int | None = None  # one /metrics page for router and ranks; None: none
     tool_call_parser: str = "auto"  # --tool-call-parser (tool_calls.resolve_tool_family)
+    migrate_kv: bool = False  # RouterConfig.migrate_kv: moved turns pull their home's KV
 
 
 def redis_answers(url: str, timeout: float = 0.5) -> bool:
@@ -90,6 +91,7 @@ class EmbeddedFleet:
             redis_url=self.redis_url,
             redis_prefix=self.redis_prefix,
             fleet_secret=secret,
+            migrate_kv=c.migrate_kv,
         )
         self.router, self.router_port = create_server(f"{c.host}:{c.router_port}", router_config)
         for index in range(c.num_ranks):

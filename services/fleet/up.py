@@ -80,6 +80,19 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         help="how new conversations are placed",
     )
     parser.add_argument(
+        "--migrate-kv",
+        action=argparse.BooleanOptionalAction,
+        default=False,
+        help="a turn placed away from its live home pulls the conversation's KV from it "
+        "instead of recomputing (docs/prefetch.md)",
+    )
+    parser.add_argument(
+        "--disk-tier-dir",
+        default="",
+        help="a shared disk tier folder for every rank (sim ranks keep marker files there); "
+        "a draining rank's retained turns reach the others through it",
+    )
+    parser.add_argument(
         "--redis-url",
         default="redis://127.0.0.1:6379/0",
         help="used when it answers; else pins stay in-process",
@@ -119,6 +132,7 @@ def fleet_config(args: argparse.Namespace):
         sim_time_scale=args.sim_time_scale,
         max_batch_size=args.max_batch_size,
         max_num_batched_tokens=step_tokens,
+        disk_tier_dir=args.disk_tier_dir,
     )
     return FleetConfig(
         engine,
@@ -130,6 +144,7 @@ def fleet_config(args: argparse.Namespace):
         AdmissionConfig(affinity=args.affinity, placement=args.placement),
         metrics_port=None if args.metrics_port < 0 else args.metrics_port,
         tool_call_parser=args.tool_call_parser,
+        migrate_kv=args.migrate_kv,
     )
 
 

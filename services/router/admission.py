@@ -18,6 +18,10 @@ home has room. Eligibility, not the pin alone, decides the group.
 A deferral is a placement given up: a pass that makes a pinned request wait counts one only when
 another rank had room for it, so passes on a fully busy fleet do not use up the bound.
 
+A request placed away from its live home (wait bound, lenient away) names that home in its
+`Admission.home`, so the rank it lands on can pull the conversation's KV from there. A leaving
+or lost home is named nowhere: its blocks are on the shared disk, if anywhere.
+
 Placement by policy (groups 2 relaxed and 3, lenient away) skips draining ranks: a rank whose
 pod is leaving on scale-in keeps serving its pinned turns, but gets nothing new. A rank that is
 shutting down (`leaving`) gets its pinned turns no more either: they move at their next turn.
@@ -175,7 +179,7 @@ class AdmissionQueue:
             else:
                 rank_id = self._place(request, state.ranks, free, state.now)
                 if rank_id is not None:
-                    state.admit(request, rank_id, RELEASED_PLACEMENT[state.affinity.name])
+                    state.admit(request, rank_id, RELEASED_PLACEMENT[state.affinity.name], home)
 
     def _admit_explicit(self, state: PassState, explicit: list[PendingRequest]) -> None:
         """Group 2: the named rank; relaxed: by policy when it is full; gone: failed."""
@@ -204,7 +208,7 @@ class AdmissionQueue:
             rank_id = self._place(request, state.ranks, state.free, state.now)
             if rank_id is not None:
                 released = RELEASED_PLACEMENT[state.affinity.name]
-                state.admit(request, rank_id, Placement.NEW if home is None else released)
+                state.admit(request, rank_id, Placement.NEW if home is None else released, home)
 
     def remove_silent_ranks(self) -> list[str]:
         """Remove ranks whose last heartbeat is older than the timeout; returns their ids."""

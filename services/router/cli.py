@@ -119,6 +119,13 @@ def register(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
         "(timed by the conversation's own gaps) and while the turn waits for a slot there",
     )
     parser.add_argument(
+        "--migrate-kv",
+        action=argparse.BooleanOptionalAction,
+        default=False,
+        help="a turn placed away from its live home (wait bound, lenient away) has its new "
+        "rank pull the conversation's KV from the home instead of recomputing it",
+    )
+    parser.add_argument(
         "--placement",
         choices=("load", "prefix", "round_robin"),
         default="load",
@@ -196,6 +203,7 @@ def router_config(args: argparse.Namespace):
         max_queue_seconds=args.max_queue_seconds,
         max_call_seconds=args.max_call_seconds,
         prefetch=args.prefetch,
+        migrate_kv=args.migrate_kv,
         lease_seconds=args.lease_seconds,
         redis_timeout_seconds=args.redis_timeout_seconds,
         stream_idle_seconds=args.stream_idle_seconds,

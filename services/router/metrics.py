@@ -40,6 +40,11 @@ class RouterMetrics:
             "Pinned requests placed elsewhere after the deferral bound (strict fallbacks)",
             registry=r,
         )
+        self.kv_moves = Counter(
+            "kvfleet_router_kv_moves",
+            "Turns placed away from their live home whose new rank was told to pull its KV",
+            registry=r,
+        )
         self.pinned_hits = Counter(
             "kvfleet_router_pinned_hits", "Requests admitted on their pinned rank", registry=r
         )

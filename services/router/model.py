@@ -99,3 +99,6 @@ class Admission:
     request: PendingRequest
     rank: RankInfo
     placement: Placement
+    # The conversation's home when the request was placed away from it (wait bound, home full
+    # under lenient affinity) and the home still serves: where its KV is to pull from.
+    home: RankInfo | None = None

@@ -39,8 +39,12 @@ class PassState:
     def waited(self, request: PendingRequest) -> float:
         return self.now - request.enqueued_at
 
-    def admit(self, request: PendingRequest, rank_id: str, placement: Placement) -> None:
-        self.result.admitted.append(Admission(request, self.ranks[rank_id].info, placement))
+    def admit(
+        self, request: PendingRequest, rank_id: str, placement: Placement, home: str | None = None
+    ) -> None:
+        """Record an admission; `home`: the conversation's pinned rank it was placed away from."""
+        away = self.ranks[home].info if home is not None and home != rank_id else None
+        self.result.admitted.append(Admission(request, self.ranks[rank_id].info, placement, away))
         self.done.add(request.request_id)
 
     def fail(self, request: PendingRequest, reason: str) -> None:

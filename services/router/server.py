@@ -69,6 +69,10 @@ class RouterConfig:
     # turn (its own inter-turn gaps say when) and while the turn waits for a slot there. Off:
     # no gain measured on the tuning half (docs/prefetch.md).
     prefetch: bool = False
+    # Moving with the KV: a turn placed away from its live home (wait bound, lenient away)
+    # names the home to its new rank, which pulls the prompt's blocks it lacks from there
+    # instead of recomputing them (docs/prefetch.md, "Moving with the KV").
+    migrate_kv: bool = False
     # An engine stream silent this long is cancelled and its rank taken for failed.
     stream_idle_seconds: float = 120.0
     tick_seconds: float = 0.05
@@ -231,7 +235,14 @@ def create_server(
         planner = PrefetchPlanner(channels.stub, clock, config.admission.max_wait_seconds)
         runtime.after_pass.append(planner.after_pass)
     servicer = RouterServicer(
-        runtime, channels, config.limits, clock, watch, config.max_call_seconds, planner
+        runtime,
+        channels,
+        config.limits,
+        clock,
+        watch,
+        config.max_call_seconds,
+        planner,
+        config.migrate_kv,
     )
     router_pb2_grpc.add_RouterServicer_to_server(servicer, grpc_server)
     registry = RankRegistryServicer(

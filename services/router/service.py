@@ -78,8 +78,11 @@ class RouterServicer(router_pb2_grpc.RouterServicer):
         watch: StreamWatch,
         max_call_seconds: float | None = None,
         prefetch: PrefetchPlanner | None = None,
+        migrate_kv: bool = False,
     ) -> None:
         self._runtime = runtime
+        # A turn placed away from its live home tells its new rank where the KV is.
+        self._migrate_kv = migrate_kv
         self._prefetch = prefetch
         self._watch = watch
         self._channels = channels
@@ -205,6 +208,9 @@ class RouterServicer(router_pb2_grpc.RouterServicer):
             engine_request.prompt_token_ids.CopyFrom(request.prompt_token_ids)
         else:
             engine_request.prompt_text = request.prompt_text
+        if self._migrate_kv and admission.home is not None and request.conversation_id:
+            engine_request.kv_home_address = admission.home.address
+            self._runtime.metrics.kv_moves.inc()
         stub = self._channels.stub(admission.rank.address)
         call = stub.Generate(engine_request, timeout=self._call_timeout(context))
         context.add_callback(call.cancel)

@@ -60,15 +60,22 @@ def engine_request(request_id: str, prompt: list[int], max_tokens: int = 8, **fi
 
 
 def router_generate(
-    router_address: str, conversation: str, prompt: list[int], max_tokens=8, sampling=None
+    router_address: str,
+    conversation: str,
+    prompt: list[int],
+    max_tokens=8,
+    sampling=None,
+    rank_id: str | None = None,
 ):
-    """Every response of one turn through the router (greedy unless `sampling` says)."""
+    """Every response of one turn through the router (greedy unless `sampling` says; on
+    `rank_id` when given)."""
     with grpc.insecure_channel(router_address) as channel:
         request = router_pb2.GenerateRequest(
             conversation_id=conversation,
             prompt_token_ids=common_pb2.TokenIds(ids=prompt),
             sampling=sampling or common_pb2.SamplingParams(temperature=0.0),
             max_tokens=max_tokens,
+            rank_id=rank_id,
         )
         return list(router_pb2_grpc.RouterStub(channel).Generate(request, timeout=60))
 

@@ -91,17 +91,16 @@ class SimCompute:
         self._ids = PRINTABLE_IDS if self._vocab > PRINTABLE_IDS.stop else range(self._vocab)
 
     def open_tiers(self) -> KVTiers:
-        """Byte-less tiers with the host/disk page counts a torch rank would have.
-
-        NOTE: the disk tier here is this rank's own index (no files), so ranks do not share
-        it; the torch backend's disk folder is what pods share.
+        """Byte-less tiers with the host/disk page counts a torch rank would have; with a
+        disk folder, ranks share its marker files (a block's contents, no payload) as torch
+        ranks share block files.
         """
         layout = kv_layout(self.model_config, self.config, KV_DTYPE)
         planned = tier_config(self.model_config, self.config, self.store_config, layout)
         tiers = TierConfig(
             host_pages=planned.host_pages,
             disk_pages=planned.disk_pages,
-            disk_dir=None,
+            disk_dir=planned.disk_dir,
             disk_prefetch_num_reqs=planned.disk_prefetch_num_reqs,
         )
         self._tiers = build_tiers(self.store_config, tiers)

@@ -13,6 +13,9 @@ host/disk blocks now, in the tool pause, instead of at the turn's admission. The
 |                                                | released, before any sequence is preempted  |
 | the router asks again with another prompt      | the old hold is replaced                    |
 
+A moved turn's pulled prefix (`kvfleet.services.disagg.prefix_pull`) is held the same way
+(`keep`) until its turn is admitted; memory pressure gives those up last, after every prefetch.
+
 Only the engine core's thread calls it (the manager has one writer).
 """
 
@@ -42,6 +45,7 @@ class PrefetchResult:
 class _Hold:
     request_id: str
     expires_at: float
+    pulled: bool = False  # a moved turn's prefix, whose turn is on its way here
 
 
 class PrefetchHolds:
@@ -98,6 +102,12 @@ class PrefetchHolds:
         self._holds[conversation_id] = _Hold(request_id, self.clock() + hold_seconds)
         return PrefetchResult(True, host, disk)
 
+    def keep(self, conversation_id: str, request_id: str, hold_seconds: float) -> None:
+        """Hold an admitted kvstore request (a moved turn's pulled prefix) for the
+        conversation's turn; it replaces the conversation's hold, if any."""
+        self.release(conversation_id)
+        self._holds[conversation_id] = _Hold(request_id, self.clock() + hold_seconds, True)
+
     def take(self, conversation_id: str | None) -> bool:
         """The conversation's turn was admitted (its match took the pages): end the hold."""
         return bool(conversation_id) and self.release(conversation_id or "")
@@ -119,9 +129,10 @@ class PrefetchHolds:
         return len(late)
 
     def cancel_until(self, fits: Callable[[], bool], keep: str | None = None) -> bool:
-        """Memory pressure: end holds, the one that lasts longest first, until `fits()`;
-        `keep` (the conversation being admitted) is never cancelled."""
-        order = sorted(self._holds.items(), key=lambda item: -item[1].expires_at)
+        """Memory pressure: end holds, prefetches before pulled prefixes (their turns are
+        already placed here: one given back costs a recompute), the one that lasts longest
+        first, until `fits()`; `keep` (the conversation being admitted) is never cancelled."""
+        order = sorted(self._holds.items(), key=lambda item: (item[1].pulled, -item[1].expires_at))
         for conversation_id, _ in order:
             if conversation_id == keep:
                 continue

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import socket
 import time
@@ -141,6 +142,8 @@ class EngineRank:
         deadline = time.monotonic() + drain_seconds
         self._terminating = True
         self.read_draining()
+        with contextlib.suppress(TimeoutError, RuntimeError):  # the flush runs before any stop
+            self.core.call_on_core(lambda: None, max(0.0, deadline - time.monotonic()))
         if self.link is not None:
             self.link.beat_now()
             wait = min(HEARD_WAIT_SECONDS, max(0.0, deadline - time.monotonic()))

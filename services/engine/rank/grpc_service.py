@@ -14,6 +14,7 @@ from ....proto.pooled_server import PooledServer
 from ...disagg.context_side import HeldPrefixMismatch, HoldNotFound
 from ...disagg.generation_side import HandoffFailed, HandoffNoRoom
 from ...disagg.grpc_pull import serve_pull
+from ...disagg.prefix_export import check_pull, export_prefix
 from ..core.detokenizer import StopChecker, StreamDetokenizer
 from ..core.engine_core import EngineCore
 from ..core.grammar_compiler import GrammarCompiler, compile_grammar
@@ -191,10 +192,15 @@ class EngineServicer(engine_pb2_grpc.EngineServicer):
         try:
             call = call_from_proto(request, self._tokenizer, request_id, self._grammars)
             if request.kv_source_address or request.handoff_token_ids:
+                if request.kv_home_address:
+                    raise ValueError("kv_home_address: a hand-off's KV comes from its source")
                 handle = self._core.role.receiver().receive(
                     call, request.kv_source_address, tuple(request.handoff_token_ids)
                 )
             else:
+                if request.kv_home_address:  # a moved turn: its home's prefix first
+                    self._core.validate(call)
+                    self._core.role.prefix_pull.pull(call, request.kv_home_address)
                 handle = self._core.submit(call)
         except HANDOFF_ERRORS as error:
             code = GRPC_CODES.get(type(error), grpc.StatusCode.INVALID_ARGUMENT)
@@ -240,6 +246,9 @@ class EngineServicer(engine_pb2_grpc.EngineServicer):
         )
 
     def PullKvBlocks(self, request, context):
+        if request.HasField("prompt_token_ids"):  # a moved turn's prefix, on any role
+            yield from self._pull_prefix(request, context)
+            return
         side = getattr(self._core.role, "side", None)
         if side is None:
             context.abort(
@@ -255,6 +264,18 @@ class EngineServicer(engine_pb2_grpc.EngineServicer):
             yield from serve_pull(export, life_cycles, request, context)
         except (HoldNotFound, HeldPrefixMismatch) as error:
             context.abort(GRPC_CODES[type(error)], str(error))
+
+    def _pull_prefix(self, request, context):
+        core, prompt = self._core, tuple(request.prompt_token_ids.ids)
+        held = tuple(request.block_hashes)
+        try:
+            check_pull(prompt, request.cache_salt, core.max_request_tokens())
+            blocks = core.call_on_core(
+                lambda: export_prefix(core, prompt, request.cache_salt, held)
+            )
+        except (ValueError, EngineStoppedError, TimeoutError) as error:
+            context.abort(GRPC_CODES.get(type(error), grpc.StatusCode.INVALID_ARGUMENT), str(error))
+        yield from serve_pull(lambda *_: blocks, tuple(core.manager.life_cycles), request, context)
 
 
 def create_engine_server(
