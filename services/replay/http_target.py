@@ -8,7 +8,10 @@ The prompt goes as a list of token ids (the API allows it). TTFT is the first st
 with a choice; reused tokens are `usage.prompt_tokens_details.cached_tokens` of the final usage
 chunk (`stream_options.include_usage`). The conversation id goes in `user` and in the
 `X-Conversation-Id` header, so a router can pin the conversation. `ignore_eos` and
-`min_tokens` (vLLM/SGLang extensions) ask for exactly `max_tokens` tokens.
+`min_tokens` (vLLM/SGLang extensions) ask for exactly `max_tokens` tokens, and
+`return_token_ids` (vLLM's; kvfleet's) streams each step's ids even while their text is held
+back, so TTFT and inter-token gaps time tokens: a model whose first tokens decode to no
+complete character (random weights do) would otherwise show the time to its first text.
 """
 
 from __future__ import annotations
@@ -110,6 +113,9 @@ class OpenAICompletionsTarget(HttpTarget):
             "temperature": 0.0,
             "stream": True,
             "stream_options": {"include_usage": True},
+            # Every step's ids stream even while their text is held back (vLLM and kvfleet):
+            # TTFT is the first token, not the first complete character.
+            "return_token_ids": True,
             "user": conversation_id,
         }
 

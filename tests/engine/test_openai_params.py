@@ -102,6 +102,23 @@ def test_completion_logprobs_are_the_models_log_softmax(client):
         context.append(token)
 
 
+def test_return_token_ids_streams_every_step_with_its_ids(client):
+    """If this fails, a client that times tokens (the replay's TTFT) times text instead: a
+    step whose text is held back (a partial character) sends nothing without the ids."""
+    ask = {"model": "tiny", "prompt": PROMPT, "max_tokens": 12, "temperature": 0}
+    ids = {"ignore_eos": True, "return_token_ids": True}
+    whole = client.completions.create(**ask, extra_body=ids).model_dump()["choices"][0]
+    chunks = [c.model_dump() for c in client.completions.create(**ask, stream=True,
+                                                                extra_body=ids)]  # fmt: skip
+    streamed = [c["choices"][0]["token_ids"] for c in chunks if c["choices"]]
+    assert [len(step) for step in streamed] == [1] * 12  # one chunk per decode step
+    assert [t for step in streamed for t in step] == whole["token_ids"]
+    assert len(whole["token_ids"]) == 12
+    assert "".join(c["choices"][0]["text"] for c in chunks) == whole["text"]
+    plain = client.completions.create(**ask, extra_body={"ignore_eos": True}).model_dump()
+    assert "token_ids" not in plain["choices"][0]  # only when asked
+
+
 def test_chat_logprobs_have_the_chat_shape(client):
     """Chat clients read `logprobs.content[i].top_logprobs`; the legacy shape breaks them."""
     answer = client.chat.completions.create(

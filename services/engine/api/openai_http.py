@@ -111,11 +111,11 @@ async def _respond(
         include_usage = bool(body.stream_options and body.stream_options.include_usage)
         tools = ToolChunks(shape, family, body.tools or []) if family else None
         return StreamingResponse(
-            _sse(shape, call, first, stream, include_usage, request, tools),
+            _sse(shape, call, first, stream, include_usage, request, tools, body.return_token_ids),
             media_type="text/event-stream",
         )
     outputs = await all_outputs(request, first, stream)
-    response = shape.full(outputs, call.num_samples, call.sampling.stop)
+    response = shape.full(outputs, call.num_samples, call.sampling.stop, body.return_token_ids)
     return with_tool_calls(response, family, body.tools or []) if family else response
 
 
@@ -127,6 +127,7 @@ async def _sse(
     include_usage: bool,
     request: Request,
     tools: ToolChunks | None = None,
+    token_ids: bool = False,
 ) -> AsyncIterator[str]:
     usages: dict[int, Usage] = {}
     detokenizer = StreamDetokenizer(shape.tokenizer)
@@ -145,10 +146,11 @@ async def _sse(
             reason = "stop"
         if tools is not None:
             return tools.lines(index, text, reason, output.logprobs)
-        if not text and not reason and not output.logprobs:
+        ids = output.token_ids if token_ids else None
+        if not text and not reason and not output.logprobs and not ids:
             return []  # held back: nothing to send yet
         piece = {"content": text} if shape.chat else text
-        return [sse_event(shape.chunk(index, piece, reason, output.logprobs))]
+        return [sse_event(shape.chunk(index, piece, reason, output.logprobs, ids))]
 
     try:
         if shape.chat:

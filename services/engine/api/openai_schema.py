@@ -59,6 +59,9 @@ class _Common(BaseModel):
     stop: StopText | Annotated[list[StopText], Field(max_length=MAX_STOP_STRINGS)] | None = None
     stop_token_ids: Annotated[list[TokenId], Field(max_length=1024)] | None = None
     ignore_eos: StrictBool = False
+    # vLLM's: each choice carries the ids it generated, and a stream sends every step's ids
+    # even while their text is held back (a partial character): a client times tokens, not text.
+    return_token_ids: StrictBool = False
     presence_penalty: Annotated[float | None, Finite, Field(ge=-2, le=2)] = None
     frequency_penalty: Annotated[float | None, Finite, Field(ge=-2, le=2)] = None
     repetition_penalty: Annotated[float | None, Finite, Field(gt=0, le=10)] = None

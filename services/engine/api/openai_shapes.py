@@ -39,6 +39,7 @@ class ResponseShape:
         piece: Any,
         finish_reason: str | None,
         logprobs: tuple[TokenLogprob, ...] = (),
+        token_ids: tuple[int, ...] | None = None,
     ) -> dict[str, Any]:
         choice: dict[str, Any] = {"index": index, "finish_reason": finish_reason}
         if self.chat:
@@ -46,10 +47,16 @@ class ResponseShape:
         else:
             choice["text"] = piece
         choice["logprobs"] = self.logprobs(logprobs) if logprobs else None
+        if token_ids is not None:
+            choice["token_ids"] = list(token_ids)
         return {**self.head("chunk"), "choices": [choice]}
 
     def full(
-        self, outputs: list[SampleOutput], num_samples: int, stops: tuple[str, ...]
+        self,
+        outputs: list[SampleOutput],
+        num_samples: int,
+        stops: tuple[str, ...],
+        token_ids: bool = False,
     ) -> dict[str, Any]:
         tokens: dict[int, list[int]] = {i: [] for i in range(num_samples)}
         logprobs: dict[int, list[TokenLogprob]] = {i: [] for i in range(num_samples)}
@@ -74,6 +81,8 @@ class ResponseShape:
             else:
                 choice["text"] = text
             choice["logprobs"] = self.logprobs(tuple(logprobs[index])) if logprobs[index] else None
+            if token_ids:
+                choice["token_ids"] = tokens[index]
             choices.append(choice)
         return {**self.head("full"), "choices": choices, "usage": usage_body(usages)}
 
