@@ -300,6 +300,13 @@ def main() -> int:
                         args.gpu_share, args.gpu_host_share)  # fmt: skip
     page_tokens = 16  # the engine's shipped page size
     gpu_pages = sizing.pages(sizing.gpu_gib_per_rank, page_tokens, per_token)
+    # A rank refuses a turn its pool cannot hold alone: a few sessions' working set can give
+    # pools smaller than their longest turn.
+    need = -(-(sizing.longest_prompt_tokens + args.max_tokens) // page_tokens) + 1
+    if gpu_pages < need:
+        print(f"gpu pages per rank raised from {gpu_pages} to {need}: the longest turn "
+              f"({sizing.longest_prompt_tokens} tokens) must fit one rank", flush=True)  # fmt: skip
+        gpu_pages = need
     host_pages = sizing.pages(sizing.host_gib_per_rank, page_tokens, per_token)
     fleet = {"sessions": [str(t) for t in traces], "ranks": args.ranks, "slots": args.slots,
              "step_tokens": args.step_tokens, "model": args.model, "max_tokens": args.max_tokens,
@@ -307,7 +314,8 @@ def main() -> int:
              "max_model_len": args.max_model_len, "time_scale": args.time_scale,
              "stagger": args.stagger, "kv_bytes_per_token": per_token,
              "working_set_tokens": sizing.working_set_tokens,
-             "working_set_gib": sizing.working_set_gib, "gpu_gib_per_rank": sizing.gpu_gib_per_rank,
+             "working_set_gib": sizing.working_set_gib,
+             "gpu_gib_per_rank": gpu_pages * page_tokens * per_token / 2**30,
              "host_gib_per_rank": sizing.host_gib_per_rank, "gpu_pages_per_rank": gpu_pages,
              "host_pages_per_rank": host_pages, "page_tokens": page_tokens, "arms": {}}  # fmt: skip
     print(json.dumps({k: v for k, v in fleet.items() if k != "sessions"}), flush=True)

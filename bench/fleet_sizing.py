@@ -47,6 +47,7 @@ class FleetSizing:
     working_set_gib: float
     gpu_gib_per_rank: float
     host_gib_per_rank: float
+    longest_prompt_tokens: int = 0  # a rank's pool must hold this turn alone
 
     def pages(self, gib: float, page_tokens: int, bytes_per_token: int) -> int:
         return max(2, int(gib * GIB // (page_tokens * bytes_per_token)))
@@ -68,6 +69,7 @@ def size_fleet(
         conversations = first_turns(conversations, max_turns)
     oracle = PrefixOracle()
     block_size = 64
+    longest = 0
     stack = list(conversations)
     while stack:
         conversation = stack.pop()
@@ -75,6 +77,7 @@ def size_fleet(
             if hasattr(step, "hash_ids"):
                 oracle.offer(step)
                 block_size = step.block_size
+                longest = max(longest, step.input_tokens)
             else:
                 stack.extend(step.conversations())
     tokens = oracle.unique_blocks * block_size
@@ -84,4 +87,5 @@ def size_fleet(
         gib,
         gib * gpu_share / ranks,
         gib * (gpu_host_share - gpu_share) / ranks,
+        longest,
     )
