@@ -28,7 +28,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import hashlib
 import logging
 import tempfile
 import threading
@@ -38,6 +37,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 import grpc
+from fleet_sizing import report_half
 from kvfleet.proto import common_pb2, router_pb2_grpc
 from kvfleet.services.engine.config.engine_config import EngineConfig
 from kvfleet.services.engine.config.model_config import preset
@@ -98,20 +98,6 @@ class RankRecordingTarget(RouterGenerateTarget):
             token_times_s=tuple(times),
             finish_s=self.clock.now(),
         )
-
-
-def sessions(folder: Path, count: int, max_model_len: int) -> list[Path]:
-    """The first `count` files of sim_sweep.py's `report` half (every second file by the
-    SHA-256 of its name) that keep a turn within the context."""
-    files = sorted(folder.glob("trace_*.json"))
-    hashed = sorted(files, key=lambda path: hashlib.sha256(path.stem.encode()).hexdigest())
-    kept = []
-    for path in sorted(hashed[1::2]):
-        if len(kept) == count:
-            break
-        if filter_max_model_len(read_traces([path], ReadOptions()), max_model_len):
-            kept.append(path)
-    return kept
 
 
 def fleet_config(args, disk_dir: str, migrate: bool) -> FleetConfig:
@@ -257,7 +243,7 @@ def main() -> None:
     args = p.parse_args()
     logging.basicConfig(level=logging.ERROR)
     max_len = preset(args.model).max_position
-    files = sessions(args.traces, args.sessions, max_len)
+    files = report_half(args.traces, args.sessions, max_len)
     conversations = filter_max_model_len(read_traces(files, ReadOptions()), max_len)
     if args.max_turns:
         conversations = first_turns(conversations, args.max_turns)
