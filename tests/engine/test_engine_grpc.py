@@ -92,3 +92,36 @@ def test_engine_rejects_bad_input_with_invalid_argument_naming_the_field(fleet, 
         list(engine_pb2_grpc.EngineStub(channel).Generate(request, timeout=10))
     assert error.value.code() == grpc.StatusCode.INVALID_ARGUMENT
     assert error.value.details().startswith(f"{field}: ")
+
+
+def test_a_rank_takes_as_many_streams_as_it_has_slots():
+    """If this fails, the rank's gRPC pool has fewer threads than its slots: each stream holds
+    one, so the requests past the pool wait unsubmitted and the batch never fills."""
+    slots = 80  # more than any fixed pool of 64
+    # A slowed simulated accelerator keeps every request running while the test looks.
+    config = TEST_CONFIG.with_changes(
+        compute_backend="sim", sim_time_scale=10.0, max_batch_size=slots
+    )
+    rank = EngineRank(config, RankAddresses(rank_id="wide")).start()
+    channel = grpc.insecure_channel(f"127.0.0.1:{rank.grpc_port}")
+    stub = engine_pb2_grpc.EngineStub(channel)
+    calls = [
+        stub.Generate(
+            engine_pb2.EngineGenerateRequest(
+                request_id=f"wide-{i}",
+                prompt_token_ids=common_pb2.TokenIds(ids=[1 + i, 2, 3, 4]),
+                sampling=common_pb2.SamplingParams(temperature=0.0),
+                max_tokens=500,
+            ),
+            timeout=120,
+        )
+        for i in range(slots)
+    ]
+    try:
+        # Every request reached the core (running, or waiting there for pages).
+        wait_until(lambda: rank.core.load().running + rank.core.load().queued == slots)
+    finally:
+        for call in calls:
+            call.cancel()
+        channel.close()
+        rank.stop(grace=0.5)

@@ -278,12 +278,20 @@ class EngineServicer(engine_pb2_grpc.EngineServicer):
         yield from serve_pull(lambda *_: blocks, tuple(core.manager.life_cycles), request, context)
 
 
+def server_workers(max_batch_size: int) -> int:
+    """Threads of a rank's gRPC pool: a Generate stream holds one for its whole life, so
+    every slot gets one, with as many again for the queue the router keeps at the rank, and
+    some for prefetch, pulls and health (a fixed 64 capped a batch of 256 at 64 running)."""
+    return 2 * max_batch_size + 32
+
+
 def create_engine_server(
-    address: str, core: EngineCore, tokenizer: Tokenizer, max_workers: int = 64
+    address: str, core: EngineCore, tokenizer: Tokenizer, max_workers: int | None = None
 ) -> tuple[grpc.Server, health.HealthServicer, int, EngineServicer]:
     """Serve Engine + health on `address` (port 0 picks one); returns server, health, port and
     the Engine servicer."""
-    server = PooledServer(max_workers, "engine-grpc")
+    workers = max_workers or server_workers(core.config.max_batch_size)
+    server = PooledServer(workers, "engine-grpc")
     servicer = EngineServicer(core, tokenizer)
     engine_pb2_grpc.add_EngineServicer_to_server(servicer, server)
     health_servicer = health.HealthServicer()
