@@ -76,7 +76,10 @@ class RouterConfig:
     # An engine stream silent this long is cancelled and its rank taken for failed.
     stream_idle_seconds: float = 120.0
     tick_seconds: float = 0.05
-    max_workers: int = 256
+    # Threads of the client pool, started on demand: a turn holds one from arrival to its last
+    # chunk (queued at the router or streaming), so this bounds one replica's turns in flight;
+    # past it a turn waits unqueued, outside the admission order and its deadlines.
+    max_workers: int = 2048
     metrics_port: int | None = None  # None: no /metrics endpoint; 0: any free port
     # Rank-facing services (RankRegistry) on their own HOST:PORT (port 0: any); None: on the
     # client port (in-process fleets). With a fleet secret, every RankRegistry call must show it.
