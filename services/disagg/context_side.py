@@ -30,9 +30,12 @@ class HeldPrefixMismatch(ValueError):
     """The receiver's held prefix is not a prefix of the parked request's prompt."""
 
 
-def prompt_sequence(prompt: tuple[int, ...], block_size: int) -> SequenceHashes:
-    """The prompt's chained hashes, as the manager computes them, and its blocks' contents."""
-    sequence = SequenceHashes(block_size)
+def prompt_sequence(
+    prompt: tuple[int, ...], block_size: int, extra_key: bytes = b""
+) -> SequenceHashes:
+    """The prompt's chained hashes, as the manager computes them under the request's extra key
+    (its tenant's salt), and its blocks' contents."""
+    sequence = SequenceHashes(block_size, extra_key)
     sequence.extend(prompt)
     return sequence
 
@@ -92,13 +95,15 @@ class ContextSide:
         handle = self.core.detach(call.request_id)
         now = self.core.clock()
         deadline = now + self.hold_seconds
-        hold = Hold(call.request_id, sequence.key, call.prompt_token_ids, now, deadline)
+        hold = Hold(
+            call.request_id, sequence.key, call.prompt_token_ids, now, deadline, call.extra_key
+        )
         self.holds.park(hold)
         self.metrics.parked.inc()
         if self._writer is None:
             handle.put(output)
             return
-        sequence = prompt_sequence(hold.prompt, self.block_size)
+        sequence = prompt_sequence(hold.prompt, self.block_size, hold.extra_key)
         blocks = self._gather(hold, sequence, 0, skip=self.disk.has)
         self._writer.submit(self._write_through, hold.request_id, blocks, handle, output)
 
@@ -110,7 +115,7 @@ class ContextSide:
                 f"request {request_id!r} holds no KV here (not parked, pulled already, or "
                 f"released after {self.hold_seconds:g} s)"
             )
-        sequence = prompt_sequence(hold.prompt, self.block_size)
+        sequence = prompt_sequence(hold.prompt, self.block_size, hold.extra_key)
         hashes = sequence.hashes
         held = len(held_hashes)
         if tuple(hashes[:held]) != tuple(held_hashes):

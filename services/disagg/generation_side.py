@@ -140,7 +140,7 @@ class GenerationSide:
         # pages from what it did reuse, and those blocks arrive by hand-off too.
         reused = manager.admit_computed(sequence.key).num_reused_tokens
         k = reused // manager.config.block_size
-        prompt = prompt_sequence(call.prompt_token_ids, manager.config.block_size)
+        prompt = prompt_sequence(call.prompt_token_ids, manager.config.block_size, call.extra_key)
         hashes = prompt.hashes
         tables = {name: manager.page_table(sequence.key, name) for name in manager.life_cycles}
         # Held: on this rank's device, or onboarded from its host/disk tier by admission.

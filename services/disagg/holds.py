@@ -17,6 +17,7 @@ class Hold:
     prompt: tuple[int, ...]
     parked_at: float
     deadline: float
+    extra_key: bytes = b""  # what the manager hashed the prompt's blocks under (the salt)
 
 
 class HandoffHolds:

@@ -66,9 +66,10 @@ def router_generate(
     max_tokens=8,
     sampling=None,
     rank_id: str | None = None,
+    cache_salt: str = "",
 ):
     """Every response of one turn through the router (greedy unless `sampling` says; on
-    `rank_id` when given)."""
+    `rank_id` when given; with `cache_salt`, in that tenant's cache)."""
     with grpc.insecure_channel(router_address) as channel:
         request = router_pb2.GenerateRequest(
             conversation_id=conversation,
@@ -76,6 +77,7 @@ def router_generate(
             sampling=sampling or common_pb2.SamplingParams(temperature=0.0),
             max_tokens=max_tokens,
             rank_id=rank_id,
+            cache_salt=cache_salt,
         )
         return list(router_pb2_grpc.RouterStub(channel).Generate(request, timeout=60))
 

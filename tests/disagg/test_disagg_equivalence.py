@@ -37,10 +37,10 @@ def fleets():
         router.stop(grace=0.2)
 
 
-def _two_turns(router_address: str, conversation: str):
-    first = router_generate(router_address, conversation, PROMPT)
+def _two_turns(router_address: str, conversation: str, cache_salt: str = ""):
+    first = router_generate(router_address, conversation, PROMPT, cache_salt=cache_salt)
     second_prompt = [*PROMPT, *tokens(first), 300, 301, 302]
-    second = router_generate(router_address, conversation, second_prompt)
+    second = router_generate(router_address, conversation, second_prompt, cache_salt=cache_salt)
     return first, second
 
 
@@ -56,6 +56,18 @@ def test_greedy_tokens_through_a_context_and_generation_pair_equal_aggregated(fl
     assert dis_first[0].chunk.finished is False and dis_first[-1].chunk.finish_reason == "length"
     usage = dis_second[-1].chunk.usage
     assert (usage.prompt_tokens, usage.completion_tokens) == (110, 8)
+    assert usage.cached_tokens == agg_second[-1].chunk.usage.cached_tokens == 96
+
+
+def test_a_salted_conversation_hands_off_like_an_unsalted_one(fleets):
+    """A hand-off that named blocks without the tenant's salt found no window blocks under
+    those ids on the context rank: the salted turn recomputed or failed."""
+    agg_address, dis_address, _context, _generation = fleets
+    agg_first, agg_second = _two_turns(agg_address, "salt-agg", cache_salt="tenant-a")
+    dis_first, dis_second = _two_turns(dis_address, "salt-dis", cache_salt="tenant-a")
+    assert tokens(dis_first) == tokens(agg_first) and tokens(dis_second) == tokens(agg_second)
+    assert dis_first[0].rank_id == "context" and dis_first[-1].rank_id == "generation"
+    usage = dis_second[-1].chunk.usage
     assert usage.cached_tokens == agg_second[-1].chunk.usage.cached_tokens == 96
 
 
