@@ -1,4 +1,4 @@
-"""Does the simulator's prefix reuse agree with a live run of the same arm? (issue 6)
+"""Does the simulator's prefix reuse agree with a live run of the same arm?
 
 Each arm replays the same Mooncake slice twice: on the simulator (`--target sim`, the tiny
 CPU model's figures in bench/sim_tiny_cpu.yaml) and on its live twin, an embedded fleet of

@@ -1,4 +1,4 @@
-"""The simulated KV hand-off between a context rank and a generation rank (issue 8).
+"""The simulated KV hand-off between a context rank and a generation rank.
 
 The same rule as the live ranks (`docs/disaggregation.md`, "Which blocks move"):
 

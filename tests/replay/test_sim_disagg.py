@@ -1,4 +1,4 @@
-"""The simulator's disaggregated fleet: context pool, generation pool, KV hand-off (issue 8)."""
+"""The simulator's disaggregated fleet: context pool, generation pool, KV hand-off."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""The simulator's prefix reuse agrees with a live run of the same arm (issue 6).
+"""The simulator's prefix reuse agrees with a live run of the same arm.
 
 A tiny Mooncake slice replays on the simulator (tiny CPU model figures) and on its live twin:
 the real router (Redis pins) and two CPU engine ranks whose kvstore config equals the sim's.
