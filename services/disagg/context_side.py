@@ -9,6 +9,7 @@ request stays open) until it is pulled or its hold expires; either way they are 
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 
 from ...kvstore.block_pool import NULL_PAGE
@@ -70,6 +71,22 @@ def select_blocks(manager, key: str, hashes: list[int], prompt_len: int, first: 
 def _contents(sequence: SequenceHashes, index: int, block_hash: int) -> bytes:
     """A full block's contents for its shared disk file; none for the partial last block."""
     return b"" if block_hash == NO_HASH else sequence.contents(index)
+
+
+def read_selected(
+    picked: dict[str, list[tuple[int, int, int]]],
+    sequence: SequenceHashes,
+    read: Callable[[str, list[int]], list[bytes]],
+) -> list[KVBlock]:
+    """The blocks `select_blocks` picked, their pages' bytes read by `read(lc, pages)`."""
+    blocks = []
+    for name, rows in picked.items():
+        data = read(name, [page for _, _, page in rows])
+        blocks.extend(
+            KVBlock(name, index, block_hash, raw, _contents(sequence, index, block_hash))
+            for (index, block_hash, _), raw in zip(rows, data, strict=True)
+        )
+    return blocks
 
 
 class ContextSide:
@@ -160,19 +177,16 @@ class ContextSide:
     def _gather(self, hold: Hold, sequence: SequenceHashes, first: int, skip=None) -> list[KVBlock]:
         """Blocks `first..` of the held request, read from its pages; `skip(lc, hash)` leaves
         some out before any byte is read."""
-        hashes = sequence.hashes
-        picked = select_blocks(self.core.manager, hold.key, hashes, len(hold.prompt), first)
+        picked = select_blocks(
+            self.core.manager, hold.key, sequence.hashes, len(hold.prompt), first
+        )
+        if skip is not None:
+            picked = {
+                name: [row for row in rows if not skip(name, row[1])]
+                for name, rows in picked.items()
+            }
         cache = self.core.compute.cache
-        blocks = []
-        for name, rows in picked.items():
-            if skip is not None:
-                rows = [row for row in rows if not skip(name, row[1])]
-            data = read_pages(cache, name, [page for _, _, page in rows])
-            blocks.extend(
-                KVBlock(name, index, block_hash, raw, _contents(sequence, index, block_hash))
-                for (index, block_hash, _), raw in zip(rows, data, strict=True)
-            )
-        return blocks
+        return read_selected(picked, sequence, lambda name, pages: read_pages(cache, name, pages))
 
     def _write_through(self, request_id: str, blocks: list[KVBlock], handle, output) -> None:
         """Writer thread: put the blocks on the shared disk, then let the router go on."""

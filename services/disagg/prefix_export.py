@@ -15,9 +15,9 @@ from __future__ import annotations
 import itertools
 from collections.abc import Sequence
 
-from ...kvstore.hashing import SequenceHashes, salt_extra_key
+from ...kvstore.hashing import salt_extra_key
 from .blocks import KVBlock
-from .context_side import HeldPrefixMismatch, select_blocks
+from .context_side import HeldPrefixMismatch, prompt_sequence, read_selected, select_blocks
 from .page_io import pages_of
 
 MAX_SALT_CHARS = 256  # as the engine's Generate takes
@@ -44,13 +44,6 @@ def check_pull(prompt: Sequence[int], cache_salt: str, max_tokens: int) -> None:
         raise PullRequestError("cache_salt", f"{len(cache_salt)} chars > {MAX_SALT_CHARS}")
 
 
-def salted_sequence(prompt: Sequence[int], block_size: int, cache_salt: str) -> SequenceHashes:
-    """The prompt's chained block ids as the manager computes them for this salt."""
-    sequence = SequenceHashes(block_size, salt_extra_key(cache_salt))
-    sequence.extend(prompt)
-    return sequence
-
-
 def export_prefix(
     core, prompt: tuple[int, ...], cache_salt: str, held_hashes: tuple[int, ...]
 ) -> list[KVBlock]:
@@ -59,7 +52,8 @@ def export_prefix(
     not this prompt's."""
     manager = core.manager
     block_size = manager.config.block_size
-    sequence = salted_sequence(prompt, block_size, cache_salt)
+    extra_key = salt_extra_key(cache_salt)
+    sequence = prompt_sequence(prompt, block_size, extra_key)
     hashes = sequence.hashes
     held = len(held_hashes)
     if tuple(hashes[:held]) != tuple(held_hashes):
@@ -68,7 +62,7 @@ def export_prefix(
             f"{len(hashes)} full blocks"
         )
     key = f"prefix-export-{next(_IDS)}"
-    manager.add_request(key, prompt, None, salt_extra_key(cache_salt))
+    manager.add_request(key, prompt, None, extra_key)
     try:
         reach = manager.match(key).num_reusable_tokens
         if reach <= held * block_size:
@@ -79,14 +73,7 @@ def export_prefix(
         if manager.can_admit(key, 0):
             reach = manager.admit(key, 0).num_reused_tokens
         picked = select_blocks(manager, key, hashes, reach, held)
-        io = pages_of(core)
-        blocks = []
-        for name, rows in picked.items():
-            data = io.read(name, [page for _, _, page in rows])
-            blocks.extend(
-                KVBlock(name, index, block_hash, raw, sequence.contents(index))
-                for (index, block_hash, _), raw in zip(rows, data, strict=True)
-            )
+        blocks = read_selected(picked, sequence, pages_of(core).read)
         moves = core.metrics.handoff.moves
         moves.blocks.labels("sent").inc(len(blocks))
         moves.bytes.labels("sent").inc(sum(len(block.data) for block in blocks))

@@ -32,9 +32,9 @@ from ...kvstore.block_pool import NULL_PAGE
 from ...kvstore.config import KVStoreConfig
 from ...kvstore.life_cycles import LifeCycle
 from .blocks import CorruptBlockError, KVBlock
+from .context_side import prompt_sequence
 from .metrics import FAILED, MISSING, NO_ROOM, NOTHING, PULLED
 from .page_io import pages_of
-from .prefix_export import salted_sequence
 from .transport_types import FetchRequest, HandoffTransport, TransportError
 
 log = logging.getLogger(__name__)
@@ -120,7 +120,7 @@ class PrefixPull:
     def _pull(self, call, home_address: str) -> PullOutcome:
         core = self.core
         size = core.manager.config.block_size
-        hashes = salted_sequence(call.prompt_token_ids, size, call.cache_salt).hashes
+        hashes = prompt_sequence(call.prompt_token_ids, size, call.extra_key).hashes
         held = core.call_on_core(lambda: self._held_blocks(call))
         request = FetchRequest(
             call.request_id,
