@@ -7,8 +7,10 @@ One table per measure, each with its baseline from the same run:
   TTFT     a returning turn (the last prompt, its answer and `--suffix` new tokens) with its
            K/V pages and state snapshot cached, against the same turn on an empty cache;
   decode   tok/s of `--batch` sequences decoding together (the batched SSM step, in decode
-           graphs), per sequence and in all, against one sequence alone and against
-           `--loop-batch` sequences stepped by the per-sequence loop, eagerly (the path before);
+           graphs), per sequence and in all, against one sequence alone, against
+           `--loop-batch` sequences stepped by the per-sequence loop, eagerly (the path before),
+           and eagerly at `--batch` with the step's in-place Triton kernels and with the torch
+           ops they replaced (gather, update, scatter);
   against attention  prefill tok/s and decode tok/s at `--batch` of the hybrid model beside
            the attention model `--baseline-model` (the 8b: same widths, every layer attention),
            served the same way after the hybrid core is gone.
@@ -109,6 +111,19 @@ def decode_round(core, prompt_of, tag: str, batch: int, prompt: int, tokens: int
 
 
 @contextlib.contextmanager
+def eager_decode(core, ssm_step, kernels: bool):
+    """No decode graphs (they keep the step they were captured with); the SSM decode step by
+    the in-place kernels or by torch ops."""
+    runner, core.compute.decode = core.compute.decode, None
+    ssm_step.use_kernel(kernels)
+    try:
+        yield
+    finally:
+        core.compute.decode = runner
+        ssm_step.use_kernel(True)
+
+
+@contextlib.contextmanager
 def chunk_tokens(ssd_scan, tokens: int):
     """Prefill's chunked scan in runs of `tokens` (the shipped size is the baseline)."""
     shipped, ssd_scan.CHUNK_TOKENS = ssd_scan.CHUNK_TOKENS, tokens
@@ -130,7 +145,7 @@ def token_by_token_prefill(ssm_module):
         cls._scan_chunked = chunked
 
 
-def hybrid_tables(args, core, prompt_of, ssm, paged_ssm, ssd_scan) -> tuple[float, float]:
+def hybrid_tables(args, core, prompt_of, ssm, paged_ssm, ssd_scan, ssm_step):
     """The hybrid model's own tables; its (prefill tok/s, decode tok/s at `--batch`)."""
     run(core, "warm", prompt_of(args.baseline_prompt), 2)  # kernels, compile
     decode_round(core, prompt_of, "warm", args.batch, args.baseline_prompt, 4)  # graphs
@@ -176,10 +191,15 @@ def hybrid_tables(args, core, prompt_of, ssm, paged_ssm, ssd_scan) -> tuple[floa
                 *decode_round(core, prompt_of, "loop", args.loop_batch, *shape)]  # fmt: skip
     one = ["batched step (baseline: 1 sequence)", 1, *decode_round(core, prompt_of, "d", 1, *shape)]
     full = ["batched step", args.batch, *decode_round(core, prompt_of, "d", args.batch, *shape)]
+    eager = []
+    for kernels, name in ((False, "torch ops (baseline)"), (True, "in-place kernels")):
+        with eager_decode(core, ssm_step, kernels):
+            figures = decode_round(core, prompt_of, f"e{kernels:d}", args.batch, *shape)
+        eager.append([f"batched step, eager, {name}", args.batch, *figures])
     print_table(
         f"decode, {args.decode} tokens after {args.baseline_prompt}-token prompts",
         ["SSM step", "batch", "ITL s", "tok/s per seq", "tok/s", "wall s"],
-        [loop, one, full],
+        [loop, one, full, *eager],
     )
     return args.prompt / cold.ttft_seconds, full[4]
 
@@ -216,7 +236,7 @@ def on_fresh_core(args, model: str, measure, *extra):
 def main() -> None:
     args = parse_args()
     import_engine()
-    from kvfleet.services.engine.model import paged_ssm, ssd_scan, ssm
+    from kvfleet.services.engine.model import paged_ssm, ssd_scan, ssm, ssm_step
 
     rng = random.Random(0)
     vocab = 256
@@ -224,7 +244,9 @@ def main() -> None:
     def prompt_of(n: int) -> list[int]:
         return [rng.randrange(vocab) for _ in range(n)]
 
-    hybrid = on_fresh_core(args, args.model, hybrid_tables, prompt_of, ssm, paged_ssm, ssd_scan)
+    hybrid = on_fresh_core(
+        args, args.model, hybrid_tables, prompt_of, ssm, paged_ssm, ssd_scan, ssm_step
+    )
     attention = on_fresh_core(args, args.baseline_model, attention_figures, prompt_of)
     print_table(
         f"{args.model} against {args.baseline_model} (attention), same run: prefill of a "

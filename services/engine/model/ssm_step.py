@@ -6,7 +6,10 @@ zeros are the state before a sequence's first token). The step is a fixed set of
 for any batch: gather the rows' states by index, the conv window update and the selective
 state update (`state_update`, one fused kernel on CUDA through `fused.py`), scatter back. No
 Python loop over sequences and no host sync, so it runs inside a captured decode graph with
-`read` / `write` as graph inputs, like the page table.
+`read` / `write` as graph inputs, like the page table. On CUDA with Triton the update runs as
+two kernels that read and write the pages in place (`ssm_step_kernel.py`: one pass over the
+states instead of the gather, update and scatter); `use_kernel(False)` keeps the torch ops
+(the benches' baseline).
 
 | tensor      | shape          | padded rows of a graph step                              |
 | ----------- | -------------- | -------------------------------------------------------- |
@@ -17,12 +20,36 @@ Python loop over sequences and no host sync, so it runs inside a captured decode
 
 from __future__ import annotations
 
+import functools
+import os
+from collections.abc import Callable
+
 import torch
 import torch.nn.functional as F
 
 from ..attention.batch import StateRows
 from .fused import fusable
 from .ssm import SelectiveSSM
+
+_kernel = {"on": True}
+
+
+def use_kernel(on: bool) -> None:
+    """Serve CUDA decode steps with the in-place Triton kernels (the default) or torch ops."""
+    _kernel["on"] = on
+
+
+@functools.cache
+def in_place_step(device_type: str) -> Callable | None:
+    """The Triton step for tensors on `device_type`: CUDA, or any device under Triton's
+    interpreter (tests); None without Triton (Triton is imported only here, when needed)."""
+    if device_type != "cuda" and os.environ.get("TRITON_INTERPRET") != "1":
+        return None
+    try:
+        from .ssm_step_kernel import state_update_in_place
+    except ImportError:
+        return None
+    return state_update_in_place
 
 
 def decode_step(
@@ -32,20 +59,13 @@ def decode_step(
     page `rows.read` to page `rows.write` of `states` (`[num_pages, floats]`, fp32)."""
     s = mixer.shape
     z, xbc, dt = mixer.in_proj(x).float().split([s.inner, s.conv_dim, s.num_heads], dim=-1)
-    y, after = state_update(
-        states,
-        rows.read,
-        rows.keep,
-        xbc,
-        dt,
-        mixer.conv_weight,
-        mixer.conv_bias,
-        mixer.dt_bias,
-        mixer.A_log,
-        mixer.D,
-        s.state_size,
-    )
-    states[:, : s.state_numel].index_copy_(0, rows.write, after)
+    params = (mixer.conv_weight, mixer.conv_bias, mixer.dt_bias, mixer.A_log, mixer.D)
+    in_place = in_place_step(states.device.type) if _kernel["on"] else None
+    if in_place is not None:
+        y = in_place(states, rows.read, rows.write, rows.keep, xbc, dt, *params, s.state_size)
+    else:
+        y, after = state_update(states, rows.read, rows.keep, xbc, dt, *params, s.state_size)
+        states[:, : s.state_numel].index_copy_(0, rows.write, after)
     y = mixer.norm(y * F.silu(z))
     return mixer.out_proj(y.to(x.dtype))
 
