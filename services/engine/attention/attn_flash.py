@@ -1,17 +1,20 @@
 """`flash` backend: flash-attn's CuTe paged kernel (`flash_attn.cute`), CUDA only.
 
-An fp8 cache: the kernel takes no fp8 K/V, so the batch's own pages (its page table's) are
-gathered and dequantized into a scratch pool of the query's dtype, and the kernel reads that
-through a page table of local ids. Shapes come from the page table alone, so a captured CUDA
-graph replays it. The cost: each step reads the fp8 pages, writes and reads them again in bf16
-(about 2.5x a bf16 cache's KV traffic), and the scratch holds the batch's pages of one layer;
-what fp8 buys is capacity (twice the pages per byte), not decode speed (docs/engine-gpu.md).
+An fp8 cache: the kernel takes no fp8 K/V. A decode step (one new token per sequence) runs
+`attn_decode_kernel.py`'s Triton kernel over the fp8 pages themselves (half a bf16 cache's KV
+reads). Any other step (prefill chunks) gathers the batch's own pages (its page table's) and
+dequantizes them into a scratch pool of the query's dtype, which the kernel reads through a
+page table of local ids: each such step reads the fp8 pages, writes and reads them again in
+bf16, and the scratch holds the batch's pages of one layer. Shapes come from the page table
+alone on both paths, so a captured CUDA graph replays them (docs/engine-gpu.md).
 """
 
 from __future__ import annotations
 
 import dataclasses
 import functools
+import os
+from collections.abc import Callable
 
 import torch
 
@@ -27,6 +30,28 @@ def flash_attn_importable() -> bool:
     except Exception:
         return False
     return True
+
+
+_fp8_decode = {"kernel": True}
+
+
+def use_fp8_decode_kernel(on: bool) -> None:
+    """Decode over fp8 pages with the Triton kernel (the default) or by gathering and
+    dequantizing the pages first (the benches' baseline)."""
+    _fp8_decode["kernel"] = on
+
+
+@functools.cache
+def fp8_decode_kernel(device_type: str) -> Callable | None:
+    """The fp8 paged decode kernel for tensors on `device_type`: CUDA, or any device under
+    Triton's interpreter (tests); None without Triton (imported only here, when needed)."""
+    if device_type != "cuda" and os.environ.get("TRITON_INTERPRET") != "1":
+        return None
+    try:
+        from .attn_decode_kernel import decode_attention
+    except ImportError:
+        return None
+    return decode_attention
 
 
 @functools.cache
@@ -84,6 +109,10 @@ class FlashAttention:
     ) -> torch.Tensor:
         """Attention of the new queries over their sequences' pages (reads only)."""
         if kv_scales is not None:
+            decode = fp8_decode_kernel(q.device.type) if _fp8_decode["kernel"] else None
+            if decode is not None and meta.max_seqlen_q == 1:
+                out, lse = decode(q, k_pages, v_pages, meta, window, scale, kv_scales)
+                return out if sinks is None else with_sinks(out, lse, sinks)
             k_pages, v_pages, meta = gather_dequantized(k_pages, v_pages, meta, kv_scales, q.dtype)
         splits = 1 if sinks is not None else self._decode_splits(q, k_pages, meta, window)
         if splits > 1:
