@@ -254,16 +254,17 @@ class DecodeRunner:
                 self._load_state_rows(meta, table, table_rows, starts, padded)
         self.meta.copy_(host.meta, non_blocking=True)
         self.seqused_k.copy_(host.seqused, non_blocking=True)
-        if self.tables is not None and batch:
-            rows = self.meta[self._table_row, :padded]
-            for group in self.groups:
-                source = self.tables.device_tables[group]
-                torch.index_select(source, 0, rows, out=self.page_tables[group][:padded])
-        else:
-            for group in self.groups:
-                scratch = self._table_scratch[group][: padded * width]
+        rows = self.meta[self._table_row, :padded]
+        for group in self.groups:
+            # Only the columns this step reads; later ones keep older pages, never read
+            # (seqused_k ends every row before them).
+            scratch = self._table_scratch[group][: padded * width]
+            if self.tables is not None and batch:
+                source = self.tables.device_tables[group][:, :width]
+                torch.index_select(source, 0, rows, out=scratch.view(padded, width))
+            else:
                 scratch.copy_(host.tables[group][: padded * width], non_blocking=True)
-                self.page_tables[group][:padded, :width].copy_(scratch.view(padded, width))
+            self.page_tables[group][:padded, :width].copy_(scratch.view(padded, width))
         host.copied()
         return widths
 
