@@ -2,10 +2,15 @@
 throughput shape nano-vllm and mini-sglang publish (256 sequences, input and output lengths
 uniform in 100-1024, no stop tokens), each with decode graphs off (the baseline) and on,
 against the memory/compute roofline of the steps that actually ran, measured in the same run.
+`--grid` adds fixed input/output lengths as TensorRT-LLM's performance tables list them
+(ISL/OSL 128/128, 128/2048, 1000/1000, 2048/2048; `--grid-seqs` requests each, no stop tokens).
 
     .venv/bin/python bench/throughput_bench.py --small            # CPU smoke run (tiny model)
+    .venv/bin/python bench/throughput_bench.py --small --grid 16/8,32/16 --modes auto
 On the H200 (bench/gpu/decode.sh; runs without `pip install -e`):
     python3 bench/throughput_bench.py --models 8b,1b,qwen3-0.6b --modes off,auto
+Mode `rebuild` is `auto` with each decode step's page tables rebuilt from every sequence's
+whole tables (the path before persistent device tables), for a same-run A/B.
 """
 
 from __future__ import annotations
@@ -37,7 +42,9 @@ from kvfleet.services.engine.request.engine_request import GenerateCall  # noqa:
 # Rows of the comparison: (decode_graphs, fused elementwise ops, next step planned ahead).
 MODES = {"off": ("off", False, False), "graphs": ("auto", False, False),
          "no-ahead": ("auto", True, False), "auto": ("auto", True, True),
-         "static": ("static", False, True)}  # fmt: skip
+         "static": ("static", False, True), "rebuild": ("auto", True, True)}  # fmt: skip
+REBUILT_TABLES = {"rebuild"}  # modes whose decode steps rebuild page tables every step
+TRT_LLM_GRID = "128/128,128/2048,1000/1000,2048/2048"
 PRESETS.setdefault("qwen3-0.6b", qwen3_0_6b_shape)  # the shape, with random weights
 
 
@@ -58,16 +65,22 @@ def host_profile(step_fn, steps: int, title: str) -> None:
     pstats.Stats(profiler).sort_stats("tottime").print_stats(14)
 
 
-def serve(compute, config, calls, recorder: StepRecorder, profile_after: int = 0):
+def serve(compute, config, calls, recorder: StepRecorder, profile_after: int = 0, rebuild=False):
     """Run `calls` to the end on a fresh core driven from this thread; (wall s, usages).
     With `profile_after`, the 3 steps after that many full decode steps run under the profiler
-    (their launch counts land in `recorder.launches`; they end the timed window)."""
+    (their launch counts land in `recorder.launches`; they end the timed window). `rebuild`:
+    the decode runner follows no persistent page tables (every step lays in whole tables)."""
     compute.cache = compute.decode = None  # the old core's KV and graphs go before new ones
     gc.collect()
     if torch.cuda.is_available():
         torch.cuda.empty_cache()
     compute.config = config  # decode_graphs of this run (read when the core opens its tiers)
-    core = EngineCore(config, compute=compute)
+    if rebuild:  # the manager is never watched: no delta record either, as before
+        compute.follow_page_tables = lambda watch: None
+    try:
+        core = EngineCore(config, compute=compute)
+    finally:
+        compute.__dict__.pop("follow_page_tables", None)
     if compute.decode is not None:
         compute.decode.capture_all()  # as nano-vllm's warm-up does, before the clock starts
     recorder.attach(compute)
@@ -95,7 +108,7 @@ def serve(compute, config, calls, recorder: StepRecorder, profile_after: int = 0
     return wall, usages
 
 
-def decode_case(compute, config, batch, prompt, out, recorder, vocab, seed=0):
+def decode_case(compute, config, batch, prompt, out, recorder, vocab, seed=0, rebuild=False):
     """Steady decode of `batch` sequences after `prompt`-token prompts, `out` tokens each:
     (tok/s, roofline share, launches per step)."""
     rng = random.Random(seed)
@@ -111,25 +124,30 @@ def decode_case(compute, config, batch, prompt, out, recorder, vocab, seed=0):
     # Prefill takes ~batch * prompt / budget steps, during which the first sequences already
     # decode: profile halfway through the steps that are left at full batch.
     prefill_steps = -(-batch * prompt // config.max_num_batched_tokens)
-    serve(compute, config, calls, recorder, profile_after=max(3, (out - prefill_steps) // 2))
+    after = max(3, (out - prefill_steps) // 2)
+    serve(compute, config, calls, recorder, profile_after=after, rebuild=rebuild)
     timed = recorder.steps[: recorder.timed_until or len(recorder.steps)]
     rate, share, inside, outside = recorder.window_rate(recorder.decode_window(batch, timed))
     return rate, share, inside, outside, recorder.launches
 
 
-def throughput_case(compute, config, recorder, vocab, num_seqs, lo, hi, seed=0):
-    """nano-vllm's bench shape: (output tok/s, roofline share, TTFT p50, p90, out tokens)."""
+def throughput_case(
+    compute, config, recorder, vocab, num_seqs, lo, hi, seed=0, out=None, rebuild=False
+):
+    """nano-vllm's bench shape: (output tok/s, roofline share, TTFT p50, p90, out tokens).
+    Prompts of `lo`-`hi` tokens, as many out (`out`: a fixed (lo, hi) of its own)."""
     rng = random.Random(seed)
+    out_lo, out_hi = out or (lo, hi)
     calls = [
         GenerateCall(
             f"t{i}",
             tuple(rng.randrange(vocab) for _ in range(rng.randint(lo, hi))),
-            SamplingParams(max_tokens=rng.randint(lo, hi)),
+            SamplingParams(max_tokens=rng.randint(out_lo, out_hi)),
             f"t{i}",
         )
         for i in range(num_seqs)
     ]
-    wall, usages = serve(compute, config, calls, recorder)
+    wall, usages = serve(compute, config, calls, recorder, rebuild=rebuild)
     out_tokens = sum(u.completion_tokens for u in usages)
     ttfts = sorted(u.ttft_seconds for u in usages)
     p50 = statistics.median(ttfts)
@@ -170,6 +188,13 @@ def main() -> None:
     parser.add_argument("--host-profile", action="store_true", help="cProfile a few steps")
     parser.add_argument("--agreement-models", default="8b,qwen3-0.6b")
     parser.add_argument("--budget-s", type=float, default=1e9, help="skip cases started later")
+    parser.add_argument(
+        "--grid", default="", help=f"ISL/OSL pairs, e.g. TensorRT-LLM's {TRT_LLM_GRID}"
+    )
+    parser.add_argument("--grid-models", default="8b", help="models of the grid")
+    parser.add_argument("--grid-seqs", type=int, default=256, help="requests per grid pair")
+    parser.add_argument("--grid-batch", type=int, default=256, help="max batch in the grid")
+    parser.add_argument("--grid-only", action="store_true", help="no decode case, only the grid")
     args = parser.parse_args()
     device = torch.device("cuda" if torch.cuda.is_available() and not args.small else "cpu")
     bandwidth, peak = measure_ceilings(device, args.small)
@@ -179,7 +204,9 @@ def main() -> None:
     pages = dict(kv.split(":") for kv in args.kv_pages.split(","))
     prompt, out = (60, 20) if args.small else (args.decode_prompt, args.decode_out)
     seqs, lo, hi = (8, 10, 40) if args.small else (256, 100, 1024)
-    started, rows, tput_rows, agree_rows = time.perf_counter(), [], [], []
+    started, rows, tput_rows, agree_rows, grid_rows = time.perf_counter(), [], [], [], []
+    grid = [tuple(int(n) for n in pair.split("/")) for pair in args.grid.split(",") if pair]
+    grid_models = ["tiny"] if args.small else args.grid_models.split(",")
     for model in models:
         batch = 4 if args.small else int(batches.get(model, 64))
         base = EngineConfig(
@@ -201,8 +228,24 @@ def main() -> None:
             fused.enable(fuse and device.type == "cuda")
             base = base.with_changes(overlap_decode=ahead)
             config = base.with_changes(decode_graphs=graphs, max_batch_size=batch)
+            rebuild = mode in REBUILT_TABLES
+            if grid and model in grid_models:
+                grid_config = base.with_changes(decode_graphs=graphs,
+                                                max_batch_size=args.grid_batch)  # fmt: skip
+                for isl, osl in grid:
+                    if time.perf_counter() - started > args.budget_s:
+                        print(f"!! {model} {mode} {isl}/{osl}: skipped, past the budget")
+                        continue
+                    result = throughput_case(compute, grid_config, recorder, vocab,
+                                             args.grid_seqs, isl, isl, out=(osl, osl),
+                                             rebuild=rebuild)  # fmt: skip
+                    grid_rows.append([model, mode, f"{isl}/{osl}", args.grid_seqs, *result])
+                    print(f"{model} {mode} ISL/OSL {isl}/{osl}: {result[0]:.0f} out tok/s, "
+                          f"{result[1]:.2f} of roofline", flush=True)  # fmt: skip
+                if args.grid_only:
+                    continue
             rate, share, inside, outside, launches = decode_case(
-                compute, config, batch, prompt, out, recorder, vocab
+                compute, config, batch, prompt, out, recorder, vocab, rebuild=rebuild
             )
             rows.append([model, mode, batch, rate, share, inside, outside, *launches])
             print(f"{model} decode_graphs={mode}: batch {batch} {rate:.0f} tok/s, "
@@ -210,7 +253,9 @@ def main() -> None:
             tput_models = ["tiny"] if args.small else args.throughput_models.split(",")
             if model in tput_models and mode in args.throughput_modes.split(","):
                 config = base.with_changes(decode_graphs=graphs)
-                result = throughput_case(compute, config, recorder, vocab, seqs, lo, hi)
+                result = throughput_case(
+                    compute, config, recorder, vocab, seqs, lo, hi, rebuild=rebuild
+                )
                 tput_rows.append([model, mode, *result])
                 print(f"{model} throughput decode_graphs={mode}: {result[0]:.0f} out tok/s, "
                       f"{result[1]:.2f} of roofline", flush=True)  # fmt: skip
@@ -250,6 +295,14 @@ def main() -> None:
         tput_rows,
     )
 
+    if grid_rows:
+        print_table(
+            f"ISL/OSL grid (TensorRT-LLM's shapes): fixed lengths, no stop tokens, page "
+            f"{base.page_size}, max batch {args.grid_batch}",
+            ["model", "decode_graphs", "ISL/OSL", "requests", "out tok/s", "roofline share",
+             "TTFT p50 s", "TTFT p90 s", "out tokens"],
+            grid_rows,
+        )  # fmt: skip
     print_table(
         "greedy output, decode graphs vs eager step (same requests, fused ops in both)",
         ["model", "identical sequences", "identical tokens"],

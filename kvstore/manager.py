@@ -68,6 +68,7 @@ from .slide_out import (
     release_slid_out,
     release_tables,
 )
+from .table_changes import TableChanges, TableDelta
 from .tiers.stack import KVTiers
 
 
@@ -103,6 +104,7 @@ class KVCacheManager:
         self._conversations = ConversationRetention(
             self.pools, self.life_cycles, config.reuse_policy, config.block_size
         )
+        self._changes: TableChanges | None = None  # kept once a reader watches the tables
 
     # -- reads ---------------------------------------------------------------------------------
 
@@ -117,6 +119,19 @@ class KVCacheManager:
         if life_cycle not in self.life_cycles:
             raise ValueError(f"unknown life cycle {life_cycle!r}; known: {list(self.life_cycles)}")
         return tuple(self._state(request_id).page_tables.get(life_cycle, ()))
+
+    def watch_page_tables(self) -> Callable[[], TableDelta]:
+        """Start recording which page-table entries change; the call returned hands out the
+        changes since it was last called (`table_changes.py`), the admitted requests' whole
+        tables the first time."""
+        if self._changes is None:
+            self._changes = TableChanges()
+            for state in self._requests.values():
+                self._changes.replaced(state)
+        return self._take_table_changes
+
+    def _take_table_changes(self) -> TableDelta:
+        return self._changes.take(self._requests)
 
     def progress(self, request_id: str) -> RequestProgress:
         """Where the request stands: admitted, reused, computed, checkpoint, context done."""
@@ -190,7 +205,10 @@ class KVCacheManager:
         match = self._admit_match(state, lambda current: self._fits(state, current, num_new_tokens))
         whole_prefix_tokens = match.num_whole_prefix_blocks * self.config.block_size
         plan_commits(state, self.life_cycles, self.config, whole_prefix_tokens)
-        return self.allocate(request_id, num_new_tokens)
+        allocation = self.allocate(request_id, num_new_tokens)
+        if self._changes is not None:
+            self._changes.replaced(state)
+        return allocation
 
     def can_admit_computed(self, request_id: str) -> bool:
         """True if `admit_computed(request_id)` would succeed now."""
@@ -212,6 +230,8 @@ class KVCacheManager:
         plan_commits(state, self.life_cycles, self.config)
         new_pages = take_computed(state, self.pools, self.life_cycles, self.config)
         self.tiers.flush()
+        if self._changes is not None:
+            self._changes.replaced(state)
         return self._allocation(state, new_pages)
 
     def can_allocate(self, request_id: str, num_new_tokens: int) -> bool:
@@ -228,8 +248,10 @@ class KVCacheManager:
         if not self.can_allocate(request_id, num_new_tokens):
             raise ValueError(f"request {request_id!r} cannot allocate {num_new_tokens} tokens")
         state = self._state(request_id)
+        lengths = self._lengths(state)
         new_pages = take_next(state, self.pools, num_new_tokens, self.life_cycles, self.config)
         self.tiers.flush()
+        self._grown(state, lengths)
         return self._allocation(state, new_pages)
 
     def can_allocate_all(self, request_ids: Sequence[str], num_new_tokens: int) -> bool:
@@ -253,7 +275,9 @@ class KVCacheManager:
             num_blocks = blocks_for(state.num_computed_tokens + num_new_tokens, block_size)
             if all(len(table) >= num_blocks for table in state.page_tables.values()):
                 continue  # most decode tokens land in a page the request holds
+            lengths = self._lengths(state)
             new_pages = take_next(state, self.pools, num_new_tokens, self.life_cycles, self.config)
+            self._grown(state, lengths)
             for pages in new_pages.values():
                 taken += len(pages)
         self.tiers.flush()
@@ -279,6 +303,11 @@ class KVCacheManager:
         state = self._state(request_id)
         state.check_context_end()
         state.context_done = True
+        if self._changes is not None:
+            for name, kept in state.keep.items():
+                for index in kept:
+                    if index < state.next_release[name]:
+                        self._changes.touched(request_id, name, index, index + 1)
         release_kept(state, self.pools)
         self._release_slid_out(state)
         return self._conversations.retain(state)
@@ -289,6 +318,8 @@ class KVCacheManager:
         release_tables(state, self.pools)
         self.tiers.forget(state.sequence.hashes[: state.contents_known])
         del self._requests[request_id]
+        if self._changes is not None:
+            self._changes.ended(request_id)
 
     def prefetch(self, waiting_request_ids: Sequence[str]) -> int:
         """Read the disk blocks of the first `disk_prefetch_num_reqs` waiting requests to host
@@ -421,5 +452,25 @@ class KVCacheManager:
 
     def _release_slid_out(self, state: RequestState) -> None:
         """Release the pages that slid out of the request's windows since the last commit."""
-        if self._sliding:
+        if not self._sliding:
+            return
+        if self._changes is None:
             release_slid_out(state, self.pools, self._sliding, self.config.block_size)
+            return
+        before = {name: state.next_release[name] for name in self._sliding}
+        release_slid_out(state, self.pools, self._sliding, self.config.block_size)
+        for name, first in before.items():
+            end = min(state.next_release[name], len(state.page_tables[name]))
+            self._changes.touched(state.request_id, name, first, end)
+
+    def _lengths(self, state: RequestState) -> dict[str, int] | None:
+        """The request's table lengths before an allocation (None: nobody watches)."""
+        if self._changes is None:
+            return None
+        return {name: len(table) for name, table in state.page_tables.items()}
+
+    def _grown(self, state: RequestState, lengths: dict[str, int] | None) -> None:
+        """Note the entries an allocation appended (`take_next` writes only past the end)."""
+        if lengths is not None:
+            for name, table in state.page_tables.items():
+                self._changes.touched(state.request_id, name, lengths[name], len(table))

@@ -95,6 +95,13 @@ class TorchCompute:
         self.decode = self._decode_runner(self.cache)
         return tiers
 
+    def follow_page_tables(self, watch) -> None:
+        """Keep the decode runner's page tables on the device from the kvstore manager's
+        changes (`watch`: its `watch_page_tables`, called only when a runner exists, so
+        that nothing is recorded for nobody)."""
+        if self.decode is not None:
+            self.decode.follow(watch())
+
     def _kv_scales(self, kv_dtype: torch.dtype) -> KVScales | None:
         """An fp8 cache's scales: calibrated on the model (kv_calibration.py); 1 on a
         tensor-parallel rank, whose workers each hold a shard of the heads."""

@@ -14,6 +14,13 @@ and replayed: one launch instead of ~45 per layer plus the attention wrapper's P
 | page_table[g]   | [max_b, W] int32| the null page in column 0                            |
 | meta[READ]      | [max_b] int64   | the null page (hybrid models: the SSM state read)    |
 | meta[WRITE]     | [max_b] int64   | the null page (the SSM state written: zeros, VALID 0)|
+| meta[TABLE_ROW] | [max_b] int64   | row 0 of the persistent tables (all null pages)      |
+
+Page tables: in the engine the runner follows the kvstore manager's page-table changes
+(`follow`): every admitted request's tables live on the device (kv/page_tables.py), the host
+writes only what changed since the step before, and a step gathers its rows (meta[TABLE_ROW])
+into page_table[g] on the device, outside the graph. Without a manager to follow (unit tests)
+each step lays its chunks' page ids into the tables from the host.
 
 The host fills pinned copies with numpy and copies them in asynchronously; the step's one
 device-to-host copy (the sampled tokens) happens after the replay, so the pinned buffers are
@@ -36,6 +43,7 @@ import torch
 from ..attention.batch import AttentionMetadata, ForwardBatch, StateRows
 from ..config.model_config import STATE_GROUP
 from ..kv.kv_cache import PagedKVCache
+from ..kv.page_tables import NULL_ROW, PersistentPageTables
 from ..model.fused import fusable
 
 log = logging.getLogger(__name__)
@@ -138,8 +146,10 @@ class DecodeRunner:
         self.widths = dict.fromkeys(self.groups, -(-cache.config.max_position // page))
         # READ / WRITE rows (a hybrid model's state pages) follow the slot rows.
         self._state_row = SLOT0 + len(self.groups) if STATE_GROUP in self.groups else None
-        rows = SLOT0 + len(self.groups) + (2 if self._state_row is not None else 0) + 1
+        rows = SLOT0 + len(self.groups) + (2 if self._state_row is not None else 0) + 2
+        self._table_row = rows - 2  # per row, its row of the persistent tables
         self._feed_row = rows - 1  # per row, the row of the step before whose token it takes
+        self.tables: PersistentPageTables | None = None  # set by `follow`
         # Two sets of pinned buffers: with a step in flight, the host fills the next step's
         # set while the device may still be copying the other one in.
         self._host = [_HostBuffers(rows, max_b, self.widths, device) for _ in range(2)]
@@ -156,6 +166,17 @@ class DecodeRunner:
         }
         self._cu = torch.arange(max_b + 1, dtype=torch.int32, device=device)
         self._rows = torch.arange(max_b, dtype=torch.int64, device=device)
+
+    def follow(self, read_changes) -> PersistentPageTables:
+        """Keep every admitted request's page tables on the device from now on, updated from
+        `read_changes()` (the kvstore manager's `watch_page_tables()`); steps then gather
+        their rows there instead of laying in whole tables from the chunks."""
+        cache, width = self.cache, next(iter(self.widths.values()))
+        device = cache.device
+        self.tables = PersistentPageTables(
+            self.groups, width, self.buckets[-1], cache.null_page_id, device, read_changes
+        )
+        return self.tables
 
     def fits(self, chunks: Sequence) -> bool:
         """Whether `chunks` is a decode step this runner can take."""
@@ -215,38 +236,59 @@ class DecodeRunner:
         seqused = host.seqused.numpy()
         seqused[:batch] = starts + 1
         seqused[batch:padded] = 1
-        widths = {}
-        columns = np.arange(width)
+        widths = dict.fromkeys(self.groups, width)
+        if self.tables is not None and batch:
+            # The tables are on the device already: only the changes go, then a gather.
+            self.tables.update()
+            table_rows = self.tables.rows_of([chunk.sequence.key for chunk in chunks])
+            meta[self._table_row, :batch] = table_rows
+            meta[self._table_row, batch:padded] = NULL_ROW
+            tables = {group: (self.tables.host[group], table_rows) for group in self.groups}
+        else:
+            tables = self._lay_tables(host, chunks, padded, width)
         for index, group in enumerate(self.groups):
-            table = host.tables[group].numpy()[: padded * width].reshape(padded, width)
-            table[:] = null
-            # Every row's pages in one flat array, laid into the table by a mask (row-major,
-            # so the mask's True cells take the rows' pages in order).
-            tables = [chunk.page_ids[group][:width] for chunk in chunks]
-            lengths = np.fromiter(map(len, tables), np.int64, batch)
-            flat = np.fromiter(itertools.chain.from_iterable(tables), np.int32, int(lengths.sum()))
-            table[:batch][columns < lengths[:, None]] = flat
-            meta[SLOT0 + index, :batch] = table[np.arange(batch), starts // page] * page + (
-                starts % page
-            )
+            table, table_rows = tables[group]
+            meta[SLOT0 + index, :batch] = table[table_rows, starts // page] * page + (starts % page)
             meta[SLOT0 + index, batch:padded] = null * page
-            widths[group] = width
             if group == STATE_GROUP:
-                self._load_state_rows(meta, table[:batch], starts, padded)
+                self._load_state_rows(meta, table, table_rows, starts, padded)
         self.meta.copy_(host.meta, non_blocking=True)
         self.seqused_k.copy_(host.seqused, non_blocking=True)
-        for group, width in widths.items():
+        rows = self.meta[self._table_row, :padded]
+        for group in self.groups:
+            # Only the columns this step reads; later ones keep older pages, never read
+            # (seqused_k ends every row before them).
             scratch = self._table_scratch[group][: padded * width]
-            scratch.copy_(host.tables[group][: padded * width], non_blocking=True)
+            if self.tables is not None and batch:
+                source = self.tables.device_tables[group][:, :width]
+                torch.index_select(source, 0, rows, out=scratch.view(padded, width))
+            else:
+                scratch.copy_(host.tables[group][: padded * width], non_blocking=True)
             self.page_tables[group][:padded, :width].copy_(scratch.view(padded, width))
         host.copied()
         return widths
 
-    def _load_state_rows(self, meta, table, starts, padded: int) -> None:
+    def _lay_tables(self, host: _HostBuffers, chunks: Sequence, padded: int, width: int):
+        """Without persistent tables: every chunk's pages laid into the pinned tables (one
+        flat array per group, laid in by a mask: row-major, so the mask's True cells take the
+        rows' pages in order); per group the host table and each chunk's row in it."""
+        batch, null = len(chunks), self.cache.null_page_id
+        columns, tables = np.arange(width), {}
+        for group in self.groups:
+            table = host.tables[group].numpy()[: padded * width].reshape(padded, width)
+            table[:] = null
+            pages = [chunk.page_ids[group][:width] for chunk in chunks]
+            lengths = np.fromiter(map(len, pages), np.int64, batch)
+            flat = np.fromiter(itertools.chain.from_iterable(pages), np.int32, int(lengths.sum()))
+            table[:batch][columns < lengths[:, None]] = flat
+            tables[group] = (table, np.arange(batch))
+        return tables
+
+    def _load_state_rows(self, meta, table, rows, starts, padded: int) -> None:
         """READ: the page of block (start-1)//B (the null page's zeros at start 0); WRITE: the
-        page of the block the new token is in."""
+        page of the block the new token is in (`rows`: each chunk's row of `table`)."""
         read, write, null = self._state_row, self._state_row + 1, self.cache.null_page_id
-        rows, page = np.arange(len(starts)), self.cache.page_size
+        page = self.cache.page_size
         before = np.maximum(starts - 1, 0) // page
         meta[read, : len(starts)] = np.where(starts > 0, table[rows, before], null)
         meta[write, : len(starts)] = table[rows, starts // page]

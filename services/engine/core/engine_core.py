@@ -78,6 +78,9 @@ class EngineCore:
         self.manager = KVCacheManager(
             self.compute.store_config, self._events.append, self.compute.open_tiers(), clock
         )
+        follow = getattr(self.compute, "follow_page_tables", None)
+        if follow is not None:  # decode steps read persistent device page tables
+            follow(self.manager.watch_page_tables)
         self.metrics.tiers.watch(self.manager.tiers.metrics)
         # Scale-in: retained prefixes go to the shared disk while the rank drains (core thread).
         self.drain = DiskDrain(self.manager, self.metrics.drain_flushed_blocks)

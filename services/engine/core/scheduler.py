@@ -15,6 +15,7 @@ still cached.
 from __future__ import annotations
 
 from collections.abc import Callable
+from functools import partial
 
 from ....kvstore.manager import KVCacheManager
 from ...core.step_planner import StepPlanner
@@ -144,10 +145,12 @@ class Scheduler(StepPlanner[Sequence, ScheduledChunk]):
         return self._chunk(sequence, reused, count)
 
     def _chunk(self, sequence: Sequence, start: int, count: int) -> ScheduledChunk:
-        pages = {
-            name: self.manager.page_table(sequence.key, name) for name in self.manager.life_cycles
-        }
-        return ScheduledChunk(sequence, start, tuple(sequence.tokens(start, start + count)), pages)
+        tokens = tuple(sequence.tokens(start, start + count))
+        return ScheduledChunk(sequence, start, tokens, partial(self._pages, sequence.key))
+
+    def _pages(self, key: str) -> dict[str, tuple[int, ...]]:
+        # Read when a backend first asks, on this thread, before the step's commits.
+        return {name: self.manager.page_table(key, name) for name in self.manager.life_cycles}
 
     # -- preemption ------------------------------------------------------------------------------
 

@@ -5,20 +5,32 @@ It lives below both (the backends import it, never the scheduler).
 
 from __future__ import annotations
 
-from collections.abc import Mapping
-from dataclasses import dataclass
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from functools import cached_property
 
 from .sequence import Sequence
+
+PageIds = Mapping[str, tuple[int, ...]]
 
 
 @dataclass(frozen=True)
 class ScheduledChunk:
-    """One sequence's share of a step: tokens [start, start + len(new_tokens)) and its pages."""
+    """One sequence's share of a step: tokens [start, start + len(new_tokens)) and its pages.
+
+    `pages`: its page ids per life cycle, or the call that reads them from the kvstore when
+    first asked (before the step's commits): a decode step through persistent device page
+    tables never asks, so it never copies whole tables.
+    """
 
     sequence: Sequence
     start: int
     new_tokens: tuple[int, ...]
-    page_ids: Mapping[str, tuple[int, ...]]
+    pages: PageIds | Callable[[], PageIds] = field(repr=False)
+
+    @cached_property
+    def page_ids(self) -> PageIds:
+        return self.pages() if callable(self.pages) else self.pages
 
     @property
     def samples(self) -> bool:
