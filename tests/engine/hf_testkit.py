@@ -82,7 +82,36 @@ ARCHS: dict[str, tuple[str, dict]] = {
             "attention_multiplier": 0.3,
         },
     ),
+    # Linear attention at 0, 1 and 3, gated attention at 2: two key heads each serving two value
+    # heads (of another width than the keys), partial rotary (a quarter of each head), experts
+    # with a shared expert on every layer but the dense layer 1.
+    "Qwen3NextForCausalLM": (
+        "Qwen3NextConfig",
+        {
+            "num_hidden_layers": 4,
+            "layer_types": [
+                "linear_attention",
+                "linear_attention",
+                "full_attention",
+                "linear_attention",
+            ],
+            "head_dim": 16,
+            "linear_num_key_heads": 2,
+            "linear_num_value_heads": 4,
+            "linear_key_head_dim": 8,
+            "linear_value_head_dim": 12,
+            "num_experts": 4,
+            "num_experts_per_tok": 2,
+            "moe_intermediate_size": 32,
+            "shared_expert_intermediate_size": 48,
+            "mlp_only_layers": [1],
+        },
+    ),
 }
+
+
+# Architectures whose norms scale by (1 + weight), their weights starting at 0.
+ZERO_CENTRED_NORMS = {"Qwen3NextForCausalLM"}
 
 
 def hf_config(arch: str, **changes):
@@ -103,8 +132,20 @@ def save_tiny(arch: str, directory: Path, seed: int = 0, dtype=torch.float32, **
     model = transformers.AutoModelForCausalLM.from_config(
         config, attn_implementation="eager", dtype=dtype
     ).eval()
+    if arch in ZERO_CENTRED_NORMS:
+        _spread_norms(model)
     model.save_pretrained(directory, max_shard_size="40KB")
     return model, directory
+
+
+@torch.no_grad()
+def _spread_norms(model) -> None:
+    """Norm weights away from their starting constant (zero-centred ones start at 0, where a
+    norm read as `weight` and one read as `1 + weight` are told apart only by a collapse)."""
+    gen = torch.Generator().manual_seed(0)
+    for name, param in model.named_parameters():
+        if name.endswith("norm.weight"):
+            param.add_(0.3 * torch.randn(param.shape, generator=gen).to(param.dtype))
 
 
 def hf_logits(model, tokens: list[int]) -> torch.Tensor:

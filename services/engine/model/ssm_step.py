@@ -17,19 +17,24 @@ Python loop over sequences and no host sync, so it runs inside a captured decode
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import torch
 import torch.nn.functional as F
+from torch import nn
 
-from ..attention.batch import StateRows
 from .fused import fusable
-from .ssm import SelectiveSSM
+
+if TYPE_CHECKING:
+    from ..attention.batch import StateRows
 
 
 def decode_step(
-    mixer: SelectiveSSM, x: torch.Tensor, states: torch.Tensor, rows: StateRows
+    mixer: nn.Module, x: torch.Tensor, states: torch.Tensor, rows: StateRows
 ) -> torch.Tensor:
-    """Outputs `[B, hidden]` of one token per row `x [B, hidden]`; each row's state moves from
-    page `rows.read` to page `rows.write` of `states` (`[num_pages, floats]`, fp32)."""
+    """`SelectiveSSM.decode`: outputs `[B, hidden]` of one token per row `x [B, hidden]`; each
+    row's state moves from page `rows.read` to page `rows.write` of `states` (`[num_pages,
+    floats]`, fp32)."""
     s = mixer.shape
     z, xbc, dt = mixer.in_proj(x).float().split([s.inner, s.conv_dim, s.num_heads], dim=-1)
     y, after = state_update(
