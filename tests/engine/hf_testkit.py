@@ -110,10 +110,6 @@ ARCHS: dict[str, tuple[str, dict]] = {
 }
 
 
-# Architectures whose norms scale by (1 + weight), their weights starting at 0.
-ZERO_CENTRED_NORMS = {"Qwen3NextForCausalLM"}
-
-
 def hf_config(arch: str, **changes):
     import transformers
 
@@ -132,20 +128,29 @@ def save_tiny(arch: str, directory: Path, seed: int = 0, dtype=torch.float32, **
     model = transformers.AutoModelForCausalLM.from_config(
         config, attn_implementation="eager", dtype=dtype
     ).eval()
-    if arch in ZERO_CENTRED_NORMS:
-        _spread_norms(model)
+    if arch in AFTER_INIT:
+        AFTER_INIT[arch](model)
     model.save_pretrained(directory, max_shard_size="40KB")
     return model, directory
 
 
 @torch.no_grad()
-def _spread_norms(model) -> None:
-    """Norm weights away from their starting constant (zero-centred ones start at 0, where a
-    norm read as `weight` and one read as `1 + weight` are told apart only by a collapse)."""
+def _qwen3_next_weights(model) -> None:
+    """Norm weights away from their starting constant (the zero-centred ones start at 0, where
+    `weight` and `1 + weight` would be told apart only by a collapse), and slow decays: with
+    transformers' A in [0.01, 16] a head may forget within a few tokens, and a state restored
+    wrong beyond them would go unseen; here the heads remember tens to hundreds of tokens."""
     gen = torch.Generator().manual_seed(0)
     for name, param in model.named_parameters():
         if name.endswith("norm.weight"):
             param.add_(0.3 * torch.randn(param.shape, generator=gen).to(param.dtype))
+        elif name.endswith("linear_attn.A_log"):
+            rates = torch.linspace(0.005, 0.2, param.numel())
+            param.copy_(torch.log(rates[torch.randperm(param.numel(), generator=gen)]))
+
+
+# Changes to transformers' random init, per architecture, before saving.
+AFTER_INIT = {"Qwen3NextForCausalLM": _qwen3_next_weights}
 
 
 def hf_logits(model, tokens: list[int]) -> torch.Tensor:
