@@ -20,7 +20,7 @@ from kvfleet.services.engine.model.gated_delta import DeltaShape, GatedDeltaNet
 from kvfleet.services.engine.model.hf_keys import ConfigError
 from kvfleet.services.engine.model.registry import model_config_from_hf
 from kvfleet.services.engine.model.ssm import SSMState
-from kvfleet.services.engine.model.weights import load_checkpoint
+from kvfleet.services.engine.model.weights import build_model, load_checkpoint
 from kvfleet.services.engine.request.engine_request import GenerateCall
 from test_hybrid_engine import CONFIG, PAGE, WITH_HOST, _assert_same, _resume_point, _turns, greedy
 
@@ -47,6 +47,10 @@ def test_delta_layers_are_the_state_group_and_attention_layers_full():
     assert config.moe_layers == (0, 2, 3) and config.norm_topk_prob
     assert (config.moe_intermediate_size, config.shared_expert_intermediate_size) == (32, 48)
     assert _config(num_experts=0).moe_layers == ()
+    for dense in (False, True):  # the weight bytes the device budget sets aside
+        shaped = _config(num_experts=0, attention_bias=True) if dense else config
+        model = build_model(shaped)
+        assert shaped.num_parameters() == sum(p.numel() for p in model.parameters())
 
 
 def test_hub_config_layout_reads_as_transformers_5_writes_it():

@@ -12,6 +12,8 @@ WINDOW_GROUP = "window"
 STATE_GROUP = "ssm"
 ROPE_KINDS = ("linear", "dynamic", "yarn", "llama3")
 EXPERT_KINDS = ("swiglu", "gpt_oss")
+# Its recurrent layers are gated delta rules (model/gated_delta.py), its attention gated.
+GATED_DELTA_ARCHITECTURE = "Qwen3NextForCausalLM"
 
 
 @dataclass(frozen=True)
@@ -228,11 +230,17 @@ class ModelConfig:
         experts = self.num_experts * (3 * h * self.moe_intermediate_size + h)
         if self.experts_kind == "gpt_oss":  # expert biases, router bias
             experts += self.num_experts * (2 * self.moe_intermediate_size + h + 1)
+        experts += 3 * h * self.shared_expert_intermediate_size  # the shared expert
+        experts += h if self.shared_expert_intermediate_size else 0  # its gate
         moe = len(self.moe_layers)
         ssm = len(self.ssm_layers)
         inner, heads, conv = self.ssm_inner, self.ssm_num_heads, self.ssm_conv_dim
         mixer = h * (inner + conv + heads) + conv * (self.ssm_conv_kernel + 1) + 3 * heads
         mixer += inner + inner * h  # gated norm, out_proj
+        if self.architecture == GATED_DELTA_ARCHITECTURE:
+            attention += (h + self.qkv_bias) * q  # q_proj's output gate rows
+            # b and a (2 per head) for dt, no conv bias, no D, a norm per head
+            mixer += h * heads - conv - heads - inner + self.ssm_head_dim
         layers = (self.num_layers - ssm) * attention + ssm * mixer
         layers += self.num_layers * 2 * h + moe * experts + (self.num_layers - moe) * dense
         head = 0 if self.tie_embeddings else self.vocab_size * h

@@ -287,6 +287,7 @@ def _qwen3_next(r: KeyReader) -> dict:
         rotary_dim=rotary,
         qkv_bias=bias,
         o_bias=bias,
+        qk_norm=True,  # zero-centred (model/qwen3_next.py)
         ssm_layers=tuple(i for i, t in enumerate(types) if t == "linear_attention"),
         ssm_num_heads=value_heads,
         ssm_head_dim=int(r.get("linear_value_head_dim", 128)),
