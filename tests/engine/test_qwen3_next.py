@@ -194,18 +194,23 @@ def _fresh(call: GenerateCall, config) -> list:
 
 
 @pytest.mark.slow
-def test_cached_turns_equal_an_empty_cache_and_transformers(tmp_path):
+@pytest.mark.parametrize("decode", ["off", "static"])
+def test_cached_turns_equal_an_empty_cache_and_transformers(tmp_path, decode):
     """Append, resend, rewrite-tail and append turns under per_conversation retention: a
     snapshot restored at the wrong boundary, or K/V pages that disagree with it, changes a
     token or a log probability against the empty cache; a missing snapshot shows in the
-    resume point."""
+    resume point. `static`: decodes through the static buffers decode graphs replay, against
+    an eager empty cache."""
     hf, path = save_tiny(ARCH, tmp_path, seed=11)
     config = CONFIG.with_changes(
         model_path=str(path), reuse_policy="per_conversation", max_num_batched_tokens=40
     )
-    core = EngineCore(config, compute=TorchCompute(config)).start()
+    served = config.with_changes(decode_graphs=decode)
+    core = EngineCore(served, compute=TorchCompute(served)).start()
     rng = random.Random(7)
-    prompt, output = [rng.randrange(256) for _ in range(150)], []
+    # 156 tokens: every turn's decodes cross a block end (a step reading one page, writing
+    # the next)
+    prompt, output = [rng.randrange(256) for _ in range(156)], []
     try:
         for turn, next_prompt in enumerate([None, *_turns(rng)]):
             previous = prompt
