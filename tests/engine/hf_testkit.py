@@ -82,6 +82,31 @@ ARCHS: dict[str, tuple[str, dict]] = {
             "attention_multiplier": 0.3,
         },
     ),
+    # Linear attention at 0, 1 and 3, gated attention at 2: two key heads each serving two value
+    # heads (of another width than the keys), partial rotary (a quarter of each head), experts
+    # with a shared expert on every layer but the dense layer 1.
+    "Qwen3NextForCausalLM": (
+        "Qwen3NextConfig",
+        {
+            "num_hidden_layers": 4,
+            "layer_types": [
+                "linear_attention",
+                "linear_attention",
+                "full_attention",
+                "linear_attention",
+            ],
+            "head_dim": 16,
+            "linear_num_key_heads": 2,
+            "linear_num_value_heads": 4,
+            "linear_key_head_dim": 8,
+            "linear_value_head_dim": 12,
+            "num_experts": 4,
+            "num_experts_per_tok": 2,
+            "moe_intermediate_size": 32,
+            "shared_expert_intermediate_size": 48,
+            "mlp_only_layers": [1],
+        },
+    ),
 }
 
 
@@ -103,8 +128,29 @@ def save_tiny(arch: str, directory: Path, seed: int = 0, dtype=torch.float32, **
     model = transformers.AutoModelForCausalLM.from_config(
         config, attn_implementation="eager", dtype=dtype
     ).eval()
+    if arch in AFTER_INIT:
+        AFTER_INIT[arch](model)
     model.save_pretrained(directory, max_shard_size="40KB")
     return model, directory
+
+
+@torch.no_grad()
+def _qwen3_next_weights(model) -> None:
+    """Norm weights away from their starting constant (the zero-centred ones start at 0, where
+    `weight` and `1 + weight` would be told apart only by a collapse), and slow decays: with
+    transformers' A in [0.01, 16] a head may forget within a few tokens, and a state restored
+    wrong beyond them would go unseen; here the heads remember tens to hundreds of tokens."""
+    gen = torch.Generator().manual_seed(0)
+    for name, param in model.named_parameters():
+        if name.endswith("norm.weight"):
+            param.add_(0.3 * torch.randn(param.shape, generator=gen).to(param.dtype))
+        elif name.endswith("linear_attn.A_log"):
+            rates = torch.linspace(0.005, 0.2, param.numel())
+            param.copy_(torch.log(rates[torch.randperm(param.numel(), generator=gen)]))
+
+
+# Changes to transformers' random init, per architecture, before saving.
+AFTER_INIT = {"Qwen3NextForCausalLM": _qwen3_next_weights}
 
 
 def hf_logits(model, tokens: list[int]) -> torch.Tensor:

@@ -12,6 +12,8 @@ WINDOW_GROUP = "window"
 STATE_GROUP = "ssm"
 ROPE_KINDS = ("linear", "dynamic", "yarn", "llama3")
 EXPERT_KINDS = ("swiglu", "gpt_oss")
+# Its recurrent layers are gated delta rules (model/gated_delta.py), its attention gated.
+GATED_DELTA_ARCHITECTURE = "Qwen3NextForCausalLM"
 
 
 @dataclass(frozen=True)
@@ -67,7 +69,9 @@ class ModelConfig:
     Granite's scalars (1.0 / None elsewhere): embeddings times `embedding_multiplier`, each
     residual branch times `residual_multiplier`, logits divided by `logits_scaling`, attention
     scores scaled by `attention_scale` (None: 1/sqrt(head_dim)); `use_rope` False means
-    attention without positions (the SSM layers carry them).
+    attention without positions (the SSM layers carry them). `rotary_dim` rotates only the first
+    that many dims of each head (0: all of them); `shared_expert_intermediate_size` is the width
+    of a shared SwiGLU expert beside the routed ones (Qwen3-Next; 0: none).
     """
 
     vocab_size: int
@@ -105,14 +109,19 @@ class ModelConfig:
     logits_scaling: float = 1.0
     attention_scale: float | None = None
     use_rope: bool = True
+    rotary_dim: int = 0
+    shared_expert_intermediate_size: int = 0
     # Hybrid models: these layers are a Mamba-2-style selective SSM (model/ssm.py) of
     # `ssm_num_heads` heads of `ssm_head_dim`, state size `ssm_state_size` and a causal conv
     # of `ssm_conv_kernel` taps; their recurrent state is the `ssm` layer group.
+    # `ssm_num_groups` B/C groups (Mamba-2's n_groups; the gated delta rule's key heads), each
+    # serving ssm_num_heads / ssm_num_groups heads.
     ssm_layers: tuple[int, ...] = ()
     ssm_num_heads: int = 0
     ssm_head_dim: int = 0
     ssm_state_size: int = 0
     ssm_conv_kernel: int = 4
+    ssm_num_groups: int = 1
     extra: dict[str, Any] = field(default_factory=dict, compare=False, hash=False)
 
     def __post_init__(self) -> None:
@@ -126,6 +135,8 @@ class ModelConfig:
             )
         if self.head_dim % 2:
             raise ValueError(f"head_dim={self.head_dim} must be even for RoPE")
+        if self.rotary_dim % 2 or not 0 <= self.rotary_dim <= self.head_dim:
+            raise ValueError(f"rotary_dim={self.rotary_dim} must be even and at most head_dim")
         for name in ("window_layers", "moe_layers", "ssm_layers"):
             bad = [i for i in getattr(self, name) if not 0 <= i < self.num_layers]
             if bad:
@@ -152,6 +163,11 @@ class ModelConfig:
                 f"ssm_layers need positive ssm_num_heads, ssm_head_dim, ssm_state_size and "
                 f"ssm_conv_kernel, got {sizes}"
             )
+        if self.ssm_num_groups <= 0 or self.ssm_num_heads % self.ssm_num_groups:
+            raise ValueError(
+                f"ssm_num_heads={self.ssm_num_heads} is not a multiple of "
+                f"ssm_num_groups={self.ssm_num_groups}"
+            )
         both = sorted(set(self.ssm_layers) & set(self.window_layers))
         if both:
             raise ValueError(f"layers {both} are in both ssm_layers and window_layers")
@@ -174,8 +190,8 @@ class ModelConfig:
 
     @property
     def ssm_conv_dim(self) -> int:
-        """Channels of the causal conv: x, B and C (one group)."""
-        return self.ssm_inner + 2 * self.ssm_state_size
+        """Channels of the causal conv: x, and B and C of each group."""
+        return self.ssm_inner + 2 * self.ssm_num_groups * self.ssm_state_size
 
     @property
     def ssm_state_floats(self) -> int:
@@ -214,11 +230,17 @@ class ModelConfig:
         experts = self.num_experts * (3 * h * self.moe_intermediate_size + h)
         if self.experts_kind == "gpt_oss":  # expert biases, router bias
             experts += self.num_experts * (2 * self.moe_intermediate_size + h + 1)
+        experts += 3 * h * self.shared_expert_intermediate_size  # the shared expert
+        experts += h if self.shared_expert_intermediate_size else 0  # its gate
         moe = len(self.moe_layers)
         ssm = len(self.ssm_layers)
         inner, heads, conv = self.ssm_inner, self.ssm_num_heads, self.ssm_conv_dim
         mixer = h * (inner + conv + heads) + conv * (self.ssm_conv_kernel + 1) + 3 * heads
         mixer += inner + inner * h  # gated norm, out_proj
+        if self.architecture == GATED_DELTA_ARCHITECTURE:
+            attention += (h + self.qkv_bias) * q  # q_proj's output gate rows
+            # b and a (2 per head) for dt, no conv bias, no D, a norm per head
+            mixer += h * heads - conv - heads - inner + self.ssm_head_dim
         layers = (self.num_layers - ssm) * attention + ssm * mixer
         layers += self.num_layers * 2 * h + moe * experts + (self.num_layers - moe) * dense
         head = 0 if self.tie_embeddings else self.vocab_size * h

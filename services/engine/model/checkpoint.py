@@ -26,8 +26,10 @@ from .registry import model_config_from_hf
 INDEX_FILE = "model.safetensors.index.json"
 SINGLE_FILE = "model.safetensors"
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
-# Tensors older checkpoints carry that the model recomputes (RoPE frequencies).
-_LEFTOVER = re.compile(r".*\.rotary_emb\.inv_freq$")
+# Tensors checkpoints carry that inference does not use: RoPE frequencies the model recomputes
+# (older checkpoints), Qwen3-Next's multi-token-prediction head (`mtp.*`, which transformers
+# does not load either).
+_LEFTOVER = re.compile(r".*\.rotary_emb\.inv_freq$|^mtp\.")
 # One expert's matrix in the per-expert layouts (Qwen-MoE names, Mixtral's w1/w3/w2).
 _EXPERT = re.compile(
     r"^(model\.layers\.\d+\.mlp\.experts)\.(\d+)\.(gate_proj|up_proj|down_proj|w1|w3|w2)\.weight$"

@@ -8,9 +8,13 @@ from ..config.model_config import ModelConfig
 from .decoder import CausalLM
 from .granite_hybrid import GraniteHybridLM
 from .hybrid import HybridLM
+from .qwen3_next import Qwen3NextLM
 
 # Architectures whose layers are not the generic ones (their parameter names and extras).
-MODEL_CLASSES: dict[str, type[nn.Module]] = {"GraniteMoeHybridForCausalLM": GraniteHybridLM}
+MODEL_CLASSES: dict[str, type[nn.Module]] = {
+    "GraniteMoeHybridForCausalLM": GraniteHybridLM,
+    "Qwen3NextForCausalLM": Qwen3NextLM,
+}
 
 
 def model_class(config: ModelConfig) -> type[nn.Module]:

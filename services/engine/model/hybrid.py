@@ -30,8 +30,9 @@ from .paged_ssm import SSMBatchPlan
 from .rope import rope_angles
 from .ssm import SelectiveSSM, SSMShape, SSMState
 
-# One SSM layer over the whole batch: (layer index, mixer, normed hidden [T, h]) -> [T, h].
-MixFn = Callable[[int, SelectiveSSM, torch.Tensor], torch.Tensor]
+# One recurrent layer over the whole batch: (layer index, mixer, normed hidden [T, h]) ->
+# [T, h]; the mixer is a `SelectiveSSM` or another layer with its `forward` and `decode`.
+MixFn = Callable[[int, nn.Module, torch.Tensor], torch.Tensor]
 # One attention layer: (layer index, q, k, v) -> attention output [T, H, D].
 AttendFn = Callable[[int, torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]
 
@@ -63,8 +64,9 @@ class HybridStack(nn.Module):
 class HybridLM(nn.Module):
     """Hybrid decoder plus LM head over a `DeviceKVCache` with an `ssm` state group.
 
-    A checkpoint family with other layer parts (`granite_hybrid.py`) names its `stack_class`
-    and overrides `_run_layers`, `_scale` and `_logits`; the paged forward stays this one."""
+    A checkpoint family with other layer parts (`granite_hybrid.py`, `qwen3_next.py`) names
+    its `stack_class` and overrides `_run_layers`, `_scale` and `_logits`; the paged forward
+    stays this one."""
 
     stack_class: type[nn.Module] = HybridStack
 
@@ -106,7 +108,7 @@ class HybridLM(nn.Module):
 
         plan = SSMBatchPlan.of(batch, cache.page_size, cache.null_page_id)
 
-        def mix(layer: int, mixer: SelectiveSSM, x: torch.Tensor) -> torch.Tensor:
+        def mix(layer: int, mixer: nn.Module, x: torch.Tensor) -> torch.Tensor:
             return plan.run(mixer, x, cache.states(layer))
 
         hidden = self._run_layers(batch.token_ids, batch.positions, attend, mix)
@@ -122,7 +124,7 @@ class HybridLM(nn.Module):
         def attend(layer: int, q, k, v) -> torch.Tensor:
             return dense_attention(q, k, v, positions, None, self._scale)
 
-        def mix(layer: int, mixer: SelectiveSSM, x: torch.Tensor) -> torch.Tensor:
+        def mix(layer: int, mixer: nn.Module, x: torch.Tensor) -> torch.Tensor:
             return mixer(x, SSMState.zeros(mixer.shape, x.device))[0]
 
         return self._logits(self._run_layers(token_ids, positions, attend, mix))

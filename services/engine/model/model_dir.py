@@ -41,6 +41,7 @@ def write_model_dir(path: str | Path, model: ModelConfig) -> Path:
 ARCHITECTURES = (
     "LlamaForCausalLM", "MistralForCausalLM", "MixtralForCausalLM", "Qwen2ForCausalLM",
     "Qwen3ForCausalLM", "Qwen3MoeForCausalLM", "GptOssForCausalLM", "GraniteMoeHybridForCausalLM",
+    "Qwen3NextForCausalLM",
 )  # fmt: skip
 
 

@@ -12,13 +12,16 @@ from __future__ import annotations
 
 import itertools
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import torch
 
 from ..attention.batch import ForwardBatch, SequenceChunk, StateRows
 from ..config.model_config import STATE_GROUP
-from .ssm import SelectiveSSM, SSMState
-from .ssm_step import decode_step
+from .ssm import SSMState
+
+if TYPE_CHECKING:
+    from torch import nn
 
 
 @dataclass(frozen=True)
@@ -59,14 +62,16 @@ class SSMBatchPlan:
         prefills = tuple(zip(offsets[:-1], batch.chunks, strict=True))
         return cls(None, none, prefills, page_size, null_page)
 
-    def run(self, mixer: SelectiveSSM, x: torch.Tensor, states: torch.Tensor) -> torch.Tensor:
-        """The layer's outputs `[T, hidden]`; its states written into `states`."""
+    def run(self, mixer: nn.Module, x: torch.Tensor, states: torch.Tensor) -> torch.Tensor:
+        """The layer's outputs `[T, hidden]`; its states written into `states`. `mixer` is a
+        recurrent layer: `SelectiveSSM` or `gated_delta.GatedDeltaNet` (both scan a chunk with
+        `forward` and step every decoding row at once with `decode`)."""
         if self.decode_rows is None:
-            return decode_step(mixer, x, states, self.decoding)
+            return mixer.decode(x, states, self.decoding)
         out = torch.empty_like(x)
         if self.decoding is not None:
             rows = self.decode_rows
-            out[rows] = decode_step(mixer, x[rows], states, self.decoding)
+            out[rows] = mixer.decode(x[rows], states, self.decoding)
         for offset, chunk in self.prefills:
             count = len(chunk.new_tokens)
             part = x[offset : offset + count]
@@ -77,7 +82,7 @@ class SSMBatchPlan:
 
 
 def scan_chunk(
-    mixer: SelectiveSSM,
+    mixer: nn.Module,
     x: torch.Tensor,
     chunk: SequenceChunk,
     states: torch.Tensor,

@@ -242,6 +242,80 @@ def _granite_hybrid(r: KeyReader) -> dict:
     return fields
 
 
+def _qwen3_next(r: KeyReader) -> dict:
+    # partial_rotary_factor: at the top (transformers 4's configs) or in rope_parameters
+    # (transformers 5's); transformers defaults it to 0.25.
+    data, rope = dict(r.data), dict(r.data.get("rope_parameters") or {})
+    factor = rope.pop("partial_rotary_factor", data.pop("partial_rotary_factor", None))
+    if "rope_parameters" in data:
+        data["rope_parameters"] = rope or None
+    r.data = data
+    r.accept("partial_rotary_factor")
+    fields = _dense(r, 32768, 1e-6)
+    n, head_dim = fields["num_layers"], int(r.get("head_dim", 256))
+    rotary = int(head_dim * float(0.25 if factor is None else factor))
+    if rotary <= 0 or rotary % 2:
+        raise ConfigError(
+            f"{r.architecture}: partial_rotary_factor {factor} gives {rotary} rotary dims of "
+            f"{head_dim}; supported: an even number, at least 2"
+        )
+    interval = int(r.get("full_attention_interval", 4))  # read only when layer_types is absent
+    types = r.get("layer_types") or [
+        "full_attention" if (i + 1) % interval == 0 else "linear_attention" for i in range(n)
+    ]
+    if sorted(set(types) - {"linear_attention", "full_attention"}) or len(types) != n:
+        raise ConfigError(
+            f"{r.architecture}: layer_types must list {n} of linear_attention/full_attention, "
+            f"got {types}"
+        )
+    if len(set(types)) != 2:
+        raise ConfigError(
+            f"{r.architecture}: layer_types {types} is not supported; supported: at least one "
+            "linear_attention and one full_attention layer"
+        )
+    key_heads = int(r.get("linear_num_key_heads", 16))
+    value_heads = int(r.get("linear_num_value_heads", 32))
+    if value_heads % key_heads:
+        raise ConfigError(
+            f"{r.architecture}: linear_num_value_heads {value_heads} is not a multiple of "
+            f"linear_num_key_heads {key_heads}"
+        )
+    r.expect("use_sliding_window", False)  # written by the hub configs, read by no code
+    bias = bool(r.get("attention_bias", False))
+    fields.update(
+        head_dim=head_dim,
+        rotary_dim=rotary,
+        qkv_bias=bias,
+        o_bias=bias,
+        qk_norm=True,  # zero-centred (model/qwen3_next.py)
+        ssm_layers=tuple(i for i, t in enumerate(types) if t == "linear_attention"),
+        ssm_num_heads=value_heads,
+        ssm_head_dim=int(r.get("linear_value_head_dim", 128)),
+        ssm_num_groups=key_heads,
+        ssm_state_size=int(r.get("linear_key_head_dim", 128)),
+        ssm_conv_kernel=int(r.get("linear_conv_kernel_dim", 4)),
+    )
+    if int(r.get("num_experts", 512)) <= 0:
+        r.accept("num_experts_per_tok", "moe_intermediate_size", "shared_expert_intermediate_size",
+                 "norm_topk_prob", "decoder_sparse_step", "mlp_only_layers")  # fmt: skip
+        return fields
+    fields = _experts(r, fields, "num_experts")
+    step, dense_only = int(r.get("decoder_sparse_step", 1)), set(r.get("mlp_only_layers", []))
+    shared = int(r.get("shared_expert_intermediate_size", 512))
+    if shared <= 0:
+        raise ConfigError(
+            f"{r.architecture}: shared_expert_intermediate_size {shared} is not supported; "
+            "supported: a positive width"
+        )
+    fields.update(
+        moe_layers=tuple(i for i in range(n) if i not in dense_only and (i + 1) % step == 0),
+        moe_intermediate_size=int(r.get("moe_intermediate_size", 512)),
+        shared_expert_intermediate_size=shared,
+        norm_topk_prob=bool(r.get("norm_topk_prob", True)),
+    )
+    return fields
+
+
 GPT_OSS_ROPE = {
     "rope_type": "yarn",
     "factor": 32.0,
@@ -260,6 +334,7 @@ ARCHITECTURES: dict[str, Reader] = {
     "MixtralForCausalLM": _mixtral,
     "GptOssForCausalLM": _gpt_oss,
     "GraniteMoeHybridForCausalLM": _granite_hybrid,
+    "Qwen3NextForCausalLM": _qwen3_next,
 }
 
 

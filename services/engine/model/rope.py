@@ -77,8 +77,9 @@ def _dynamic_angles(positions: torch.Tensor, theta: float, dim: int, s: RopeScal
 
 
 def rope_angles(positions: torch.Tensor, config: ModelConfig) -> tuple[torch.Tensor, torch.Tensor]:
-    """cos and sin `[tokens, 1, head_dim // 2]` of each position (computed once per forward)."""
-    dim, theta, s = config.head_dim, config.rope_theta, config.rope_scaling
+    """cos and sin `[tokens, 1, rotary_dim // 2]` of each position (computed once per forward;
+    rotary_dim is head_dim unless the config rotates only part of each head)."""
+    dim, theta, s = config.rotary_dim or config.head_dim, config.rope_theta, config.rope_scaling
     scale = 1.0
     if s is not None and s.kind == "dynamic":
         angles = _dynamic_angles(positions, theta, dim, s)
@@ -100,12 +101,13 @@ def rope_angles(positions: torch.Tensor, config: ModelConfig) -> tuple[torch.Ten
 
 @fusable  # one kernel on CUDA instead of about ten (fused.py)
 def apply_rope(x: torch.Tensor, rope: tuple[torch.Tensor, torch.Tensor]) -> torch.Tensor:
-    """Rotate `x [tokens, heads, head_dim]` by `rope_angles` (halves layout, as Llama does).
+    """Rotate `x [tokens, heads, head_dim]` by `rope_angles` (halves layout, as Llama does);
+    with partial rotary (angles narrower than the head) only the first dims, the rest pass.
 
     cos/sin are cast to x's dtype first and the rotation runs in that dtype, as transformers
     does, so that bf16 models round the same way.
     """
     cos, sin = (t.to(x.dtype) for t in rope)
-    half = x.shape[-1] // 2
-    x1, x2 = x[..., :half], x[..., half:]
-    return torch.cat((x1 * cos - x2 * sin, x2 * cos + x1 * sin), dim=-1)
+    half = cos.shape[-1]
+    x1, x2, rest = x[..., :half], x[..., half : 2 * half], x[..., 2 * half :]
+    return torch.cat((x1 * cos - x2 * sin, x2 * cos + x1 * sin, rest), dim=-1)

@@ -16,7 +16,7 @@ are cut into chunks of `chunk_tokens` and every chunk is computed at once, with 
   4. the entering state's share of each output, and of each kept state (a block end inside a
      chunk: a snapshot to store), read off the same decay matrices.
 
-Decay sums are taken over exactly the tokens between two points (`_segment_sums`), never as a
+Decay sums are taken over exactly the tokens between two points (`segment_sums`), never as a
 difference of two long running sums, so a long prompt loses no precision to them.
 """
 
@@ -34,14 +34,17 @@ CHUNK_TOKENS = 64
 
 
 def causal_conv(
-    conv_state: torch.Tensor, xbc: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor
+    conv_state: torch.Tensor,
+    xbc: torch.Tensor,
+    weight: torch.Tensor,
+    bias: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """silu(conv) of every token `xbc [T, D]` after `conv_state [K-1, D]`, and the window
     `[T + K - 1, D]` (oldest first) whose rows t+1 .. t+K-1 are the conv state after token t."""
     kernel = weight.shape[1]
     window = torch.cat([conv_state, xbc])
-    mixed = (window.unfold(0, kernel, 1) * weight).sum(-1) + bias  # [T, D, K] -> [T, D]
-    return F.silu(mixed), window
+    mixed = (window.unfold(0, kernel, 1) * weight).sum(-1)  # [T, D, K] -> [T, D]
+    return F.silu(mixed if bias is None else mixed + bias), window
 
 
 def chunk_scan(
@@ -66,7 +69,7 @@ def chunk_scan(
     xs = xs.view(chunks, length, heads, width)
     bs, cs = bs.view(chunks, length, -1), cs.view(chunks, length, -1)
     log_decay = (dts * decay_rate).view(chunks, length, heads).transpose(1, 2)  # [c, H, L]
-    decay = torch.exp(_segment_sums(log_decay))  # [c, H, t, s]: exp(S_t - S_s), 0 for s > t
+    decay = torch.exp(segment_sums(log_decay))  # [c, H, t, s]: exp(S_t - S_s), 0 for s > t
     dt_x = xs * dts.view(chunks, length, heads, 1)  # dt_s x_s [c, L, H, P]
     # 1. intra-chunk outputs
     scores = (cs @ bs.transpose(1, 2))[:, None] * decay  # (C_t . B_s) exp(S_t - S_s) [c,H,t,s]
@@ -76,7 +79,7 @@ def chunk_scan(
     own = to_end.transpose(2, 3) @ bs[:, None]  # [c, H, P, N]
     # 3. state passing: entering[0] = h0, entering[c + 1] = the state after chunk c
     totals = F.pad(log_decay.sum(-1).T, (1, 0))  # [H, c + 1]: chunk c's total decay at c + 1
-    passing = torch.exp(_segment_sums(totals))  # [H, c + 1, c + 1]
+    passing = torch.exp(segment_sums(totals))  # [H, c + 1, c + 1]
     sources = torch.cat([h0[None], own])  # [c + 1, H, P, N]
     entering = torch.einsum("hij,jhpn->ihpn", passing, sources)
     # 4. the entering state's share of the outputs: exp(S_t) h_in C_t
@@ -87,7 +90,7 @@ def chunk_scan(
     return y + skip[None, :, None] * x, entering[-1], kept
 
 
-def _segment_sums(log_decay: torch.Tensor) -> torch.Tensor:
+def segment_sums(log_decay: torch.Tensor) -> torch.Tensor:
     """`[..., T, T]` with entry (t, s) = log_decay[s+1] + ... + log_decay[t] for s <= t (0 on
     the diagonal) and -inf above it: a sum over exactly those terms, never S_t - S_s."""
     steps = log_decay.shape[-1]

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Protocol
 
 import torch
 import torch.nn.functional as F
@@ -23,8 +23,10 @@ from torch import nn
 
 from .layers import RMSNorm
 from .ssd_scan import causal_conv, chunk_scan
+from .ssm_step import decode_step
 
 if TYPE_CHECKING:
+    from ..attention.batch import StateRows
     from ..config.model_config import ModelConfig
 
 
@@ -38,6 +40,11 @@ class SSMShape:
     state_size: int = 8
     conv_kernel: int = 4
     rms_norm_eps: float = 1e-5
+    num_groups: int = 1
+
+    def __post_init__(self) -> None:
+        if self.num_groups != 1:
+            raise ValueError(f"the selective SSM runs one B/C group, got {self.num_groups}")
 
     @classmethod
     def of(cls, config: ModelConfig) -> SSMShape:
@@ -49,6 +56,7 @@ class SSMShape:
             state_size=config.ssm_state_size,
             conv_kernel=config.ssm_conv_kernel,
             rms_norm_eps=config.rms_norm_eps,
+            num_groups=config.ssm_num_groups,
         )
 
     @property
@@ -60,35 +68,55 @@ class SSMShape:
         return self.inner + 2 * self.state_size
 
     @property
+    def state_dims(self) -> tuple[int, int, int]:
+        """The SSM state's shape: [heads, head_dim, state_size]."""
+        return (self.num_heads, self.head_dim, self.state_size)
+
+    @property
     def state_numel(self) -> int:
         """Floats of one layer's recurrent state (conv window plus SSM state)."""
         conv = (self.conv_kernel - 1) * self.conv_dim
         return conv + self.num_heads * self.head_dim * self.state_size
 
 
+class StateShape(Protocol):
+    """What a recurrent layer's state is made of (`SSMShape`, `gated_delta.DeltaShape`)."""
+
+    conv_kernel: int
+
+    @property
+    def conv_dim(self) -> int: ...
+
+    @property
+    def state_dims(self) -> tuple[int, ...]: ...
+
+    @property
+    def state_numel(self) -> int: ...
+
+
 @dataclass
 class SSMState:
-    """One layer's recurrent state after some token (zeros before the first)."""
+    """One layer's recurrent state after some token (zeros before the first): the conv window
+    and the recurrent state of `shape.state_dims` (a Mamba layer's or a gated delta layer's)."""
 
     conv: torch.Tensor  # [K-1, conv_dim]
-    ssm: torch.Tensor  # [H, P, N]
+    ssm: torch.Tensor  # shape.state_dims: [H, P, N] for the selective SSM
 
     @classmethod
-    def zeros(cls, shape: SSMShape, device: torch.device | str = "cpu") -> SSMState:
+    def zeros(cls, shape: StateShape, device: torch.device | str = "cpu") -> SSMState:
         conv = torch.zeros(shape.conv_kernel - 1, shape.conv_dim, device=device)
-        ssm = torch.zeros(shape.num_heads, shape.head_dim, shape.state_size, device=device)
-        return cls(conv, ssm)
+        return cls(conv, torch.zeros(shape.state_dims, device=device))
 
     def flat(self) -> torch.Tensor:
         """The state as one fp32 vector (`SSMShape.state_numel` floats)."""
         return torch.cat([self.conv.flatten(), self.ssm.flatten()]).float()
 
     @classmethod
-    def from_flat(cls, shape: SSMShape, flat: torch.Tensor) -> SSMState:
+    def from_flat(cls, shape: StateShape, flat: torch.Tensor) -> SSMState:
         split = (shape.conv_kernel - 1) * shape.conv_dim
         conv = flat[:split].reshape(shape.conv_kernel - 1, shape.conv_dim).clone()
         ssm = flat[split : shape.state_numel]
-        return cls(conv, ssm.reshape(shape.num_heads, shape.head_dim, shape.state_size).clone())
+        return cls(conv, ssm.reshape(shape.state_dims).clone())
 
 
 class SelectiveSSM(nn.Module):
@@ -117,6 +145,10 @@ class SelectiveSSM(nn.Module):
         self.dt_bias.copy_(dt + torch.log(-torch.expm1(-dt)))  # softplus(dt_bias) = dt
         self.A_log.copy_(torch.log(torch.linspace(1.0, 16.0, heads)))
         self.D.fill_(1.0)
+
+    def decode(self, x: torch.Tensor, states: torch.Tensor, rows: StateRows) -> torch.Tensor:
+        """One token per row, every row at once, from and into the state pages (`ssm_step.py`)."""
+        return decode_step(self, x, states, rows)
 
     def forward(
         self,

@@ -23,13 +23,16 @@ from __future__ import annotations
 import functools
 import os
 from collections.abc import Callable
+from typing import TYPE_CHECKING
 
 import torch
 import torch.nn.functional as F
+from torch import nn
 
-from ..attention.batch import StateRows
 from .fused import fusable
-from .ssm import SelectiveSSM
+
+if TYPE_CHECKING:
+    from ..attention.batch import StateRows
 
 _kernel = {"on": True}
 
@@ -53,10 +56,11 @@ def in_place_step(device_type: str) -> Callable | None:
 
 
 def decode_step(
-    mixer: SelectiveSSM, x: torch.Tensor, states: torch.Tensor, rows: StateRows
+    mixer: nn.Module, x: torch.Tensor, states: torch.Tensor, rows: StateRows
 ) -> torch.Tensor:
-    """Outputs `[B, hidden]` of one token per row `x [B, hidden]`; each row's state moves from
-    page `rows.read` to page `rows.write` of `states` (`[num_pages, floats]`, fp32)."""
+    """`SelectiveSSM.decode`: outputs `[B, hidden]` of one token per row `x [B, hidden]`; each
+    row's state moves from page `rows.read` to page `rows.write` of `states` (`[num_pages,
+    floats]`, fp32)."""
     s = mixer.shape
     z, xbc, dt = mixer.in_proj(x).float().split([s.inner, s.conv_dim, s.num_heads], dim=-1)
     params = (mixer.conv_weight, mixer.conv_bias, mixer.dt_bias, mixer.A_log, mixer.D)

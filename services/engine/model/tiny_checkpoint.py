@@ -138,9 +138,28 @@ _ARCH_FIELDS: dict[str, dict[str, Any]] = {
         "logits_scaling": 2.0,
         "attention_multiplier": 0.25,
     },
+    "Qwen3NextForCausalLM": {  # linear attention at 0 and 2, gated attention at 1
+        "model_type": "qwen3_next",
+        "layer_types": ["linear_attention", "full_attention", "linear_attention"],
+        "head_dim": 32,
+        "partial_rotary_factor": 0.25,
+        "linear_num_key_heads": 2,
+        "linear_num_value_heads": 4,
+        "linear_key_head_dim": 16,
+        "linear_value_head_dim": 16,
+        "linear_conv_kernel_dim": 4,
+        "num_experts": 4,
+        "num_experts_per_tok": 2,
+        "moe_intermediate_size": 32,
+        "shared_expert_intermediate_size": 64,
+        "norm_topk_prob": True,
+        "decoder_sparse_step": 1,
+        "mlp_only_layers": [],
+    },
 }
 _EXPERT_NAMES = {  # architecture -> (MLP prefix, gate, up, down) as save_pretrained writes
     "Qwen3MoeForCausalLM": ("mlp", "gate_proj", "up_proj", "down_proj"),
+    "Qwen3NextForCausalLM": ("mlp", "gate_proj", "up_proj", "down_proj"),
     "MixtralForCausalLM": ("block_sparse_moe", "w1", "w3", "w2"),
 }
 
@@ -161,6 +180,8 @@ def hf_state_dict(model: CausalLM) -> dict[str, torch.Tensor]:
         state.pop("lm_head.weight")
     if config.architecture == "GraniteMoeHybridForCausalLM":
         return _granite_names(state)
+    if config.architecture == "Qwen3NextForCausalLM":
+        state = _conv1d_names(state)
     if config.architecture not in _EXPERT_NAMES:
         return state
     mlp, gate, up, down = _EXPERT_NAMES[config.architecture]
@@ -187,7 +208,14 @@ def _granite_names(state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
         name = name.replace(".experts.gate_up_proj", ".input_linear.weight")
         name = name.replace(".experts.down_proj", ".output_linear.weight")
         name = name.replace(".router.weight", ".router.layer.weight")
-        name = name.replace(".conv_bias", ".conv1d.bias")
+        out[name.replace(".conv_bias", ".conv1d.bias")] = tensor
+    return _conv1d_names(out)
+
+
+def _conv1d_names(state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """A recurrent layer's conv as the hub stores it: nn.Conv1d's `conv1d.weight [C, 1, K]`."""
+    out = {}
+    for name, tensor in state.items():
         if name.endswith(".conv_weight"):
             name, tensor = name.replace(".conv_weight", ".conv1d.weight"), tensor[:, None]
         out[name] = tensor.contiguous()
