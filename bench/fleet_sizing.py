@@ -26,10 +26,20 @@ def report_half(folder: Path, count: int, max_model_len: int) -> list[Path]:
     """The first `count` files (by name) of sim_sweep.py's `report` half of a trace folder
     (files ordered by the SHA-256 of their name, every second one from the second) that keep a
     turn within `max_model_len`: a session with none would replay nothing."""
+    return _half(folder, count, max_model_len, 1)
+
+
+def tune_half(folder: Path, count: int, max_model_len: int) -> list[Path]:
+    """The same pick from the `tune` half (every second file from the first): settings are
+    chosen on these and reported on `report_half`."""
+    return _half(folder, count, max_model_len, 0)
+
+
+def _half(folder: Path, count: int, max_model_len: int, first: int) -> list[Path]:
     files = sorted(folder.glob("trace_*.json"))
     hashed = sorted(files, key=lambda path: hashlib.sha256(path.stem.encode()).hexdigest())
     kept = []
-    for path in sorted(hashed[1::2]):
+    for path in sorted(hashed[first::2]):
         if len(kept) == count:
             break
         if filter_max_model_len(read_traces([path], ReadOptions()), max_model_len):
@@ -89,3 +99,28 @@ def size_fleet(
         gib * (gpu_host_share - gpu_share) / ranks,
         longest,
     )
+
+
+def main() -> None:
+    """Print a half's files and the fleet's KV GiB per rank (the 1b shape, 4 ranks, 50 % of the
+    working set on GPUs, 75 % on GPUs + hosts, as bench/fleet_replay.py sizes it)."""
+    import argparse
+
+    parser = argparse.ArgumentParser(description=main.__doc__)
+    parser.add_argument("folder", type=Path)
+    parser.add_argument("--half", choices=("tune", "report"), default="report")
+    parser.add_argument("--count", type=int, default=12)
+    parser.add_argument("--max-model-len", type=int, default=131072)
+    parser.add_argument("--max-turns", type=int, default=24)
+    parser.add_argument("--ranks", type=int, default=4)
+    args = parser.parse_args()
+    pick = tune_half if args.half == "tune" else report_half
+    files = pick(args.folder, args.count, args.max_model_len)
+    per_token = kv_bytes_per_token(16, 8, 64)  # the 1b preset
+    sizing = size_fleet(files, args.max_model_len, args.max_turns, per_token, args.ranks, 0.5, 0.75)
+    print(" ".join(str(path) for path in files))
+    print(f"gpu_gib={sizing.gpu_gib_per_rank:.4f},host_gib={sizing.host_gib_per_rank:.4f}")
+
+
+if __name__ == "__main__":
+    main()

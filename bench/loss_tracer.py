@@ -3,7 +3,8 @@
 It wraps (on the instances of one `SimTarget`, never the classes) each rank's manager calls,
 pools and host index, and remembers per (rank, life cycle, block) where the block last went:
 committed, made evictable (by which call: a request's end, a conversation released under
-memory pressure, a turn falling out of its retained turns, a window sliding out), dropped by
+memory pressure, a turn falling out of its retained turns, a window sliding out, a prefetch or
+pull hold given back), dropped by
 a drop plan, evicted from GPU to host, evicted from host. At a request's first admission it
 finds the prefix the oracle would reuse (blocks seen in any earlier prompt, capped like the
 match is), and when the rank's match is shorter it names the first block that stops it and
@@ -96,7 +97,13 @@ class LossTracer:
         manager.release_branch_records = _push("branch records released")(
             manager.release_branch_records
         )
-        manager.finish_request = _push("request end")(manager.finish_request)
+        finish = manager.finish_request
+
+        def finish_request(request_id: str) -> None:
+            hold = request_id.startswith(("hold-", "import-"))  # sim_holds.py's ids
+            _push("hold given back" if hold else "request end")(finish)(request_id)
+
+        manager.finish_request = finish_request
         manager.commit = _push("slid out")(manager.commit)
         admit = manager.admit
 
