@@ -131,7 +131,9 @@ class KVCacheManager:
         return self._take_table_changes
 
     def _take_table_changes(self) -> TableDelta:
-        return self._changes.take(self._requests)
+        changes = self._changes
+        assert changes is not None, "handed out by watch_page_tables, which starts the record"
+        return changes.take(self._requests)
 
     def progress(self, request_id: str) -> RequestProgress:
         """Where the request stands: admitted, reused, computed, checkpoint, context done."""
@@ -471,6 +473,7 @@ class KVCacheManager:
 
     def _grown(self, state: RequestState, lengths: dict[str, int] | None) -> None:
         """Note the entries an allocation appended (`take_next` writes only past the end)."""
-        if lengths is not None:
+        changes = self._changes
+        if lengths is not None and changes is not None:
             for name, table in state.page_tables.items():
-                self._changes.touched(state.request_id, name, lengths[name], len(table))
+                changes.touched(state.request_id, name, lengths[name], len(table))
