@@ -27,6 +27,8 @@ ARMS: dict[str, Arm] = {
         {"max_num_turns": 2},
         {"affinity": "lenient", "max_num_turns": "2"},
     ),
+    # the defaults with an fp8 (e4m3) KV cache: the same bytes per rank hold twice the pages.
+    "fp8": Arm((), {"kv_cache_dtype": "fp8_e4m3"}, {"kv_cache_dtype": "fp8_e4m3"}),
     # a router blind to the cache: pins ignored, ranks in turn.
     "round-robin": Arm(
         ("--affinity", "none", "--placement", "round_robin"),

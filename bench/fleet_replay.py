@@ -332,8 +332,11 @@ def main() -> int:
         logs = args.out / slug
         logs.mkdir(exist_ok=True)
         engine_yaml = logs / "engine.yaml"
+        # The fleet's KV bytes per rank are fixed: a one-byte (fp8) cache holds twice the pages.
+        per_byte = 2 if arm.engine.get("kv_cache_dtype") == "fp8_e4m3" else 1
         settings = {"max_batch_size": args.slots, "max_num_batched_tokens": args.step_tokens,
-                    "kv_pages": gpu_pages, "host_kv_pages": host_pages, **arm.engine}  # fmt: skip
+                    "kv_pages": gpu_pages * per_byte, "host_kv_pages": host_pages * per_byte,
+                    **arm.engine}  # fmt: skip
         engine_yaml.write_text(yaml.safe_dump({"engine": settings}))
         started = time.monotonic()
         procs = start_fleet(args, arm, engine_yaml, logs)
