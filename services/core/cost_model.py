@@ -19,10 +19,9 @@ One step computes prefill chunks and one token of each decoding request together
 | host / disk copy  | page (block_size tokens)   | page bytes / host_link / disk_read          |
 | hand-off (disagg) | byte moved to a generation rank | 1 / handoff_link (off the step loop)   |
 
-KV bytes per token = 2 (K and V) * layers * kv_heads * head_dim * dtype_bytes. Host and disk
-copies move pages in the KV cache's own dtype (`kv_dtype_bytes`: 1 for an fp8 cache); the
-decode read is charged at `dtype_bytes`, because the GPU path dequantizes an fp8 cache's pages
-to the model's dtype before flash-attn reads them (docs/engine-gpu.md).
+KV bytes per token = 2 (K and V) * layers * kv_heads * head_dim * the KV cache's own dtype
+(`kv_dtype_bytes`: 1 for an fp8 cache): host and disk copies move pages in it, and the GPU's
+decode step reads an fp8 cache's pages as they are (docs/engine-gpu.md, "FP8 KV cache").
 """
 
 from __future__ import annotations
@@ -73,8 +72,8 @@ class CostModel:
         """Derive the per-unit costs (table in the module docstring)."""
         params = model.params_billion * 1e9
         kv_elements_per_token = 2 * model.layers * model.kv_heads * model.head_dim
-        kv_bytes_per_token = kv_elements_per_token * model.dtype_bytes
-        page_bytes = kv_elements_per_token * (kv_dtype_bytes or model.dtype_bytes) * block_size
+        kv_bytes_per_token = kv_elements_per_token * (kv_dtype_bytes or model.dtype_bytes)
+        page_bytes = kv_bytes_per_token * block_size
         attention_flops = 4 * model.layers * model.query_heads * model.head_dim
         return cls(
             linear_s_per_token=2 * params / (hardware.matmul_tflops * 1e12),
