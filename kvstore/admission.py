@@ -164,7 +164,12 @@ def pages_demanded(
     """Per pool, the new pages extending every request's table over `num_new_tokens` more
     tokens after its computed ones takes (`tables_fit`'s count, summed)."""
     demand = dict.fromkeys(pools, 0)
+    block_size = config.block_size
     for state in states:
+        # Most decode tokens land in a page the request holds: nothing to count.
+        num_blocks = blocks_for(state.num_computed_tokens + num_new_tokens, block_size)
+        if all(len(table) >= num_blocks for table in state.page_tables.values()):
+            continue
         for name, count in _next_counts(state, num_new_tokens, life_cycles, config).items():
             demand[name] += count
     return demand

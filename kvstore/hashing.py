@@ -95,7 +95,11 @@ class SequenceHashes:
 
     def extend(self, token_ids: Sequence[int] | np.ndarray) -> None:
         """Append tokens and hash every block they complete."""
-        self._buffer += pack_tokens(token_ids)
+        self.extend_packed(pack_tokens(token_ids))
+
+    def extend_packed(self, packed: bytes | memoryview) -> None:
+        """`extend` with tokens packed already (`pack_tokens`: a batch packs once for all)."""
+        self._buffer += packed
         block_bytes = self.block_size * TOKEN_BYTES
         num_full = len(self._buffer) // block_bytes
         if num_full == len(self._hashes):

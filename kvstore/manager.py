@@ -50,6 +50,7 @@ from .block_pool import BlockPool
 from .config import KVStoreConfig
 from .conversations import ConversationRetention
 from .events import KVEventListener, ignore_event
+from .hashing import TOKEN_BYTES, pack_tokens
 from .integrity import check_pools
 from .matching import match_prompt
 from .request_state import RequestState
@@ -289,10 +290,41 @@ class KVCacheManager:
         """Extend the request's sequence with generated tokens, so their blocks can commit."""
         self._state(request_id).sequence.extend(token_ids)
 
+    def append_tokens_all(
+        self, request_ids: Sequence[str], token_ids: Sequence[int] | np.ndarray
+    ) -> None:
+        """`append_tokens(r, [t])` for each request and its one token, in order, in one call
+        (a decode step's sampled tokens); all or nothing: an unknown request or a token id out
+        of range raises before anything is appended."""
+        if len(request_ids) != len(token_ids):
+            raise ValueError(f"{len(request_ids)} requests but {len(token_ids)} tokens")
+        states = [self._state(request_id) for request_id in request_ids]
+        packed = memoryview(pack_tokens(token_ids))
+        for index, state in enumerate(states):
+            state.sequence.extend_packed(packed[index * TOKEN_BYTES : (index + 1) * TOKEN_BYTES])
+
     def commit(self, request_id: str, num_computed_tokens: int) -> None:
         """Record computed tokens: commit full blocks per policy, release slid-out pages."""
         state = self._state(request_id)
         state.check_commit(num_computed_tokens, self.config.block_size)
+        self._commit(state, num_computed_tokens)
+
+    def commit_all(self, request_ids: Sequence[str], num_computed_tokens: Sequence[int]) -> None:
+        """`commit(r, n)` for each request and its count, in order, in one call (a decode
+        step's); all or nothing: every count is checked before anything commits, and a request
+        named twice raises."""
+        if len(request_ids) != len(num_computed_tokens):
+            raise ValueError(f"{len(request_ids)} requests but {len(num_computed_tokens)} counts")
+        if len(set(request_ids)) != len(request_ids):
+            raise ValueError("commit_all names a request more than once")
+        states = [self._state(request_id) for request_id in request_ids]
+        block_size = self.config.block_size
+        for state, count in zip(states, num_computed_tokens, strict=True):
+            state.check_commit(count, block_size)
+        for state, count in zip(states, num_computed_tokens, strict=True):
+            self._commit(state, count)
+
+    def _commit(self, state: RequestState, num_computed_tokens: int) -> None:
         state.num_computed_tokens = num_computed_tokens
         num_hashed = min(num_computed_tokens, state.sequence.num_tokens) // self.config.block_size
         every_block = self.config.reuse_policy.commits_every_block

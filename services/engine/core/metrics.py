@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
 from ...disagg.metrics import HandoffMetrics
 from ..request.engine_request import EngineLoad, Usage
+from .histogram_counts import observe_many
 from .tier_metrics import TierMetricsCollector
 from .vllm_metrics import VllmMetrics
 
@@ -89,6 +92,12 @@ class EngineMetrics:
         """The time between two tokens of a sample."""
         self.itl.observe(seconds)
         self.vllm.tpot.observe(seconds)
+
+    def token_gaps(self, counts: Mapping[float, int]) -> None:
+        """Many gaps at once (a decode step's), as `{gap: how many samples had it}`."""
+        for seconds, count in counts.items():
+            observe_many(self.itl, seconds, count)
+            observe_many(self.vllm.tpot, seconds, count)
 
     def sample_finished(self, usage: Usage, reason: str) -> None:
         """Record one finished sample's usage."""

@@ -21,7 +21,8 @@ class RequestHandle:
     def __init__(self, call: GenerateCall, cancel: Callable[[str], None]) -> None:
         self.call = call
         self._cancel = cancel
-        self._outputs: queue.Queue[SampleOutput | BaseException] = queue.Queue()
+        # SimpleQueue: one C call per put, where the core puts a token of each request per step
+        self._outputs: queue.SimpleQueue[SampleOutput | BaseException] = queue.SimpleQueue()
         self._unfinished = call.num_samples
         self._wake: Callable[[], None] | None = None
 
