@@ -4,6 +4,11 @@ calls, the static buffers' filling, the tokens' trip back and the per-token outp
 
     .venv/bin/python bench/decode_host_bench.py                 # batch 64 and 256, ctx 2,000
     .venv/bin/python bench/decode_host_bench.py --batches 64 --steps 20 --profile
+    .venv/bin/python bench/decode_host_bench.py --baseline main  # main's engine beside this one
+
+`--baseline REF` runs the same cases, with this file's code, on git REF's `kvstore/`, `services/`
+and `proto/` (a subprocess importing them as `kvfleet`), alternating with this checkout's runs
+case by case so that both see the same load; the table prints both.
 
 The model shape is one attention group, as the 1b/8b presets have (a tiny model's weights,
 context 131,072 so that page tables are as wide); page 128. Phases are inclusive wall times of
@@ -14,8 +19,12 @@ the machine may be shared, and the step has no other thread to wait for.
 from __future__ import annotations
 
 import argparse
+import json
+import os
 import random
+import subprocess
 import sys
+import tempfile
 import time
 from collections import defaultdict
 from pathlib import Path
@@ -23,7 +32,7 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from gpu_common import import_engine, print_table
+from gpu_common import REPO, import_engine, print_table
 
 import_engine()
 
@@ -71,7 +80,9 @@ class PhaseTimer:
         self.on = False
 
     def wrap(self, owner, attribute: str, name: str) -> None:
-        original = getattr(owner, attribute)
+        original = getattr(owner, attribute, None)
+        if original is None:
+            return  # a baseline without this call
 
         def timed(*args, **kwargs):
             if not self.on:
@@ -124,9 +135,13 @@ def run_case(batch: int, prompt: int, steps: int, rounds: int, page: int, profil
     compute.decode.model = free
     timer = PhaseTimer()
     timer.wrap(core.scheduler, "schedule", "schedule")
+    # Each name sums the per-sequence call and, where it exists, its one call per step.
     timer.wrap(core.manager, "commit", "commit")
-    timer.wrap(core, "_emit", "emit (all per-token work)")
+    timer.wrap(core.manager, "commit_all", "commit")
+    timer.wrap(core, "_emit", "emit (tokens out: kvstore, tracker, metrics, queues)")
+    timer.wrap(core, "_emit_step", "emit (tokens out: kvstore, tracker, metrics, queues)")
     timer.wrap(core.manager, "append_tokens", "  append_tokens (in emit)")
+    timer.wrap(core.manager, "append_tokens_all", "  append_tokens (in emit)")
     timer.wrap_launch(compute)
     rng = random.Random(0)
     for i in range(batch):
@@ -172,6 +187,46 @@ def run_case(batch: int, prompt: int, steps: int, rounds: int, page: int, profil
     return total / steps, phases
 
 
+def measure(args) -> dict[int, tuple[float, dict[str, float]]]:
+    """Per batch: us per step and us per step of each phase."""
+    torch.set_num_threads(1)
+    out = {}
+    for batch in (int(b) for b in args.batches.split(",")):
+        per_step, phases = run_case(
+            batch, args.prompt, args.steps, args.rounds, args.page_size, args.profile
+        )
+        out[batch] = (per_step * 1e6, {k: v / args.steps * 1e6 for k, v in phases.items()})
+    return out
+
+
+def baseline_tree(ref: str) -> Path:
+    """A folder whose `kvfleet` package is git REF's kvstore, services and proto."""
+    root = Path(tempfile.mkdtemp(prefix="decode-host-baseline-"))
+    tree, package = root / "tree", root / "shim" / "kvfleet"
+    tree.mkdir()
+    package.mkdir(parents=True)
+    archive = subprocess.run(
+        ["git", "-C", str(REPO), "archive", ref, "kvstore", "services", "proto"],
+        check=True,
+        capture_output=True,
+    ).stdout
+    subprocess.run(["tar", "-x", "-C", str(tree)], input=archive, check=True)
+    for folder in ("kvstore", "services", "proto"):
+        (package / folder).symlink_to(tree / folder)
+    return package.parent
+
+
+def measure_baseline(shim: Path, args, batch: int) -> tuple[float, dict[str, float]]:
+    """One batch measured in a subprocess on the baseline's kvfleet."""
+    command = [sys.executable, __file__, "--json", "--batches", str(batch)]
+    command += ["--prompt", str(args.prompt), "--steps", str(args.steps)]
+    command += ["--rounds", str(args.rounds), "--page-size", str(args.page_size)]
+    env = {**os.environ, "PYTHONPATH": str(shim)}
+    done = subprocess.run(command, env=env, check=True, capture_output=True, text=True)
+    per_step, phases = json.loads(done.stdout.strip().splitlines()[-1])[str(batch)]
+    return per_step, phases
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--batches", default="64,256")
@@ -180,20 +235,32 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=5, help="the quickest round counts")
     parser.add_argument("--page-size", type=int, default=128)
     parser.add_argument("--profile", action="store_true", help="cProfile the timed steps")
+    parser.add_argument("--baseline", help="git ref to measure beside this checkout")
+    parser.add_argument("--json", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args()
-    torch.set_num_threads(1)
+    if args.json:  # a baseline's subprocess: one line of results
+        print(json.dumps(measure(args)))
+        return
+    title = f"host work per decode step (ctx {args.prompt}, page {args.page_size}, free forward)"
+    if not args.baseline:
+        rows = []
+        for batch, (per_step, phases) in measure(args).items():
+            rows.append([batch, "step", per_step, per_step / batch])
+            rows += [[batch, name, us, us / batch] for name, us in phases.items()]
+        print_table(title, ["batch", "phase", "us / step", "us / sequence"], rows)
+        return
+    shim = baseline_tree(args.baseline)
     rows = []
     for batch in (int(b) for b in args.batches.split(",")):
-        per_step, phases = run_case(
-            batch, args.prompt, args.steps, args.rounds, args.page_size, args.profile
-        )
-        rows.append([batch, "step", per_step * 1e6, per_step * 1e6 / batch])
-        for name, seconds in phases.items():
-            us = seconds / args.steps * 1e6
-            rows.append([batch, name, us, us / batch])
+        before = measure_baseline(shim, args, batch)
+        after = measure(argparse.Namespace(**{**vars(args), "batches": str(batch)}))[batch]
+        rows.append([batch, "step", before[0] / batch, after[0] / batch, before[0] / after[0]])
+        for name in dict.fromkeys([*before[1], *after[1]]):
+            old, new = before[1].get(name, 0.0), after[1].get(name, 0.0)
+            rows.append([batch, name, old / batch, new / batch, old / new if new else "-"])
     print_table(
-        f"host work per decode step (ctx {args.prompt}, page {args.page_size}, free forward)",
-        ["batch", "phase", "us / step", "us / sequence"],
+        f"{title}: {args.baseline} vs this checkout, us per sequence",
+        ["batch", "phase", f"{args.baseline}", "this", "speed-up"],
         rows,
     )
 

@@ -350,14 +350,7 @@ class EngineCore:
         else:
             finish = functools.partial(lambda tokens: tokens, self.compute.execute(chunks))
         # Commits need no token values: they run while the device computes the step.
-        for chunk in chunks:
-            sequence = chunk.sequence
-            if sequence.finished:
-                continue
-            self.manager.commit(sequence.key, chunk.start + len(chunk.new_tokens))
-            if not sequence.context_done and chunk.samples:
-                self.scheduler.context_ended(sequence)
-                self.drain.context_ended(sequence.conversation_id)
+        self._commit(chunks)
         if self._inflight is not None:
             self._resolve()  # the previous step's tokens, while this one runs
         if self.config.overlap_decode and getattr(finish, "device_tokens", None) is not None:
@@ -365,6 +358,9 @@ class EngineCore:
             return
         tokens = finish()
         now = self.clock()
+        rows = [(c.sequence, t, None) for c, t in zip(chunks, tokens, strict=True)]
+        if self._emit_step(rows, now):
+            return
         for chunk, token in zip(chunks, tokens, strict=True):
             sequence = chunk.sequence
             if sequence.finished:  # a sibling sample failed earlier in this step
@@ -376,6 +372,21 @@ class EngineCore:
             elif token is not None:
                 self._emit(sequence, token, now)
 
+    def _commit(self, chunks: list[ScheduledChunk]) -> None:
+        """Record the step's computed tokens; a step that ends no context commits in one
+        kvstore call."""
+        live = [chunk for chunk in chunks if not chunk.sequence.finished]
+        if all(chunk.sequence.context_done for chunk in live):
+            keys = [chunk.sequence.key for chunk in live]
+            self.manager.commit_all(keys, [chunk.start + len(chunk.new_tokens) for chunk in live])
+            return
+        for chunk in live:
+            sequence = chunk.sequence
+            self.manager.commit(sequence.key, chunk.start + len(chunk.new_tokens))
+            if not sequence.context_done and chunk.samples:
+                self.scheduler.context_ended(sequence)
+                self.drain.context_ended(sequence.conversation_id)
+
     def _look_ahead(self) -> bool:
         waiting = not self._commands.empty()
         return can_look_ahead(self._inflight, self.scheduler, self.manager, waiting)
@@ -385,6 +396,13 @@ class EngineCore:
         inflight, self._inflight = self._inflight, None
         tokens = inflight.finish()
         now = self.clock()
+        rows = [
+            (chunk.sequence, token, index)
+            for chunk, token, index in zip(inflight.chunks, tokens, inflight.indices, strict=True)
+            if index is not None
+        ]
+        if self._emit_step(rows, now):
+            return
         for chunk, token, index in zip(inflight.chunks, tokens, inflight.indices, strict=True):
             sequence = chunk.sequence
             if index is None or sequence.finished:
@@ -394,6 +412,45 @@ class EngineCore:
                 self._fail_request(sequence.call.request_id, token.message)
             elif token is not None:
                 self._emit(sequence, token, now, index=index)
+
+    def _emit_step(self, step: list[tuple[Sequence, Any, int | None]], now: float) -> bool:
+        """Hand out a step's tokens (`(sequence, token, index)` rows, `_emit`'s arguments) as
+        `_emit` does one by one, with the kvstore, the block tracker and the gap histograms
+        called once for the step. Only where no row can end another's request: every token a
+        plain id, no grammar, no first token (a hand-off may take its request); otherwise
+        False, and nothing was done. A finished sequence, or a row with no token, is skipped
+        as `_emit`'s callers skip it.
+        """
+        rows = []
+        for sequence, token, index in step:
+            if token is None or sequence.finished:
+                continue
+            if (
+                type(token) is not int
+                or sequence.grammar is not None
+                or sequence.first_token_at is None
+            ):
+                return False
+            rows.append((sequence, token, index))
+        if not rows:
+            return True
+        keys = [sequence.key for sequence, _, _ in rows]
+        picked = [token for _, token, _ in rows]
+        self.manager.append_tokens_all(keys, picked)
+        self._block_tokens.extend_all(keys, picked)
+        gaps: dict[float, int] = {}
+        for sequence, token, index in rows:
+            if index is None:
+                sequence.output.append(token)
+            else:
+                sequence.output[index] = token
+            gap = now - (sequence.last_token_at or now)
+            gaps[gap] = gaps.get(gap, 0) + 1
+            sequence.itl_total += gap
+            sequence.last_token_at = now
+            self._hand_out(sequence, token, None, False)
+        self.metrics.token_gaps(gaps)
+        return True
 
     def _emit(
         self,
@@ -426,6 +483,13 @@ class EngineCore:
                 self._fail_request(call.request_id, problem)
                 return
             grammar_ended = sequence.grammar.ended
+        self._hand_out(sequence, token, logprob, grammar_ended)
+
+    def _hand_out(
+        self, sequence: Sequence, token: int, logprob: TokenLogprob | None, grammar_ended: bool
+    ) -> None:
+        """Queue a sample's token for its client, finishing the sample where it ends."""
+        call = sequence.call
         reason = finish_reason(
             token, sequence.output, sequence.sampling, call.stop_check, grammar_ended
         )

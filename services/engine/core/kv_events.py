@@ -44,6 +44,19 @@ class BlockTokens:
             self._sequences[key] = (SequenceHashes(self.block_size, extra_key), [])
         hashes, tokens = self._sequences[key]
         tokens.extend(token_ids)
+        self._hash_full_blocks(hashes, tokens)
+
+    def extend_all(self, keys: Sequence[str], token_ids: Sequence[int]) -> None:
+        """`extend(key, [token])` for each tracked sequence and its one token (a decode step's
+        tokens): a token that completes no block is only kept."""
+        bs, sequences = self.block_size, self._sequences
+        for key, token in zip(keys, token_ids, strict=True):
+            hashes, tokens = sequences[key]
+            tokens.append(token)
+            if len(tokens) % bs == 0:
+                self._hash_full_blocks(hashes, tokens)
+
+    def _hash_full_blocks(self, hashes: SequenceHashes, tokens: list[int]) -> None:
         bs = self.block_size
         full = len(tokens) // bs * bs
         if full <= hashes.num_tokens:
