@@ -122,8 +122,10 @@ class Scheduler(StepPlanner[Sequence, ScheduledChunk]):
         if not self.manager.can_allocate_all(keys, 1):
             return None
         self.manager.allocate_all(keys, 1)
+        one_token, pages = ScheduledChunk.one_token, self._pages
         return [
-            self._chunk(sequence, start, 1) for sequence, start in zip(running, starts, strict=True)
+            one_token(sequence, start, sequence.token_at(start), partial(pages, sequence.key))
+            for sequence, start in zip(running, starts, strict=True)
         ]
 
     def _ready(self, sequence: Sequence) -> bool:

@@ -28,6 +28,16 @@ class ScheduledChunk:
     new_tokens: tuple[int, ...]
     pages: PageIds | Callable[[], PageIds] = field(repr=False)
 
+    @classmethod
+    def one_token(
+        cls, sequence: Sequence, start: int, token: int, pages: PageIds | Callable[[], PageIds]
+    ) -> ScheduledChunk:
+        """`ScheduledChunk(sequence, start, (token,), pages)`, built without the frozen
+        dataclass's `object.__setattr__` per field: a decode step makes one per sequence."""
+        chunk = object.__new__(cls)
+        chunk.__dict__.update(sequence=sequence, start=start, new_tokens=(token,), pages=pages)
+        return chunk
+
     @cached_property
     def page_ids(self) -> PageIds:
         return self.pages() if callable(self.pages) else self.pages

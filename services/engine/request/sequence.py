@@ -70,6 +70,12 @@ class Sequence:
             return self.output[start - n : stop - n]
         return [*prompt[start:], *self.output[: stop - n]]
 
+    def token_at(self, position: int) -> int:
+        """Token `position` of prompt + output."""
+        prompt = self.call.prompt_token_ids
+        n = len(prompt)
+        return prompt[position] if position < n else self.output[position - n]
+
     def ready(self) -> bool:
         """A child sample waits until its parent's prompt is computed, to reuse its prefix."""
         return self.parent is None or self.parent.context_done or self.parent.finished
