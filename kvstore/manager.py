@@ -321,8 +321,17 @@ class KVCacheManager:
         block_size = self.config.block_size
         for state, count in zip(states, num_computed_tokens, strict=True):
             state.check_commit(count, block_size)
+        # A decode token that completes no block commits nothing and, where no window slides,
+        # releases nothing: only its count changes (what `_commit` would leave).
+        reusable = [name for name, lc in self.life_cycles.items() if lc.reusable]
+        only_count = not self._sliding and not self.tiers.keeps_contents
         for state, count in zip(states, num_computed_tokens, strict=True):
-            self._commit(state, count)
+            num_hashed = min(count, state.sequence.num_tokens) // block_size
+            next_commit = state.next_commit
+            if only_count and all(next_commit[name] >= num_hashed for name in reusable):
+                state.num_computed_tokens = count
+            else:
+                self._commit(state, count)
 
     def _commit(self, state: RequestState, num_computed_tokens: int) -> None:
         state.num_computed_tokens = num_computed_tokens

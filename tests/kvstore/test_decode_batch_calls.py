@@ -12,15 +12,16 @@ from kvfleet.kvstore.life_cycles import FullLifeCycle, WindowLifeCycle
 from kvfleet.kvstore.policies import AllReusable, PerRequest
 
 HYBRID = (FullLifeCycle("full"), WindowLifeCycle("win", 8))
+FULL = (FullLifeCycle("full"),)  # nothing slides: decode commits take the count-only path
 
 
-def decoding_managers(lengths: list[int], policy) -> tuple[list, list[list]]:
+def decoding_managers(lengths: list[int], policy, life_cycles=HYBRID) -> tuple[list, list[list]]:
     """Two identical watched managers, one admitted request per length with its prompt
     computed, and each one's events."""
     managers, events = [], []
     for _ in range(2):
         log: list = []
-        manager = make_manager(HYBRID, pages=256, block_size=4, policy=policy, events=log)
+        manager = make_manager(life_cycles, pages=256, block_size=4, policy=policy, events=log)
         manager.watch_page_tables()
         for i, length in enumerate(lengths):
             manager.add_request(f"r{i}", tokens(i, length), conversation_id=f"c{i}")
@@ -50,10 +51,11 @@ def state_of(manager, ids):
         max_size=12,
     ),
     every_block=st.booleans(),
+    life_cycles=st.sampled_from([HYBRID, FULL]),
 )
-def test_batched_decode_calls_equal_per_request_calls(lengths, steps, every_block):
+def test_batched_decode_calls_equal_per_request_calls(lengths, steps, every_block, life_cycles):
     (batched, single), (batched_events, single_events) = decoding_managers(
-        lengths, AllReusable() if every_block else PerRequest()
+        lengths, AllReusable() if every_block else PerRequest(), life_cycles
     )
     ids = [f"r{i}" for i in range(len(lengths))]
     # The prompt's commit: the first step's chunk is the whole prompt.
