@@ -260,21 +260,25 @@ class KVCacheManager:
     def can_allocate_all(self, request_ids: Sequence[str], num_new_tokens: int) -> bool:
         """True if `allocate_all(request_ids, num_new_tokens)` would succeed now: every request
         is admitted and the required pools hold all of their new pages together."""
-        states = [self._state(request_id) for request_id in request_ids]
-        if not all(state.admitted for state in states):
-            return False
-        demand = pages_demanded(states, num_new_tokens, self.life_cycles, self.config, self.pools)
-        return all(demand[name] <= pool.num_available() for name, pool in self._required_pools())
+        return self._all_fit([self._state(r) for r in request_ids], num_new_tokens)
 
     def allocate_all(self, request_ids: Sequence[str], num_new_tokens: int) -> int:
         """`allocate(r, num_new_tokens)` for each request in order, in one call (a decode step
         of the whole batch); all or nothing. Returns the pages taken."""
-        self._check_tokens(num_new_tokens)
-        if not self.can_allocate_all(request_ids, num_new_tokens):
+        taken = self.try_allocate_all(request_ids, num_new_tokens)
+        if taken is None:
             raise ValueError(f"{len(request_ids)} requests cannot allocate {num_new_tokens} each")
+        return taken
+
+    def try_allocate_all(self, request_ids: Sequence[str], num_new_tokens: int) -> int | None:
+        """`allocate_all` where `can_allocate_all` holds (one pass where the two calls make
+        two); None, and nothing taken, where it does not."""
+        self._check_tokens(num_new_tokens)
+        states = [self._state(request_id) for request_id in request_ids]
+        if not self._all_fit(states, num_new_tokens):
+            return None
         block_size, taken = self.config.block_size, 0
-        for request_id in request_ids:
-            state = self._requests[request_id]
+        for state in states:
             num_blocks = blocks_for(state.num_computed_tokens + num_new_tokens, block_size)
             if all(len(table) >= num_blocks for table in state.page_tables.values()):
                 continue  # most decode tokens land in a page the request holds
@@ -285,6 +289,12 @@ class KVCacheManager:
                 taken += len(pages)
         self.tiers.flush()
         return taken
+
+    def _all_fit(self, states: Sequence[RequestState], num_new_tokens: int) -> bool:
+        if not all(state.admitted for state in states):
+            return False
+        demand = pages_demanded(states, num_new_tokens, self.life_cycles, self.config, self.pools)
+        return all(demand[name] <= pool.num_available() for name, pool in self._required_pools())
 
     def append_tokens(self, request_id: str, token_ids: Sequence[int] | np.ndarray) -> None:
         """Extend the request's sequence with generated tokens, so their blocks can commit."""

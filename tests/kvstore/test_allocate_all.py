@@ -1,5 +1,6 @@
 """`allocate_all`, the decode step's one call for the whole batch, against `allocate` per request:
-the same pages in the same page tables, the same pool state, all or nothing."""
+the same pages in the same page tables, the same pool state, all or nothing; `try_allocate_all`
+the same where it fits, nothing (None) where it does not."""
 
 from __future__ import annotations
 
@@ -43,10 +44,12 @@ def test_allocate_all_equals_allocate_per_request(lengths, steps):
         if not fits:
             break
         assert all(single.can_allocate(r, 1) for r in ids)
-        batched.allocate_all(ids, 1)
+        taken = batched.try_allocate_all(ids, 1)
+        before = {name: pool.num_available() for name, pool in single.pools.items()}
         for r in ids:
             single.allocate(r, 1)
         assert state_of(batched, ids) == state_of(single, ids)
+        assert taken == sum(n - single.pools[name].num_available() for name, n in before.items())
         for manager in (batched, single):
             for r, start in zip(ids, manager.computed_tokens(ids), strict=True):
                 manager.commit(r, start + 1)
@@ -66,6 +69,7 @@ def test_allocate_all_is_all_or_nothing():
     assert not manager.can_allocate_all(ids, 1)
     with pytest.raises(ValueError, match="cannot allocate"):
         manager.allocate_all(ids, 1)
+    assert manager.try_allocate_all(ids, 1) is None
     assert state_of(manager, ids) == before
     manager.check_integrity()
 

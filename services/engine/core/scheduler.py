@@ -119,9 +119,8 @@ class Scheduler(StepPlanner[Sequence, ScheduledChunk]):
         for sequence, start in zip(running, starts, strict=True):
             if sequence.num_tokens - start != 1:
                 return None
-        if not self.manager.can_allocate_all(keys, 1):
+        if self.manager.try_allocate_all(keys, 1) is None:
             return None
-        self.manager.allocate_all(keys, 1)
         one_token, pages = ScheduledChunk.one_token, self._pages
         return [
             one_token(sequence, start, sequence.token_at(start), partial(pages, sequence.key))
