@@ -56,6 +56,8 @@ def token_output(
     usage: Usage | None = None,
 ) -> SampleOutput:
     """One token of a sample as its client gets it; finished when `reason` is set."""
+    if not reason and logprob is None:
+        return SampleOutput.one_token(sample.call.request_id, sample.sample_index, token)
     return SampleOutput(
         sample.call.request_id,
         sample.sample_index,

@@ -85,6 +85,22 @@ class SampleOutput:
     usage: Usage | None = None
     logprobs: tuple[TokenLogprob, ...] = ()  # one per token, when the request asked for them
 
+    @classmethod
+    def one_token(cls, request_id: str, sample_index: int, token: int) -> SampleOutput:
+        """`SampleOutput(request_id, sample_index, (token,))`, built without the frozen
+        dataclass's `object.__setattr__` per field: a decode step makes one per sequence."""
+        output = object.__new__(cls)
+        output.__dict__.update(
+            request_id=request_id,
+            sample_index=sample_index,
+            token_ids=(token,),
+            finished=False,
+            finish_reason="",
+            usage=None,
+            logprobs=(),
+        )
+        return output
+
 
 @dataclass(frozen=True)
 class EngineLoad:

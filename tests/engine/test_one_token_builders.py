@@ -1,5 +1,6 @@
-"""A decode step's chunks (`ScheduledChunk.one_token` over `Sequence.token_at`) equal the chunks
-the dataclass builds from `Sequence.tokens`, and stay frozen."""
+"""What a decode step builds per sequence without the frozen dataclasses' per-field setattr
+(`ScheduledChunk.one_token` over `Sequence.token_at`, `SampleOutput.one_token`) equals what
+their constructors build, and stays frozen."""
 
 from __future__ import annotations
 
@@ -9,7 +10,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from kvfleet.services.engine.compute.sampling import SamplingParams
-from kvfleet.services.engine.request.engine_request import GenerateCall
+from kvfleet.services.engine.request.engine_request import GenerateCall, SampleOutput
 from kvfleet.services.engine.request.scheduled_chunk import ScheduledChunk
 from kvfleet.services.engine.request.sequence import Sequence
 
@@ -45,3 +46,12 @@ def test_one_token_chunk_is_frozen_and_reads_pages_once():
     assert reads == [1]
     with pytest.raises(dataclasses.FrozenInstanceError):
         chunk.start = 0
+
+
+@given(st.text(max_size=8), st.integers(0, 8), st.integers(0, 2**32 - 1))
+def test_one_token_output_equals_the_dataclass(request_id, sample_index, token):
+    fast = SampleOutput.one_token(request_id, sample_index, token)
+    assert fast == SampleOutput(request_id, sample_index, (token,))
+    assert hash(fast) == hash(SampleOutput(request_id, sample_index, (token,)))
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        fast.finished = True
