@@ -97,6 +97,17 @@ class SequenceHashes:
         """Append tokens and hash every block they complete."""
         self.extend_packed(pack_tokens(token_ids))
 
+    @staticmethod
+    def extend_each(sequences: Sequence[SequenceHashes], packed: bytes) -> None:
+        """`sequences[i].extend_packed(token i of packed)`: one packed token each (a decode
+        step's), hashing only where a token completes a block."""
+        view = memoryview(packed)
+        for index, sequence in enumerate(sequences):
+            buffer = sequence._buffer
+            buffer += view[index * TOKEN_BYTES : (index + 1) * TOKEN_BYTES]
+            if len(buffer) % (sequence.block_size * TOKEN_BYTES) == 0:
+                sequence.extend_packed(b"")  # hashes the block just completed
+
     def extend_packed(self, packed: bytes | memoryview) -> None:
         """`extend` with tokens packed already (`pack_tokens`: a batch packs once for all)."""
         self._buffer += packed

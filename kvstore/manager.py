@@ -50,7 +50,7 @@ from .block_pool import BlockPool
 from .config import KVStoreConfig
 from .conversations import ConversationRetention
 from .events import KVEventListener, ignore_event
-from .hashing import TOKEN_BYTES, pack_tokens
+from .hashing import SequenceHashes, pack_tokens
 from .integrity import check_pools
 from .matching import match_prompt
 from .request_state import RequestState
@@ -308,10 +308,8 @@ class KVCacheManager:
         of range raises before anything is appended."""
         if len(request_ids) != len(token_ids):
             raise ValueError(f"{len(request_ids)} requests but {len(token_ids)} tokens")
-        states = [self._state(request_id) for request_id in request_ids]
-        packed = memoryview(pack_tokens(token_ids))
-        for index, state in enumerate(states):
-            state.sequence.extend_packed(packed[index * TOKEN_BYTES : (index + 1) * TOKEN_BYTES])
+        sequences = [self._state(request_id).sequence for request_id in request_ids]
+        SequenceHashes.extend_each(sequences, pack_tokens(token_ids))
 
     def commit(self, request_id: str, num_computed_tokens: int) -> None:
         """Record computed tokens: commit full blocks per policy, release slid-out pages."""

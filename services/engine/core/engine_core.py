@@ -376,9 +376,15 @@ class EngineCore:
         """Record the step's computed tokens; a step that ends no context commits in one
         kvstore call."""
         live = [chunk for chunk in chunks if not chunk.sequence.finished]
-        if all(chunk.sequence.context_done for chunk in live):
-            keys = [chunk.sequence.key for chunk in live]
-            self.manager.commit_all(keys, [chunk.start + len(chunk.new_tokens) for chunk in live])
+        keys, counts = [], []
+        for chunk in live:
+            sequence = chunk.sequence
+            if not sequence.context_done:
+                break
+            keys.append(sequence.key)
+            counts.append(chunk.start + len(chunk.new_tokens))
+        else:
+            self.manager.commit_all(keys, counts)
             return
         for chunk in live:
             sequence = chunk.sequence
