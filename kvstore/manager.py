@@ -274,14 +274,21 @@ class KVCacheManager:
         """`allocate_all` where `can_allocate_all` holds (one pass where the two calls make
         two); None, and nothing taken, where it does not."""
         self._check_tokens(num_new_tokens)
-        states = [self._state(request_id) for request_id in request_ids]
-        if not self._all_fit(states, num_new_tokens):
-            return None
-        block_size, taken = self.config.block_size, 0
-        for state in states:
+        block_size, growing = self.config.block_size, []
+        for request_id in request_ids:
+            state = self._state(request_id)
+            if not state.admitted:
+                return None
+            # Most decode tokens land in a page the request holds: only the others take pages.
             num_blocks = blocks_for(state.num_computed_tokens + num_new_tokens, block_size)
-            if all(len(table) >= num_blocks for table in state.page_tables.values()):
-                continue  # most decode tokens land in a page the request holds
+            for table in state.page_tables.values():
+                if len(table) < num_blocks:
+                    growing.append(state)
+                    break
+        if not self._all_fit(growing, num_new_tokens):
+            return None
+        taken = 0
+        for state in growing:
             lengths = self._lengths(state)
             new_pages = take_next(state, self.pools, num_new_tokens, self.life_cycles, self.config)
             self._grown(state, lengths)
@@ -334,12 +341,16 @@ class KVCacheManager:
         reusable = [name for name, lc in self.life_cycles.items() if lc.reusable]
         only_count = not self._sliding and not self.tiers.keeps_contents
         for state, count in zip(states, num_computed_tokens, strict=True):
-            num_hashed = min(count, state.sequence.num_tokens) // block_size
-            next_commit = state.next_commit
-            if only_count and all(next_commit[name] >= num_hashed for name in reusable):
-                state.num_computed_tokens = count
-            else:
-                self._commit(state, count)
+            if only_count:
+                num_hashed = min(count, state.sequence.num_tokens) // block_size
+                next_commit = state.next_commit
+                for name in reusable:
+                    if next_commit[name] < num_hashed:
+                        break  # a block to commit
+                else:
+                    state.num_computed_tokens = count
+                    continue
+            self._commit(state, count)
 
     def _commit(self, state: RequestState, num_computed_tokens: int) -> None:
         state.num_computed_tokens = num_computed_tokens

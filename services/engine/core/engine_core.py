@@ -27,6 +27,7 @@ from ..request.engine_request import (
     EngineStoppedError,
     GenerateCall,
     InvalidRequestError,
+    SampleOutput,
     SequenceFailedError,
     Usage,
 )
@@ -445,6 +446,7 @@ class EngineCore:
         self.manager.append_tokens_all(keys, picked)
         self._block_tokens.extend_all(keys, picked)
         gaps: dict[float, int] = {}
+        handles = self._handles
         for sequence, token, index in rows:
             if index is None:
                 sequence.output.append(token)
@@ -454,7 +456,14 @@ class EngineCore:
             gaps[gap] = gaps.get(gap, 0) + 1
             sequence.itl_total += gap
             sequence.last_token_at = now
-            self._hand_out(sequence, token, None, False)
+            call = sequence.call
+            reason = finish_reason(token, sequence.output, sequence.sampling, call.stop_check)
+            if reason:
+                self._finish_sample(sequence, token, None, reason)
+                continue
+            output = SampleOutput.one_token(call.request_id, sequence.sample_index, token)
+            if not self.role.after_first_token(sequence, output):
+                handles[call.request_id].put(output)
         self.metrics.token_gaps(gaps)
         return True
 
@@ -504,6 +513,13 @@ class EngineCore:
             if not self.role.after_first_token(sequence, output):
                 self._handles[call.request_id].put(output)
             return
+        self._finish_sample(sequence, token, logprob, reason)
+
+    def _finish_sample(
+        self, sequence: Sequence, token: int, logprob: TokenLogprob | None, reason: str
+    ) -> None:
+        """Hand out a sample's last token with its usage, and forget the sample."""
+        call = sequence.call
         usage = self._usage(sequence)
         output = token_output(sequence, token, logprob, reason, usage)
         sequence.finished = True
