@@ -27,6 +27,7 @@ class InflightStep:
     chunks: list
     finish: Callable[[], list[int | None]]
     indices: list[int | None]  # where each chunk's pending token sits in its sequence's output
+    rows: dict[int, int]  # id of each sequence with a pending token -> its row (chunk)
 
     @property
     def device_tokens(self):
@@ -36,23 +37,22 @@ class InflightStep:
 def mark_pending(chunks: Sequence, finish) -> InflightStep:
     """Give each sampling chunk's sequence a PENDING token and keep the step in flight."""
     indices: list[int | None] = []
-    for chunk in chunks:
-        if chunk.samples and not chunk.sequence.finished:
-            indices.append(len(chunk.sequence.output))
-            chunk.sequence.output.append(PENDING)
+    rows: dict[int, int] = {}
+    for row, chunk in enumerate(chunks):
+        sequence = chunk.sequence
+        if chunk.samples and not sequence.finished:
+            indices.append(len(sequence.output))
+            sequence.output.append(PENDING)
+            rows[id(sequence)] = row
         else:
             indices.append(None)
-    return InflightStep(list(chunks), finish, indices)
+    return InflightStep(list(chunks), finish, indices, rows)
 
 
 def feed_rows(chunks: Sequence, inflight: InflightStep) -> list[int]:
     """For each chunk of the next step, the row of the step in flight whose device token is
     its input (-1: its token is known on the host)."""
-    rows = {
-        id(c.sequence): row
-        for row, c in enumerate(inflight.chunks)
-        if inflight.indices[row] is not None
-    }
+    rows = inflight.rows
     return [rows.get(id(c.sequence), -1) if c.new_tokens[-1] == PENDING else -1 for c in chunks]
 
 
@@ -60,11 +60,7 @@ def can_look_ahead(inflight: InflightStep, scheduler, manager, commands_waiting:
     """Whether planning the next step now gives the same plan as after the tokens are known."""
     if commands_waiting or scheduler.waiting:
         return False
-    pending = {
-        id(c.sequence)
-        for c, index in zip(inflight.chunks, inflight.indices, strict=True)
-        if index is not None
-    }
+    pending = inflight.rows
     running = scheduler.running
     if len(running) != len(pending) or any(id(s) not in pending for s in running):
         return False
