@@ -145,9 +145,13 @@ class TorchCompute:
             if self.tp.size > 1:
                 broadcast_chunks(inputs)
             logits = self.model(ForwardBatch.build(inputs, self.cache), self.cache, self.attention)
-        rows = [i for i, c in enumerate(chunks) if c.samples]
+        rows, plain = [], True
+        for i, c in enumerate(chunks):
+            if c.samples:
+                rows.append(i)
+                plain = plain and c.sequence.sampling.plain_greedy
         # A constrained row is never plain greedy: an all-plain-greedy batch has no mask to apply.
-        if rows and all(chunks[i].sequence.sampling.plain_greedy for i in rows):
+        if rows and plain:
             # The whole batch's argmax on the device, then one copy of B ints to the host; a row
             # whose logits hold NaN or +inf comes back as -1 and fails alone.
             top = greedy if greedy is not None else logits.argmax(dim=-1)

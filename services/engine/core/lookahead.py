@@ -62,9 +62,15 @@ def can_look_ahead(inflight: InflightStep, scheduler, manager, commands_waiting:
         return False
     pending = inflight.rows
     running = scheduler.running
-    if len(running) != len(pending) or any(id(s) not in pending for s in running):
+    if len(running) != len(pending):
         return False
-    # (a constrained sequence is never plain greedy: its next mask needs its token)
-    if any(not s.sampling.plain_greedy or len(s.output) >= s.sampling.max_tokens for s in running):
-        return False
+    for s in running:  # one pass: this runs for every sequence at every step
+        sampling = s.sampling
+        # (a constrained sequence is never plain greedy: its next mask needs its token)
+        if (
+            id(s) not in pending
+            or not sampling.plain_greedy
+            or len(s.output) >= sampling.max_tokens
+        ):
+            return False
     return all(pool.num_available() >= len(running) for pool in manager.pools.values())
