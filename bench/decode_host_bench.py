@@ -21,6 +21,7 @@ call's own cost (~0.3 us) lands in its phase: a per-token path pays it per token
 from __future__ import annotations
 
 import argparse
+import gc
 import json
 import os
 import random
@@ -44,6 +45,11 @@ from kvfleet.services.engine.config.engine_config import EngineConfig  # noqa: E
 from kvfleet.services.engine.config.model_config import PRESETS, ModelConfig  # noqa: E402
 from kvfleet.services.engine.core.engine_core import EngineCore  # noqa: E402
 from kvfleet.services.engine.request.engine_request import GenerateCall  # noqa: E402
+
+try:
+    from kvfleet.services.engine.core.gc_heap import freeze_startup_heap, thaw_heap
+except ImportError:  # a baseline whose serving process freezes nothing
+    freeze_startup_heap = thaw_heap = None
 
 
 def host_shape() -> ModelConfig:
@@ -120,7 +126,9 @@ class PhaseTimer:
         compute.launch = launch
 
 
-def run_case(batch: int, prompt: int, steps: int, rounds: int, page: int, profile: bool):
+def run_case(
+    batch: int, prompt: int, steps: int, rounds: int, page: int, profile: bool, freeze: bool = True
+):
     config = EngineConfig(
         model="host-shape",
         device="cpu",
@@ -136,20 +144,26 @@ def run_case(batch: int, prompt: int, steps: int, rounds: int, page: int, profil
     compute.model = free
     compute.decode.model = free
     rng = random.Random(0)
+    handles = []
     for i in range(batch):
         tokens = tuple(rng.randrange(256) for _ in range(prompt))
         call = GenerateCall(
             f"r{i}", tokens, SamplingParams(max_tokens=2 * steps * rounds + batch), f"c{i}"
         )
-        core.submit(call)
+        handles.append(core.submit(call))
     core.run_once()
     while not all(s.context_done for s in core.scheduler.running) or core.scheduler.waiting:
         core.run_once()
     for _ in range(3):  # warm
         core.run_once()
+    if freeze and freeze_startup_heap is not None:
+        freeze_startup_heap()  # as the serving process does once started
     # The machine is shared: of `rounds` rounds of `steps` steps, the quickest one counts. The
     # step's time comes from rounds with nothing wrapped, the phases from rounds after.
-    step = min(timed_steps(core, steps) for _ in range(rounds))
+    passes = FullPasses()
+    gc.callbacks.append(passes.record)
+    step_rounds = [timed_steps(core, steps, handles) for _ in range(rounds)]
+    gc.callbacks.remove(passes.record)
     timer = PhaseTimer()
     timer.wrap(core.scheduler, "schedule", "schedule")
     # Each name sums the per-sequence call and, where it exists, its one call per step.
@@ -170,7 +184,7 @@ def run_case(batch: int, prompt: int, steps: int, rounds: int, page: int, profil
     best = None
     for _ in range(rounds):
         timer.totals.clear()
-        total = timed_steps(core, steps)
+        total = timed_steps(core, steps, handles)
         if best is None or total < best[0]:
             best = (total, dict(timer.totals))
     total, phases = best
@@ -185,26 +199,61 @@ def run_case(batch: int, prompt: int, steps: int, rounds: int, page: int, profil
     core.stop()
     named = sum(v for k, v in phases.items() if not k.startswith(" "))
     phases["other (loop, events, load)"] = total - named
-    return step / steps, phases
+    if freeze and thaw_heap is not None:
+        thaw_heap()
+    head = {
+        "step": min(step_rounds) / steps,
+        "step, mean of all rounds": sum(step_rounds) / len(step_rounds) / steps,
+        "  full GC passes in them (sum / step)": passes.seconds / (steps * rounds),
+    }
+    return head, phases
 
 
-def timed_steps(core: EngineCore, steps: int) -> float:
-    """CPU seconds of the thread for `steps` turns of the core."""
+class FullPasses:
+    """Time spent in the collector's oldest-generation passes (a `gc.callbacks` entry)."""
+
+    def __init__(self) -> None:
+        self.seconds = 0.0
+        self._start = 0.0
+
+    def record(self, phase: str, info: dict) -> None:
+        if info["generation"] != 2:
+            return
+        if phase == "start":
+            self._start = time.thread_time()
+        else:
+            self.seconds += time.thread_time() - self._start
+
+
+def timed_steps(core: EngineCore, steps: int, handles: list) -> float:
+    """CPU seconds of the thread for `steps` turns of the core; then the outputs are read, as
+    clients read them (untimed), so that they do not pile up."""
     start = time.thread_time()
     for _ in range(steps):
         core.run_once()
-    return time.thread_time() - start
+    seconds = time.thread_time() - start
+    for handle in handles:
+        while handle.poll() is not None:
+            pass
+    return seconds
 
 
-def measure(args) -> dict[int, tuple[float, dict[str, float]]]:
-    """Per batch: us per step and us per step of each phase."""
+def measure(args) -> dict[int, dict[str, float]]:
+    """Per batch: us per step of the step (quickest round, mean of all) and of each phase."""
     torch.set_num_threads(1)
     out = {}
     for batch in (int(b) for b in args.batches.split(",")):
-        per_step, phases = run_case(
-            batch, args.prompt, args.steps, args.rounds, args.page_size, args.profile
+        head, phases = run_case(
+            batch,
+            args.prompt,
+            args.steps,
+            args.rounds,
+            args.page_size,
+            args.profile,
+            not args.no_freeze,
         )
-        out[batch] = (per_step * 1e6, {k: v / args.steps * 1e6 for k, v in phases.items()})
+        out[batch] = {k: v * 1e6 for k, v in head.items()}
+        out[batch].update({k: v / args.steps * 1e6 for k, v in phases.items()})
     return out
 
 
@@ -225,15 +274,15 @@ def baseline_tree(ref: str) -> Path:
     return package.parent
 
 
-def measure_baseline(shim: Path, args, batch: int) -> tuple[float, dict[str, float]]:
+def measure_baseline(shim: Path, args, batch: int) -> dict[str, float]:
     """One batch measured in a subprocess on the baseline's kvfleet."""
     command = [sys.executable, __file__, "--json", "--batches", str(batch)]
     command += ["--prompt", str(args.prompt), "--steps", str(args.steps)]
     command += ["--rounds", str(args.rounds), "--page-size", str(args.page_size)]
+    command += ["--no-freeze"] if args.no_freeze else []
     env = {**os.environ, "PYTHONPATH": str(shim)}
     done = subprocess.run(command, env=env, check=True, capture_output=True, text=True)
-    per_step, phases = json.loads(done.stdout.strip().splitlines()[-1])[str(batch)]
-    return per_step, phases
+    return json.loads(done.stdout.strip().splitlines()[-1])[str(batch)]
 
 
 def main() -> None:
@@ -245,6 +294,11 @@ def main() -> None:
     parser.add_argument("--page-size", type=int, default=128)
     parser.add_argument("--profile", action="store_true", help="cProfile the timed steps")
     parser.add_argument("--baseline", help="git ref to measure beside this checkout")
+    parser.add_argument(
+        "--no-freeze",
+        action="store_true",
+        help="leave the startup heap in the GC's passes (the serving process freezes it)",
+    )
     parser.add_argument("--json", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.json:  # a baseline's subprocess: one line of results
@@ -253,9 +307,8 @@ def main() -> None:
     title = f"host work per decode step (ctx {args.prompt}, page {args.page_size}, free forward)"
     if not args.baseline:
         rows = []
-        for batch, (per_step, phases) in measure(args).items():
-            rows.append([batch, "step", per_step, per_step / batch])
-            rows += [[batch, name, us, us / batch] for name, us in phases.items()]
+        for batch, times in measure(args).items():
+            rows += [[batch, name, us, us / batch] for name, us in times.items()]
         print_table(title, ["batch", "phase", "us / step", "us / sequence"], rows)
         return
     shim = baseline_tree(args.baseline)
@@ -263,9 +316,8 @@ def main() -> None:
     for batch in (int(b) for b in args.batches.split(",")):
         before = measure_baseline(shim, args, batch)
         after = measure(argparse.Namespace(**{**vars(args), "batches": str(batch)}))[batch]
-        rows.append([batch, "step", before[0] / batch, after[0] / batch, before[0] / after[0]])
-        for name in dict.fromkeys([*before[1], *after[1]]):
-            old, new = before[1].get(name, 0.0), after[1].get(name, 0.0)
+        for name in dict.fromkeys([*before, *after]):
+            old, new = before.get(name, 0.0), after.get(name, 0.0)
             rows.append([batch, name, old / batch, new / batch, old / new if new else "-"])
     print_table(
         f"{title}: {args.baseline} vs this checkout, us per sequence",

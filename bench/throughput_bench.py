@@ -36,6 +36,7 @@ from kvfleet.services.engine.compute.sampling import SamplingParams  # noqa: E40
 from kvfleet.services.engine.config.engine_config import EngineConfig  # noqa: E402
 from kvfleet.services.engine.config.model_config import PRESETS  # noqa: E402
 from kvfleet.services.engine.core.engine_core import EngineCore  # noqa: E402
+from kvfleet.services.engine.core.gc_heap import freeze_startup_heap, thaw_heap  # noqa: E402
 from kvfleet.services.engine.model import fused  # noqa: E402
 from kvfleet.services.engine.request.engine_request import GenerateCall  # noqa: E402
 
@@ -83,6 +84,7 @@ def serve(compute, config, calls, recorder: StepRecorder, profile_after: int = 0
         compute.__dict__.pop("follow_page_tables", None)
     if compute.decode is not None:
         compute.decode.capture_all()  # as nano-vllm's warm-up does, before the clock starts
+    freeze_startup_heap()  # as `kvfleet engine` does once its ranks are up
     recorder.attach(compute)
     handles = [core.submit(call) for call in calls]
     start = time.perf_counter()
@@ -105,6 +107,7 @@ def serve(compute, config, calls, recorder: StepRecorder, profile_after: int = 0
     recorder.tokens = [[t for o in outs for t in o.token_ids] for outs in outputs]
     usages = [outs[-1].usage for outs in outputs]
     core.stop()
+    thaw_heap()  # this core's objects may be collected before the next case's
     return wall, usages
 
 
