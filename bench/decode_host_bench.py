@@ -12,10 +12,14 @@ case by case so that both see the same load; the table prints both.
 
 The model shape is one attention group, as the 1b/8b presets have (a tiny model's weights,
 context 131,072 so that page tables are as wide); page 128. Times are CPU time of the thread
-(the machine may be shared, and the step has no other thread to wait for). `step` comes from
-rounds with nothing wrapped; the phases, inclusive times of the calls named summed per step
-(`emit` contains `append_tokens`), from rounds after with those calls wrapped, so each wrapped
-call's own cost (~0.3 us) lands in its phase: a per-token path pays it per token.
+(the machine may be shared, and the step has no other thread to wait for). Once the batch
+decodes, the startup heap is frozen out of the GC's full passes as `kvfleet engine` does
+(`gc_heap.py`; not for a baseline without it, nor with `--no-freeze`), and the outputs are read
+after each round, as clients read them. `step` is the quickest of rounds with nothing wrapped,
+`step, mean of all rounds` their mean, full GC passes included (their share printed below it);
+the phases, inclusive times of the calls named summed per step (`emit` contains
+`append_tokens`), come from rounds after with those calls wrapped, so each wrapped call's own
+cost (~0.3 us) lands in its phase: a per-token path pays it per token.
 """
 
 from __future__ import annotations
