@@ -150,6 +150,7 @@ def fleet_config(args: argparse.Namespace):
 
 def run(args: argparse.Namespace) -> int:
     from ..engine.config.model_config import PRESETS
+    from ..engine.core.gc_heap import freeze_startup_heap
     from ..router.redis_connect import redacted
     from .embedded import EmbeddedFleet
 
@@ -186,6 +187,7 @@ def run(args: argparse.Namespace) -> int:
         print(f"ranks: {', '.join(r.addresses.rank_id for r in fleet.ranks)} (model {model}, "
               f"{args.compute_backend}, {args.max_batch_size} slots each, "
               f"{args.affinity} affinity)", flush=True)  # fmt: skip
+        freeze_startup_heap()  # the fleet is up: its startup objects are never garbage
         if args.smoke:
             from .smoke import run_smoke
 
