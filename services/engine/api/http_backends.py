@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
+import weakref
 from collections.abc import AsyncIterator, Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Protocol
@@ -29,6 +31,7 @@ from ..request.engine_request import (
     Usage,
 )
 from ..request.sampling_params import SamplingParams, TokenLogprob
+from .loop_wakes import LoopWakes
 
 if TYPE_CHECKING:
     from ..config.model_config import ModelConfig
@@ -81,6 +84,17 @@ class EngineBackend:
         self.model_card = model_card(core.model_config)
         self.max_request_tokens: int | None = core.max_request_tokens()
         self._grammars = GrammarCompiler(tokenizer)
+        # Per event loop serving streams here: the core thread's wakes of its readers.
+        self._wakes: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, LoopWakes] = (
+            weakref.WeakKeyDictionary()
+        )
+
+    def _wakes_of(self, loop: asyncio.AbstractEventLoop):
+        """The wake call of `loop`'s streams (one `LoopWakes` per loop)."""
+        wakes = self._wakes.get(loop)
+        if wakes is None:
+            wakes = self._wakes[loop] = LoopWakes(loop)
+        return wakes.wake
 
     async def generate(self, request: BackendRequest) -> AsyncIterator[SampleOutput]:
         stops = request.sampling.stop
@@ -104,7 +118,7 @@ class EngineBackend:
         # The core thread wakes this loop when it queues an output: no thread waits per
         # request (a pool of them capped how many streams advanced at once).
         arrived = asyncio.Event()
-        handle.wake_on_put(_waker(asyncio.get_running_loop(), arrived))
+        handle.wake_on_put(functools.partial(self._wakes_of(asyncio.get_running_loop()), arrived))
         try:
             while not handle.done:
                 arrived.clear()
@@ -115,16 +129,6 @@ class EngineBackend:
                 yield output
         finally:
             handle.cancel()  # a client that went away frees its pages
-
-
-def _waker(loop: asyncio.AbstractEventLoop, event: asyncio.Event):
-    """A callback for another thread that sets `event` on `loop` (nothing once it closed)."""
-
-    def wake() -> None:
-        with contextlib.suppress(RuntimeError):  # the loop closed: nobody reads this any more
-            loop.call_soon_threadsafe(event.set)
-
-    return wake
 
 
 def sampling_to_proto(sampling: SamplingParams) -> common_pb2.SamplingParams:
