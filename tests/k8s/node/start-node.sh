@@ -162,7 +162,9 @@ for image in $IMAGES; do
     continue
   fi
   podman save -q --format oci-archive -o "$STATE/image.tar" "$image"
-  "${CTR[@]}" images rm "$image" >/dev/null 2>&1 || true # an older build under the same name
+  # An older build under the same name. --sync: the delete's garbage collection finishes here,
+  # not while the next import writes blobs no image refers to yet.
+  "${CTR[@]}" images rm --sync "$image" >/dev/null 2>&1 || true
   "${CTR[@]}" images import --base-name "${image%:*}" --index-name "$image" "$STATE/image.tar" >/dev/null
   rm -f "$STATE/image.tar"
   echo "$id" >"$stamp"
