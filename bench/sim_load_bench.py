@@ -160,6 +160,9 @@ def arms(args: argparse.Namespace) -> dict[str, dict[str, str]]:
     fleets["+ host tier"]["host_pages"] = str(args.host_pages)
     fleets[ALL] = {**common, "host_pages": str(args.host_pages)}
     if args.arms:
+        unknown = [name for name in args.arms.split(",") if name not in fleets]
+        if unknown:
+            raise SystemExit(f"--arms: unknown {unknown}; known: {list(fleets)}")
         fleets = {name: fleets[name] for name in args.arms.split(",")}
     extra = overrides(args.set)
     fleets = {name: {**fleet, **extra} for name, fleet in fleets.items()}
