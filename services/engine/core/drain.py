@@ -7,7 +7,7 @@ such a turn would reuse here:
 
 | when                                   | what is written                                      |
 |----------------------------------------|------------------------------------------------------|
-| the rank turns draining                | every conversation's retained turns; then, newest    |
+| the rank turns draining                | every conversation's retained turns; then, oldest    |
 |                                        | first, where each conversation's last finished turn  |
 |                                        | ends (prompt and output: its next turn's prefix)      |
 |                                        | while those blocks are still on the device           |
@@ -55,7 +55,8 @@ class DiskDrain:
         if not turned:
             return 0
         written = self._flush(None)
-        for block_ids in reversed(self._ends.values()):
+        # Oldest first: on a disk tier too small for all, the newest ends are the ones kept.
+        for block_ids in list(self._ends.values()):
             written += self._write_end(block_ids)
         log.info("rank draining: %d blocks written to the shared disk tier", written)
         return written
