@@ -155,7 +155,7 @@ def run_one(args, name: str, conversations) -> dict:
 
         def drain() -> None:
             sent_before.append(blocks_sent(drained.metrics.registry))
-            drained.drain_and_stop(args.drain_seconds)
+            drained.drain_and_stop(args.drain_seconds, linger_seconds=args.drain_linger_seconds)
 
         timer = threading.Timer(args.drain_at, drain)
         target = RankRecordingTarget(f"grpc://{fleet.router_address}")
@@ -258,6 +258,12 @@ def main() -> None:
     p.add_argument("--drain-rank", default="rank-0")
     p.add_argument("--drain-at", type=float, default=30.0, help="seconds into the replay")
     p.add_argument("--drain-seconds", type=float, default=600.0, help="its drain window")
+    p.add_argument(
+        "--drain-linger-seconds",
+        type=float,
+        default=0.0,
+        help="the drained rank serves pulls this long after its last stream",
+    )
     p.add_argument("--arms", default=",".join(ARMS))
     p.add_argument("--seed", type=int, default=0)
     args = p.parse_args()
@@ -270,7 +276,8 @@ def main() -> None:
     requests = sum(c.request_count() for c in conversations)
     print(f"{len(files)} sessions ({', '.join(f.stem for f in files)}), {requests} requests; "
           f"{args.ranks} ranks x {args.slots} slots, {args.model} sim x {args.sim_time_scale}, "
-          f"think x {args.time_scale}; {args.drain_rank} drains at {args.drain_at:g} s",
+          f"think x {args.time_scale}; {args.drain_rank} drains at {args.drain_at:g} s, "
+          f"lingers {args.drain_linger_seconds:g} s",
           flush=True)  # fmt: skip
     rows = []
     for name in args.arms.split(","):

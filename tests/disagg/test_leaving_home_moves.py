@@ -11,6 +11,7 @@ runs a long turn on `home` when the drain starts.
 - Pulled from the leaving rank: no shared disk. While `b`'s turn keeps `home` leaving (the
   router heard it, new work refused), `a`'s turn 2 moves to the survivor, which the router
   tells where its KV is; the survivor pulls the 10 blocks from `home`.
+- Lingering: with no stream left, a leaving home given a linger still serves the pull.
 - From the disk: both ranks share a disk folder and `home` is gone before any turn 2. The
   drain wrote where `a`'s finished turn ends (its output block included) and, once `b`'s
   running turn finished, where that one ends; each block once.
@@ -22,13 +23,22 @@ from __future__ import annotations
 
 import random
 import threading
+import time
 import uuid
 
 import grpc
 import pytest
 import redis
 import torch
-from disagg_kit import CONFIG, engine_request, metric, router_generate, start_rank, tokens
+from disagg_kit import (
+    CONFIG,
+    engine_request,
+    metric,
+    router_generate,
+    start_rank,
+    tokens,
+    wait_until,
+)
 from kvfleet.proto import common_pb2, engine_pb2_grpc, router_pb2, router_pb2_grpc
 from kvfleet.services.engine.rank.engine_rank import EngineRank, RankAddresses
 from kvfleet.services.router.admission import AdmissionConfig
@@ -43,6 +53,7 @@ B_PROMPT, B_OUTPUT = 20, 1000
 B_RESUMED = (B_PROMPT + B_OUTPUT - 1) // PAGE * PAGE
 MOVED = "kvfleet_engine_moved_turns_total"
 FLUSHED = "kvfleet_engine_drain_flushed_blocks_total"
+LINGER_SECONDS = 8.0
 
 
 @pytest.fixture(scope="module")
@@ -174,6 +185,32 @@ def test_a_moved_conversation_pulls_its_prefix_from_the_leaving_home(router, lla
         if long_turn is not None:
             long_turn.cancel()
             long_turn.join()
+        if drain.ident is not None:
+            drain.join(timeout=60)
+        for rank in (home, survivor):
+            rank.stop(grace=0)
+
+
+def test_a_lingering_leaving_home_serves_pulls_after_its_last_stream(router, llama):
+    """Without the linger the home is gone once its streams end: the pull fails, and without a
+    shared disk the moved turn recomputes its 160 tokens."""
+    _, address = router
+    ranks = (start_rank("both", address, name, model_path=llama) for name in ("home", "survivor"))
+    home, survivor = ranks
+    drain = threading.Thread(target=home.drain_and_stop, args=(60.0, 0.05, LINGER_SECONDS))
+    try:
+        second = _first_turn_of_a(address, 8)
+        drain.start()
+        assert home.link.leaving_heard.wait(30)
+        wait_until(lambda: home.engine_servicer.leaving.is_set())
+        time.sleep(0.5)  # past the drain's last poll: nothing runs here any more
+        responses = router_generate(address, "a", second)
+        assert drain.is_alive()  # lingering
+        assert responses[0].rank_id == "survivor"
+        assert responses[-1].chunk.usage.cached_tokens == A_RESUMED
+        assert metric(survivor, MOVED, outcome="pulled") == 1
+        assert tokens(responses) == _reference(llama, second)
+    finally:
         if drain.ident is not None:
             drain.join(timeout=60)
         for rank in (home, survivor):

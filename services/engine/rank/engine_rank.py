@@ -132,12 +132,16 @@ class EngineRank:
             self._metrics_http.server_close()
         self.core.stop()
 
-    def drain_and_stop(self, drain_seconds: float, poll_seconds: float = 0.2) -> None:
+    def drain_and_stop(
+        self, drain_seconds: float, poll_seconds: float = 0.2, linger_seconds: float = 0.0
+    ) -> None:
         """Leave gracefully (SIGTERM) within `drain_seconds`: report leaving (the router places
         nothing new here and moves pinned conversations at their next turn, naming this rank
         as their KV's home; their blocks reach the shared disk), and once a router heard it,
         refuse new generation work and let the requests in flight finish up to the deadline,
-        serving pulls of moved conversations' KV all along, then stop.
+        serving pulls of moved conversations' KV all along, and for `linger_seconds` more
+        (within the deadline: conversations whose next turn comes later still find their KV
+        here), then stop.
 
         NOTE: an idle moment is no end of the drain while the router may still send turns here;
         after it heard, only calls it placed before can come, and those are refused (it retries
@@ -162,6 +166,7 @@ class EngineRank:
             if load.running + load.queued + streams == 0:
                 break
             time.sleep(poll_seconds)
+        time.sleep(max(0.0, min(linger_seconds, deadline - time.monotonic())))
         # The finished turns' blocks are on the shared disk by now (DiskDrain, core thread);
         # a pull in progress gets a grace to end.
         self.stop(grace=min(PULL_GRACE_SECONDS, max(0.0, deadline - time.monotonic())))
