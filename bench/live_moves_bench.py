@@ -12,13 +12,15 @@ turns to the shared disk, finishes its streams and stops). Arms:
 | `off-nodisk` | no (as `kvfleet up` ran before)              | off                     |
 | `off`        | yes: the drain's flush reaches the survivors | off                     |
 | `on`         | yes                                          | on: a turn placed away  |
-|              |                                              | from its live home      |
-|              |                                              | pulls the home's blocks |
+|              |                                              | from its live or leaving|
+|              |                                              | home pulls its blocks   |
+| `on-nodisk`  | no                                           | on                      |
 
 Per arm: later turns (second and later of a conversation) that ran on another rank than the
 conversation's previous turn ("moved"), the prompt tokens those recomputed (prompt - cached),
 later turns with no reuse (< 2 % of the prompt), reuse / oracle, later turns' TTFT, and what
-the ranks and the router counted (pulls, pulled tokens, blocks flushed by the drain).
+the ranks and the router counted (pulls, pulled tokens, blocks flushed by the drain, blocks
+the drained rank sent to pulls once it was leaving).
 
 Run (about 3 minutes per arm on the shared 2-core machine):
   .venv/bin/python bench/live_moves_bench.py --sessions 6 --ranks 3 --slots 1 --drain-at 30
@@ -58,7 +60,12 @@ from kvfleet.services.replay.tokens import TokenSynthesizer
 from kvfleet.services.router.admission import AdmissionConfig
 
 TRACES = Path(__file__).resolve().parents[1] / ".." / "shared" / "traces" / "claude_code_weka"
-ARMS = {"off-nodisk": (False, False), "off": (True, False), "on": (True, True)}
+ARMS = {
+    "off-nodisk": (False, False),
+    "off": (True, False),
+    "on": (True, True),
+    "on-nodisk": (False, True),
+}
 OUTCOMES = ("pulled", "nothing", "failed", "missing", "no_room")  # of a new rank's pulls
 
 
@@ -134,12 +141,23 @@ def counter(registry, name: str, **labels) -> float:
     return registry.get_sample_value(name, labels or None) or 0.0
 
 
+def blocks_sent(registry) -> float:
+    """Blocks a rank sent to moved turns' pulls."""
+    return counter(registry, "kvfleet_engine_moved_blocks_total", direction="sent")
+
+
 def run_one(args, name: str, conversations) -> dict:
     with_disk, migrate = ARMS[name]
     with tempfile.TemporaryDirectory(prefix="kvfleet-moves-") as disk:
         fleet = EmbeddedFleet(fleet_config(args, disk if with_disk else "", migrate)).start()
         drained = next(r for r in fleet.ranks if r.addresses.rank_id == args.drain_rank)
-        timer = threading.Timer(args.drain_at, drained.drain_and_stop, (args.drain_seconds,))
+        sent_before = []  # the drained rank's blocks sent to pulls when it starts leaving
+
+        def drain() -> None:
+            sent_before.append(blocks_sent(drained.metrics.registry))
+            drained.drain_and_stop(args.drain_seconds, linger_seconds=args.drain_linger_seconds)
+
+        timer = threading.Timer(args.drain_at, drain)
         target = RankRecordingTarget(f"grpc://{fleet.router_address}")
         synthesizer = TokenSynthesizer(args.seed, preset(args.model).vocab_size)
         options = DriverOptions(args.sessions, args.time_scale, args.stagger, 0)
@@ -186,6 +204,7 @@ def run_one(args, name: str, conversations) -> dict:
         },
         "pulled_tokens": sum(counter(r, "kvfleet_engine_moved_tokens_total") for r in ranks),
         "flushed": sum(counter(r, "kvfleet_engine_drain_flushed_blocks_total") for r in ranks),
+        "sent_leaving": blocks_sent(drained.metrics.registry) - sum(sent_before or [0.0]),
     }
 
 
@@ -202,6 +221,7 @@ COLUMNS = (
     ("pulls: pulled / nothing / failed / missing / no room", "outcomes", "{}"),
     ("pulled ktok", "pulled_tokens", "{:.0f}"),
     ("drain flushed blocks", "flushed", "{:.0f}"),
+    ("blocks sent by the leaving rank", "sent_leaving", "{:.0f}"),
     ("errors", "errors", "{}"),
 )
 
@@ -238,6 +258,12 @@ def main() -> None:
     p.add_argument("--drain-rank", default="rank-0")
     p.add_argument("--drain-at", type=float, default=30.0, help="seconds into the replay")
     p.add_argument("--drain-seconds", type=float, default=600.0, help="its drain window")
+    p.add_argument(
+        "--drain-linger-seconds",
+        type=float,
+        default=0.0,
+        help="the drained rank serves pulls this long after its last stream",
+    )
     p.add_argument("--arms", default=",".join(ARMS))
     p.add_argument("--seed", type=int, default=0)
     args = p.parse_args()
@@ -250,7 +276,8 @@ def main() -> None:
     requests = sum(c.request_count() for c in conversations)
     print(f"{len(files)} sessions ({', '.join(f.stem for f in files)}), {requests} requests; "
           f"{args.ranks} ranks x {args.slots} slots, {args.model} sim x {args.sim_time_scale}, "
-          f"think x {args.time_scale}; {args.drain_rank} drains at {args.drain_at:g} s",
+          f"think x {args.time_scale}; {args.drain_rank} drains at {args.drain_at:g} s, "
+          f"lingers {args.drain_linger_seconds:g} s",
           flush=True)  # fmt: skip
     rows = []
     for name in args.arms.split(","):

@@ -62,6 +62,7 @@ from .results import (
     TurnRecord,
     TurnRelease,
 )
+from .retention import cached_resume_blocks
 from .slide_out import (
     commit_computed,
     plan_commits,
@@ -457,6 +458,21 @@ class KVCacheManager:
         sent (the shared disk is no rank's).
         """
         blocks = self._conversations.retained_blocks(conversation_id)
+        return sum(self.tiers.write_device_blocks(name, pairs) for name, pairs in blocks.items())
+
+    def computed_block_ids(self, request_id: str) -> tuple[int, ...]:
+        """Ids of the request's full blocks whose KV is computed: a next turn that extends
+        the request (prompt and output) resumes at their end."""
+        state = self._state(request_id)
+        return tuple(state.sequence.hashes[: state.num_computed_tokens // self.config.block_size])
+
+    def flush_resume_point_to_disk(self, block_ids: Sequence[int]) -> int:
+        """Write the blocks that resuming after `block_ids` (a prefix's full blocks, from
+        `computed_block_ids`) needs and that are still on the device to the shared disk tier,
+        skipping those it has; returns blocks written (0 without a disk tier). Changes nothing
+        else, as `flush_retained_to_disk`."""
+        size = self.config.block_size
+        blocks = cached_resume_blocks(self.pools, self.life_cycles, size, block_ids)
         return sum(self.tiers.write_device_blocks(name, pairs) for name, pairs in blocks.items())
 
     # -- invariants ----------------------------------------------------------------------------

@@ -22,7 +22,7 @@ the block id at the branch point and kept in least-recently-used order.
 from __future__ import annotations
 
 from collections import OrderedDict, deque
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 
 from .block_pool import BlockPool
@@ -152,6 +152,31 @@ def _hold(
                 pools[name].ref(page)
         pages[name] = found
     return pages
+
+
+def cached_resume_blocks(
+    pools: Mapping[str, BlockPool],
+    life_cycles: Mapping[str, LifeCycle],
+    block_size: int,
+    block_ids: Sequence[int],
+) -> dict[str, list[tuple[int, int]]]:
+    """Per reusable life cycle, the `(page, block id)` pairs, in position order, that resuming
+    after `block_ids` (a prefix's full blocks) needs, held or cached on the device; empty
+    unless every one of them is (read only).
+
+    NOTE: a resume point with a block missing is of no use to anyone (a window life cycle
+    commits no block past a prompt's end, evictions take others), so none of it is returned."""
+    blocks: dict[str, list[tuple[int, int]]] = {}
+    for name, life_cycle in life_cycles.items():
+        if not life_cycle.reusable:
+            continue
+        indices = life_cycle.resume_blocks(len(block_ids), block_size)
+        pairs = [(pools[name].lookup(block_ids[index]), block_ids[index]) for index in indices]
+        if any(page is None for page, _ in pairs):
+            return {}
+        if pairs:
+            blocks[name] = pairs
+    return blocks
 
 
 def drop_turns(

@@ -19,8 +19,11 @@ A deferral is a placement given up: a pass that makes a pinned request wait coun
 another rank had room for it, so passes on a fully busy fleet do not use up the bound.
 
 A request placed away from its live home (wait bound, lenient away) names that home in its
-`Admission.home`, so the rank it lands on can pull the conversation's KV from there. A leaving
-or lost home is named nowhere: its blocks are on the shared disk, if anywhere.
+`Admission.home`, so the rank it lands on can pull the conversation's KV from there. So does a
+leaving home's turn (the home is shutting down, still registered): a leaving rank serves
+pulls until it stops, and a pull that finds it gone costs only a read of the shared disk or a
+recompute. A lost home (removed) is named nowhere: its blocks are on the shared disk, if
+anywhere.
 
 Placement by policy (groups 2 relaxed and 3, lenient away) skips draining ranks: a rank whose
 pod is leaving on scale-in keeps serving its pinned turns, but gets nothing new. A rank that is
@@ -199,16 +202,19 @@ class AdmissionQueue:
         self, state: PassState, others: list[tuple[PendingRequest, str | None]]
     ) -> None:
         """Group 3: a request released from its wait is placed as lenient affinity places (its
-        home first when it has room); a new conversation by the placement policy."""
+        home first when it has room); a new conversation by the placement policy, as is a
+        leaving home's turn (its home named, as the KV's source)."""
         for request, home in others:
-            has_room = home is not None and state.free[home] >= request.slots
+            leaving = home is not None and state.ranks[home].load.leaving
+            has_room = home is not None and not leaving and state.free[home] >= request.slots
             if has_room and self._reserve(request, home, state.free, state.now):
                 state.admit(request, home, Placement.PINNED)
                 continue
             rank_id = self._place(request, state.ranks, state.free, state.now)
             if rank_id is not None:
-                released = RELEASED_PLACEMENT[state.affinity.name]
-                state.admit(request, rank_id, Placement.NEW if home is None else released, home)
+                fresh = home is None or leaving
+                released = Placement.NEW if fresh else RELEASED_PLACEMENT[state.affinity.name]
+                state.admit(request, rank_id, released, home)
 
     def remove_silent_ranks(self) -> list[str]:
         """Remove ranks whose last heartbeat is older than the timeout; returns their ids."""
@@ -239,8 +245,10 @@ class AdmissionQueue:
                 explicit.append(request)
                 continue
             home = pins.get(request.conversation_id) if state.affinity.keeps_home else None
-            if home not in state.ranks or state.ranks[home].load.leaving:
-                others.append((request, None))  # a leaving home's turns move (re-pinned)
+            if home not in state.ranks:
+                others.append((request, None))
+            elif state.ranks[home].load.leaving:
+                others.append((request, home))  # it moves (re-pinned), pulling from its home
             elif state.affinity.still_pinned(
                 request, state.waited(request), self._bound, state.free[home] >= request.slots
             ):

@@ -523,6 +523,7 @@ class EngineCore:
         usage = self._usage(sequence)
         output = token_output(sequence, token, logprob, reason, usage)
         sequence.finished = True
+        self.drain.turn_finished(sequence.key, sequence.conversation_id)
         self.scheduler.remove(sequence)
         self._block_tokens.retire(sequence.key)
         self.metrics.sample_finished(usage, reason)

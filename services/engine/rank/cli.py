@@ -57,6 +57,13 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         default=30.0,
         help="on SIGTERM, let running requests finish for up to this long before stopping",
     )
+    parser.add_argument(
+        "--drain-linger-seconds",
+        type=float,
+        default=0.0,
+        help="on SIGTERM, once running requests finished, serve KV pulls of conversations "
+        "moved off this rank for this long more (within --drain-seconds)",
+    )
     parser.add_argument("--disk-tier-dir", default=None, help="the shared disk KV tier's folder")
     parser.add_argument("--host-kv-gib", type=float, default=None, help="host KV tier size")
     parser.add_argument(
@@ -205,7 +212,12 @@ def run(args: argparse.Namespace) -> int:
     # SIGTERM (a pod deletion, an eviction, a roll): drain within the pod's grace period, the
     # ranks side by side so the budget is not spent once per rank.
     leaving = [
-        threading.Thread(target=rank.drain_and_stop, args=(args.drain_seconds,)) for rank in ranks
+        threading.Thread(
+            target=rank.drain_and_stop,
+            args=(args.drain_seconds,),
+            kwargs={"linger_seconds": args.drain_linger_seconds},
+        )
+        for rank in ranks
     ]
     for thread in leaving:
         thread.start()

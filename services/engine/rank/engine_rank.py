@@ -28,6 +28,8 @@ from .worker_http import WorkerInfo, add_worker_routes
 log = logging.getLogger(__name__)
 # How long a leaving rank waits for a router to hear it before it refuses new calls anyway.
 HEARD_WAIT_SECONDS = 10.0
+# How long a leaving rank's last pulls (a moved conversation's KV) may run once it stops.
+PULL_GRACE_SECONDS = 5.0
 
 
 @dataclass(frozen=True)
@@ -130,11 +132,16 @@ class EngineRank:
             self._metrics_http.server_close()
         self.core.stop()
 
-    def drain_and_stop(self, drain_seconds: float, poll_seconds: float = 0.2) -> None:
+    def drain_and_stop(
+        self, drain_seconds: float, poll_seconds: float = 0.2, linger_seconds: float = 0.0
+    ) -> None:
         """Leave gracefully (SIGTERM) within `drain_seconds`: report leaving (the router places
-        nothing new here and moves pinned conversations at their next turn; the retained
-        prefixes reach the shared disk), and once a router heard it, refuse new calls and let
-        the requests in flight finish up to the deadline, then stop.
+        nothing new here and moves pinned conversations at their next turn, naming this rank
+        as their KV's home; their blocks reach the shared disk), and once a router heard it,
+        refuse new generation work and let the requests in flight finish up to the deadline,
+        serving pulls of moved conversations' KV all along, and for `linger_seconds` more
+        (within the deadline: conversations whose next turn comes later still find their KV
+        here), then stop.
 
         NOTE: an idle moment is no end of the drain while the router may still send turns here;
         after it heard, only calls it placed before can come, and those are refused (it retries
@@ -150,18 +157,19 @@ class EngineRank:
             heard = self.link.leaving_heard.wait(wait)
             log.info("rank %s leaving: %s", self.addresses.rank_id,
                      "the router heard" if heard else "no router heard it")  # fmt: skip
-        streams_done = None
-        if self.grpc_server is not None:  # new calls are refused from here on
+        if self.grpc_server is not None:  # new work is refused from here on, pulls served
             self._health.enter_graceful_shutdown()
-            streams_done = self.grpc_server.stop(max(0.0, deadline - time.monotonic()))
+            self.engine_servicer.leave()
         while time.monotonic() < deadline:  # what came in other ways (HTTP) finishes too
             load = self.core.load()
-            if load.running + load.queued == 0:
+            streams = self.engine_servicer.streams.running if self.grpc_server else 0
+            if load.running + load.queued + streams == 0:
                 break
             time.sleep(poll_seconds)
-        if streams_done is not None:
-            streams_done.wait(max(0.0, deadline - time.monotonic()))
-        self.stop(grace=0.0)
+        time.sleep(max(0.0, min(linger_seconds, deadline - time.monotonic())))
+        # The finished turns' blocks are on the shared disk by now (DiskDrain, core thread);
+        # a pull in progress gets a grace to end.
+        self.stop(grace=min(PULL_GRACE_SECONDS, max(0.0, deadline - time.monotonic())))
 
     def read_draining(self) -> bool:
         """The pod's drain mark now (each heartbeat reads it); the core hears of every change

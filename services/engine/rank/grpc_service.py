@@ -154,18 +154,57 @@ class SequenceSlots:
             self.running -= count
 
 
+class CallsInFlight:
+    """How many calls are inside a `with` block now (`running`)."""
+
+    def __init__(self) -> None:
+        self.running = 0
+        self._lock = threading.Lock()
+
+    def __enter__(self) -> CallsInFlight:
+        with self._lock:
+            self.running += 1
+        return self
+
+    def __exit__(self, *_) -> None:
+        with self._lock:
+            self.running -= 1
+
+
 class EngineServicer(engine_pb2_grpc.EngineServicer):
     """Generate streams the core's outputs; a cancelled call cancels the request. A call that
     would run more than max_batch_size sequences is refused with RESOURCE_EXHAUSTED (the
-    router queues it again)."""
+    router queues it again).
+
+    A leaving rank (`leave`) refuses new generation work (Generate, PrefetchConversation) with
+    UNAVAILABLE, as a stopped server would (the router keeps a leaving rank and retries the
+    call elsewhere), but serves PullKvBlocks until it stops: a conversation moved off it pulls
+    its blocks from here while the rank lives."""
 
     def __init__(self, core: EngineCore, tokenizer: Tokenizer) -> None:
         self._core = core
         self._tokenizer = tokenizer
         self._grammars = GrammarCompiler(tokenizer)
         self.slots = SequenceSlots(core.config.max_batch_size)
+        self.leaving = threading.Event()
+        self.streams = CallsInFlight()  # Generate calls
+
+    def leave(self) -> None:
+        """Refuse new generation work from now on; pulls are still served."""
+        self.leaving.set()
+
+    def _refuse_if_leaving(self, context) -> None:
+        if self.leaving.is_set():
+            context.abort(grpc.StatusCode.UNAVAILABLE, "rank is leaving: it takes no new work")
 
     def Generate(self, request, context) -> Iterator[common_pb2.GenerationChunk]:
+        # NOTE: counted before the check, so a drain that saw no stream after `leave` sees
+        # every stream that got past it.
+        with self.streams:
+            self._refuse_if_leaving(context)
+            yield from self._slotted(request, context)
+
+    def _slotted(self, request, context) -> Iterator[common_pb2.GenerationChunk]:
         count = max(1, request.num_samples)
         if not self.slots.take(count):
             context.abort(
@@ -234,6 +273,7 @@ class EngineServicer(engine_pb2_grpc.EngineServicer):
         return GRPC_CODES[type(error)]
 
     def PrefetchConversation(self, request, context) -> engine_pb2.PrefetchReply:
+        self._refuse_if_leaving(context)
         prompt = tuple(request.prompt_token_ids.ids)
         try:
             result = self._core.prefetch_conversation(
