@@ -171,9 +171,12 @@ def cached_resume_blocks(
         if not life_cycle.reusable:
             continue
         indices = life_cycle.resume_blocks(len(block_ids), block_size)
-        pairs = [(pools[name].lookup(block_ids[index]), block_ids[index]) for index in indices]
-        if any(page is None for page, _ in pairs):
-            return {}
+        pairs = []
+        for index in indices:
+            page = pools[name].lookup(block_ids[index])
+            if page is None:
+                return {}
+            pairs.append((page, block_ids[index]))
         if pairs:
             blocks[name] = pairs
     return blocks
