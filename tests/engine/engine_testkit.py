@@ -107,3 +107,28 @@ def wait_until(predicate, timeout: float = 60.0, interval: float = 0.01) -> None
 def pages_in_use(core: EngineCore) -> dict[str, int]:
     """Pages with a ref count per pool, read on the core thread."""
     return core.call_on_core(lambda: {n: p.num_in_use for n, p in core.manager.pools.items()})
+
+
+def turn_after_host_flood(core: EngineCore, monkeypatch, new_tokens: int, seed: int = 5):
+    """A conversation's turn 1, five conversations that take every device page (its pages go
+    to the host tier), then its turn 2: (turn 1's prompt, turn 2's call, turn 2's outputs, the
+    tiers' metrics, the pools whose pages were onboarded, one entry per page)."""
+    onboarded: list[str] = []
+    onboard = core.manager.tiers.onboard
+
+    def spy(life_cycle, pages, blocks):  # calls through: only notes which pools came back
+        onboarded.extend([life_cycle] * len(pages))
+        return onboard(life_cycle, pages, blocks)
+
+    monkeypatch.setattr(core.manager.tiers, "onboard", spy)
+    rng = random.Random(seed)
+    first = tuple(rng.randrange(256) for _ in range(150))
+    out1 = tokens_of(run_call(core, GenerateCall("h-t1", first, greedy(new_tokens), "h")))
+    for i in range(5):
+        flood = tuple(rng.randrange(256) for _ in range(300))
+        run_call(core, GenerateCall(f"flood-{i}", flood, greedy(2), f"flood-{i}"))
+    prompt = (*first, *out1, *(rng.randrange(256) for _ in range(30)))
+    second = GenerateCall("h-t2", prompt, greedy(new_tokens), "h")
+    outputs = run_call(core, second)
+    metrics = core.call_on_core(lambda: dict(core.manager.tiers.metrics))
+    return first, second, outputs, metrics, onboarded

@@ -8,7 +8,7 @@ import random
 
 import pytest
 import torch
-from engine_testkit import final, greedy, run_call, tokens_of
+from engine_testkit import final, greedy, run_call, tokens_of, turn_after_host_flood
 from hf_testkit import hf_config, hf_logits, paged_logits, random_tokens, save_tiny
 from kvfleet.kvstore.tiers.metrics import HOST
 from kvfleet.services.engine.compute.backends import TorchCompute
@@ -111,28 +111,14 @@ def test_turn_onboarded_from_host_tier_gives_transformers_tokens(tmp_path, monke
     """A state page offloaded to the host tier and onboarded must come back with its K/V."""
     hf, path = save_tiny(ARCH, tmp_path, seed=11)
     core = _core(WITH_HOST.with_changes(model_path=str(path)))
-    onboarded: list[str] = []
-    onboard = core.manager.tiers.onboard
-
-    def spy(life_cycle, pages, blocks):  # calls through: only notes which pools came back
-        onboarded.extend([life_cycle] * len(pages))
-        return onboard(life_cycle, pages, blocks)
-
-    monkeypatch.setattr(core.manager.tiers, "onboard", spy)
-    rng = random.Random(5)
-    first = tuple(rng.randrange(256) for _ in range(150))
     try:
-        out1 = tokens_of(run_call(core, GenerateCall("h-t1", first, greedy(NEW_TOKENS), "h")))
-        for i in range(5):  # other conversations take every device page
-            flood = tuple(rng.randrange(256) for _ in range(300))
-            run_call(core, GenerateCall(f"flood-{i}", flood, greedy(2), f"flood-{i}"))
-        prompt = (*first, *out1, *(rng.randrange(256) for _ in range(30)))
-        outputs = run_call(core, GenerateCall("h-t2", prompt, greedy(NEW_TOKENS), "h"))
-        metrics = core.call_on_core(lambda: dict(core.manager.tiers.metrics))
+        first, second, outputs, metrics, onboarded = turn_after_host_flood(
+            core, monkeypatch, NEW_TOKENS
+        )
         assert final(outputs).usage.cached_tokens == (len(first) + NEW_TOKENS) // PAGE * PAGE
         assert metrics[HOST].hits > 0, metrics
         assert "ssm" in onboarded and "full" in onboarded, onboarded
-        assert tokens_of(outputs) == _hf_greedy(hf, list(prompt))
+        assert tokens_of(outputs) == _hf_greedy(hf, list(second.prompt_token_ids))
         core.check_integrity()
     finally:
         core.stop()
