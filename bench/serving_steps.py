@@ -58,6 +58,7 @@ class StepRecorder:
         self.bandwidth, self.peak = bandwidth, peak
         self.steps: list[Step] = []
         self.launches: tuple[object, object] = ("-", "-")
+        self.kernels: dict = {}  # count_launches' device-time summary of the profiled steps
         self.timed_until = 0  # steps before the profiled ones
         self._original = None
 
@@ -120,9 +121,25 @@ class StepRecorder:
         return sum(s.floor for s in self.steps)
 
 
-def count_launches(step_fn, steps: int) -> tuple[object, object]:
+ATTENTION_KERNELS = ("flash", "fmha", "attention", "_partial_kernel", "_merge_kernel")
+MATMUL_KERNELS = ("gemm", "nvjet", "cutlass", "xmma", "splitk")
+
+
+def kernel_kind(name: str) -> str:
+    """attention, matmul or other, from a device kernel's name."""
+    lower = name.lower()
+    if any(word in lower for word in ATTENTION_KERNELS):
+        return "attention"
+    if any(word in lower for word in MATMUL_KERNELS):
+        return "matmul"
+    return "other"
+
+
+def count_launches(step_fn, steps: int, kernels: dict | None = None) -> tuple[object, object]:
     """(host kernel/graph launches per step, device kernels per step) over `steps` calls of
-    `step_fn` under torch.profiler; ("-", "-") without CUDA."""
+    `step_fn` under torch.profiler; ("-", "-") without CUDA. `kernels`, when given, receives
+    ms per step: the device busy (kernels' union), the span from first kernel to last, each
+    kind's kernels (`kernel_kind`) and the top 5 kernels by name."""
     if not torch.cuda.is_available():
         for _ in range(steps):
             step_fn()
@@ -135,10 +152,40 @@ def count_launches(step_fn, steps: int) -> tuple[object, object]:
             step_fn()
         torch.cuda.synchronize()
     host = device = 0
+    spans: list[tuple[float, float]] = []
+    by_kind: dict[str, float] = {}
+    by_name: dict[str, float] = {}
     for event in prof.events():
         name = event.name
         if name.startswith(("cudaLaunchKernel", "cuLaunchKernel", "cudaGraphLaunch")):
             host += 1
         if getattr(event, "device_type", None) == torch.autograd.DeviceType.CUDA:
             device += 1
+            start, end = event.time_range.start, event.time_range.end
+            spans.append((start, end))
+            by_kind[kernel_kind(name)] = by_kind.get(kernel_kind(name), 0.0) + end - start
+            by_name[name] = by_name.get(name, 0.0) + end - start
+    if kernels is not None and spans:
+        kernels.update(_kernel_summary(spans, by_kind, by_name, steps))
     return round(host / steps), round(device / steps)
+
+
+def _kernel_summary(spans, by_kind, by_name, steps) -> dict:
+    """ms per step from profiler microseconds: busy (merged kernel intervals), span, kinds."""
+    spans.sort()
+    busy, (run_start, run_end) = 0.0, spans[0]
+    for start, end in spans[1:]:
+        if start > run_end:
+            busy += run_end - run_start
+            run_start, run_end = start, end
+        else:
+            run_end = max(run_end, end)
+    busy += run_end - run_start
+    top = sorted(by_name.items(), key=lambda item: -item[1])[:5]
+    per_step = 1e-3 / steps
+    return {
+        "busy": busy * per_step,
+        "span": (max(end for _, end in spans) - spans[0][0]) * per_step,
+        **{kind: us * per_step for kind, us in by_kind.items()},
+        "top": [(name[:60], us * per_step) for name, us in top],
+    }

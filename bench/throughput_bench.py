@@ -31,6 +31,7 @@ from serving_steps import StepRecorder, count_launches, qwen3_0_6b_shape
 
 import_engine()  # the device machine runs this from the checkout, not installed
 
+from kvfleet.services.engine.attention import attn_flash  # noqa: E402
 from kvfleet.services.engine.compute.backends import TorchCompute  # noqa: E402
 from kvfleet.services.engine.compute.sampling import SamplingParams  # noqa: E402
 from kvfleet.services.engine.config.engine_config import EngineConfig  # noqa: E402
@@ -43,8 +44,10 @@ from kvfleet.services.engine.request.engine_request import GenerateCall  # noqa:
 # Rows of the comparison: (decode_graphs, fused elementwise ops, next step planned ahead).
 MODES = {"off": ("off", False, False), "graphs": ("auto", False, False),
          "no-ahead": ("auto", True, False), "auto": ("auto", True, True),
-         "static": ("static", False, True), "rebuild": ("auto", True, True)}  # fmt: skip
+         "static": ("static", False, True), "rebuild": ("auto", True, True),
+         "triton": ("auto", True, True)}  # fmt: skip
 REBUILT_TABLES = {"rebuild"}  # modes whose decode steps rebuild page tables every step
+TRITON_DECODE = {"triton"}  # modes whose bf16 decode attention is the Triton kernel
 TRT_LLM_GRID = "128/128,128/2048,1000/1000,2048/2048"
 PRESETS.setdefault("qwen3-0.6b", qwen3_0_6b_shape)  # the shape, with random weights
 
@@ -95,7 +98,8 @@ def serve(compute, config, calls, recorder: StepRecorder, profile_after: int = 0
         decodes = sum(s.decode and s.sequences == len(calls) for s in recorder.steps)
         if not profiled and decodes >= profile_after:
             recorder.timed_until = len(recorder.steps)
-            recorder.launches = count_launches(core.run_once, steps=3)
+            recorder.kernels = {}
+            recorder.launches = count_launches(core.run_once, steps=3, kernels=recorder.kernels)
             if HOST_PROFILE:
                 host_profile(core.run_once, steps=5, title=f"{config.model} {config.decode_graphs}")
             profiled = True
@@ -109,6 +113,15 @@ def serve(compute, config, calls, recorder: StepRecorder, profile_after: int = 0
     core.stop()
     thaw_heap()  # this core's objects may be collected before the next case's
     return wall, usages
+
+
+def kernel_row(model: str, mode: str, batch: int, kernels: dict) -> list[object]:
+    """One row of the device-time table from `count_launches`' summary ('-' without CUDA)."""
+    if "busy" not in kernels:
+        return [model, mode, batch, kernels.get("step", "-"), "-", "-", "-", "-", "-"]
+    top = "; ".join(f"{name} {ms:.2f}" for name, ms in kernels["top"][:3])
+    return [model, mode, batch, kernels["step"], kernels["busy"], kernels.get("matmul", 0.0),
+            kernels.get("attention", 0.0), kernels.get("other", 0.0), top]  # fmt: skip
 
 
 def decode_case(compute, config, batch, prompt, out, recorder, vocab, seed=0, rebuild=False):
@@ -130,7 +143,9 @@ def decode_case(compute, config, batch, prompt, out, recorder, vocab, seed=0, re
     after = max(3, (out - prefill_steps) // 2)
     serve(compute, config, calls, recorder, profile_after=after, rebuild=rebuild)
     timed = recorder.steps[: recorder.timed_until or len(recorder.steps)]
-    rate, share, inside, outside = recorder.window_rate(recorder.decode_window(batch, timed))
+    window = recorder.decode_window(batch, timed)
+    rate, share, inside, outside = recorder.window_rate(window)
+    recorder.kernels["step"] = 1e3 * batch / rate if rate == rate else float("nan")
     return rate, share, inside, outside, recorder.launches
 
 
@@ -208,6 +223,7 @@ def main() -> None:
     prompt, out = (60, 20) if args.small else (args.decode_prompt, args.decode_out)
     seqs, lo, hi = (8, 10, 40) if args.small else (256, 100, 1024)
     started, rows, tput_rows, agree_rows, grid_rows = time.perf_counter(), [], [], [], []
+    kernel_rows: list[list[object]] = []
     grid = [tuple(int(n) for n in pair.split("/")) for pair in args.grid.split(",") if pair]
     grid_models = ["tiny"] if args.small else args.grid_models.split(",")
     for model in models:
@@ -232,6 +248,7 @@ def main() -> None:
             base = base.with_changes(overlap_decode=ahead)
             config = base.with_changes(decode_graphs=graphs, max_batch_size=batch)
             rebuild = mode in REBUILT_TABLES
+            attn_flash.use_bf16_decode_kernel(mode in TRITON_DECODE)
             if grid and model in grid_models:
                 grid_config = base.with_changes(decode_graphs=graphs,
                                                 max_batch_size=args.grid_batch)  # fmt: skip
@@ -251,6 +268,7 @@ def main() -> None:
                 compute, config, batch, prompt, out, recorder, vocab, rebuild=rebuild
             )
             rows.append([model, mode, batch, rate, share, inside, outside, *launches])
+            kernel_rows.append(kernel_row(model, mode, batch, recorder.kernels))
             print(f"{model} decode_graphs={mode}: batch {batch} {rate:.0f} tok/s, "
                   f"{share:.2f} of roofline, launches/step {launches}", flush=True)  # fmt: skip
             tput_models = ["tiny"] if args.small else args.throughput_models.split(",")
@@ -284,6 +302,12 @@ def main() -> None:
         ],
         rows,
     )
+    print_table(
+        "device time of a full-batch decode step (3 profiled steps; ms per step; step = 1 / rate)",
+        ["model", "decode_graphs", "batch", "step ms", "device busy ms", "matmul ms",
+         "attention ms", "other ms", "top kernels (ms)"],
+        kernel_rows,
+    )  # fmt: skip
     print_table(
         f"throughput: {seqs} seqs, in/out uniform {lo}-{hi}, no stop tokens",
         [

@@ -7,14 +7,21 @@ from __future__ import annotations
 import sys
 
 import torch
-from kvfleet.services.engine.attention.attn_decode_kernel import decode_attention
+from kvfleet.services.engine.attention.attn_decode_kernel import (
+    DEFAULT_SHAPE,
+    KernelShape,
+    decode_attention,
+)
 from kvfleet.services.engine.attention.attn_flash import with_sinks
 from kvfleet.services.engine.attention.attn_reference import ReferenceAttention
 from kvfleet.services.engine.attention.batch import AttentionMetadata
 from kvfleet.services.engine.kv.kv_quant import quantize
 
 
-def check(lens, heads, kv_heads, head_dim, page, window, seed, sinks=False) -> float:
+def check(
+    lens, heads, kv_heads, head_dim, page, window, seed, sinks=False, fp8=True, shape=None
+) -> float:
+    """Max relative difference from the reference; `fp8` False: bf16 pages, no scales."""
     gen = torch.Generator().manual_seed(seed)
     pages_each = [-(-n // page) for n in lens]
     width = max(pages_each) + 1
@@ -27,8 +34,12 @@ def check(lens, heads, kv_heads, head_dim, page, window, seed, sinks=False) -> f
         used += count
     scales = (2.0 ** torch.randint(-2, 3, (kv_heads,), generator=gen)).float()
     raw = torch.randn(2, num_pages * page, kv_heads, head_dim, generator=gen) * scales[:, None]
-    k = quantize(raw[0], scales).view(num_pages, page, kv_heads, head_dim)
-    v = quantize(raw[1], scales).view(num_pages, page, kv_heads, head_dim)
+    if fp8:
+        k = quantize(raw[0], scales).view(num_pages, page, kv_heads, head_dim)
+        v = quantize(raw[1], scales).view(num_pages, page, kv_heads, head_dim)
+    else:
+        k, v = (t.to(torch.bfloat16).view(num_pages, page, kv_heads, head_dim) for t in raw)
+    kv_scales = (scales, scales) if fp8 else None
     q = torch.randn(len(lens), heads, head_dim, generator=gen).to(torch.bfloat16)
     meta = AttentionMetadata(
         cu_seqlens_q=torch.arange(len(lens) + 1, dtype=torch.int32),
@@ -42,7 +53,7 @@ def check(lens, heads, kv_heads, head_dim, page, window, seed, sinks=False) -> f
     )
     sink = torch.randn(heads, generator=gen) if sinks else None
     scale = head_dim**-0.5
-    out, lse = decode_attention(q, k, v, meta, window, scale, (scales, scales))
+    out, lse = decode_attention(q, k, v, meta, window, scale, kv_scales, shape or DEFAULT_SHAPE)
     if sink is not None:
         out = with_sinks(out, lse, sink)
     live = [b for b, n in enumerate(lens) if n > 0]
@@ -58,7 +69,7 @@ def check(lens, heads, kv_heads, head_dim, page, window, seed, sinks=False) -> f
         page_size=page,
     )
     expected = ReferenceAttention().forward(
-        q[live], k, v, real, window, scale, sink, kv_scales=(scales, scales)
+        q[live], k, v, real, window, scale, sink, kv_scales=kv_scales
     )
     # Both outputs are rounded to bf16: compare within a few bf16 steps of the value.
     error = (out[live].float() - expected.float()).abs() / expected.float().abs().clamp_min(1.0)
@@ -73,6 +84,28 @@ def main() -> int:
         # one sequence, one KV head: its keys in 5 parts, merged (and with a window, 2 of them)
         check([300], heads=4, kv_heads=1, head_dim=16, page=16, window=None, seed=4),
         check([300], heads=4, kv_heads=1, head_dim=16, page=16, window=100, seed=5),
+        # bf16 pages read as they are (no scales), and a wider tiling than the default
+        check(
+            [1, 37, 300, 0, 129],
+            heads=8,
+            kv_heads=2,
+            head_dim=32,
+            page=16,
+            window=None,
+            seed=6,
+            fp8=False,
+        ),
+        check(
+            [200, 64, 5],
+            heads=6,
+            kv_heads=2,
+            head_dim=24,
+            page=16,
+            window=48,
+            seed=7,
+            fp8=False,
+            shape=KernelShape(keys_per_block=128, num_warps=8),
+        ),
     )
     print(f"max difference (relative, at least 1) {worst:.3g}")
     return 0 if worst < 2e-2 else 1

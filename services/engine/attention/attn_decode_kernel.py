@@ -20,6 +20,7 @@ bf16 arithmetic (on the GPU, bf16 products with fp32 sums, as flash-attn's).
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 
 import torch
@@ -30,6 +31,19 @@ from .batch import AttentionMetadata
 
 KEYS_PER_BLOCK = 64  # keys per inner step (4 pages of 16 tokens)
 MAX_SPLITS = 16
+
+
+@dataclasses.dataclass(frozen=True)
+class KernelShape:
+    """The partial kernel's tiling: keys per inner step, warps and pipeline stages per program
+    (bench/gpu/decode_attn_bench.py sweeps them; the defaults are its pick)."""
+
+    keys_per_block: int = KEYS_PER_BLOCK
+    num_warps: int = 4
+    num_stages: int = 3  # Triton's own defaults for NVIDIA: 4 warps, 3 stages
+
+
+DEFAULT_SHAPE = KernelShape()
 
 
 @triton.jit
@@ -59,6 +73,7 @@ def _partial_kernel(
     BLOCK_N: tl.constexpr,
     SPLITS: tl.constexpr,
     HAS_WINDOW: tl.constexpr,
+    SCALED: tl.constexpr,
     DOT: tl.constexpr,
 ):
     seq = tl.program_id(0)
@@ -85,8 +100,11 @@ def _partial_kernel(
         mask=g_in[:, None] & d_in[None, :],
         other=0.0,
     ).to(DOT)
-    k_mult = tl.load(k_scale + kv_head).to(tl.float32)
-    v_mult = tl.load(v_scale + kv_head).to(tl.float32)
+    k_mult = 1.0
+    v_mult = 1.0
+    if SCALED:
+        k_mult = tl.load(k_scale + kv_head).to(tl.float32)
+        v_mult = tl.load(v_scale + kv_head).to(tl.float32)
 
     # -1e30, not -inf: a block with no valid key then leaves the running sums unchanged.
     best = tl.full([BLOCK_G], -1e30, tl.float32)
@@ -99,14 +117,20 @@ def _partial_kernel(
         row = page.to(tl.int64) * page_stride + (tok % PAGE) * token_stride + kv_head * head_stride
         where = row[:, None] + d[None, :]
         both = valid[:, None] & d_in[None, :]
-        k = (tl.load(k_pages + where, mask=both, other=0.0).to(tl.float32) * k_mult).to(DOT)
+        k = tl.load(k_pages + where, mask=both, other=0.0)
+        if SCALED:
+            k = k.to(tl.float32) * k_mult
+        k = k.to(DOT)
         scores = tl.dot(q_tile, tl.trans(k)) * sm_scale
         scores = tl.where(valid[None, :], scores, float("-inf"))
         new_best = tl.maximum(best, tl.max(scores, axis=1))
         shrink = tl.exp(best - new_best)
         weights = tl.exp(scores - new_best[:, None])
         total = total * shrink + tl.sum(weights, axis=1)
-        v = (tl.load(v_pages + where, mask=both, other=0.0).to(tl.float32) * v_mult).to(DOT)
+        v = tl.load(v_pages + where, mask=both, other=0.0)
+        if SCALED:
+            v = v.to(tl.float32) * v_mult
+        v = v.to(DOT)
         acc = acc * shrink[:, None] + tl.dot(weights.to(DOT), v)
         best = new_best
 
@@ -171,12 +195,19 @@ def _multiprocessors(device: torch.device) -> int:
     return torch.cuda.get_device_properties(device).multi_processor_count
 
 
-def splits_for(batch: int, kv_heads: int, max_pages: int, page_size: int, device) -> int:
+def splits_for(
+    batch: int,
+    kv_heads: int,
+    max_pages: int,
+    page_size: int,
+    device,
+    keys_per_block: int = KEYS_PER_BLOCK,
+) -> int:
     """Parts per sequence: enough programs to fill the GPU twice over, at least a block of
     keys each; a function of shapes only (decode graphs replay it)."""
     programs = batch * kv_heads
     wanted = -(-2 * _multiprocessors(device) // max(programs, 1))
-    blocks = -(-max_pages * page_size // KEYS_PER_BLOCK)
+    blocks = -(-max_pages * page_size // keys_per_block)
     return max(1, min(wanted, blocks, MAX_SPLITS))
 
 
@@ -187,16 +218,17 @@ def decode_attention(
     meta: AttentionMetadata,
     window: int | None,
     scale: float,
-    kv_scales: tuple[torch.Tensor, torch.Tensor],
+    kv_scales: tuple[torch.Tensor, torch.Tensor] | None,
+    shape: KernelShape = DEFAULT_SHAPE,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """One query token per sequence `q [B, heads, D]` over its pages `[num_pages, page,
-    kv_heads, D]` (e4m3 or the query's dtype, times `kv_scales`): the outputs `[B, heads, D]`
-    and each head's log-sum-exp `[B, heads]` (fp32)."""
+    kv_heads, D]` (e4m3 times `kv_scales`, or the query's dtype with `kv_scales` None): the
+    outputs `[B, heads, D]` and each head's log-sum-exp `[B, heads]` (fp32)."""
     batch, heads, head_dim = q.shape
     _, page_size, kv_heads, _ = k_pages.shape
     group = heads // kv_heads
     table = meta.page_table
-    splits = splits_for(batch, kv_heads, table.shape[1], page_size, q.device)
+    splits = splits_for(batch, kv_heads, table.shape[1], page_size, q.device, shape.keys_per_block)
     block_g = max(16, triton.next_power_of_2(group))
     block_d = triton.next_power_of_2(head_dim)
     part_acc = torch.empty(batch * kv_heads * splits, block_g, block_d, device=q.device)
@@ -206,14 +238,18 @@ def decode_attention(
     if batch == 0:
         return out, lse
     assert k_pages.stride() == v_pages.stride() and k_pages.stride(3) == 1, "one page layout"
-    k_scale, v_scale = (s.float().contiguous() for s in kv_scales)
+    # Unscaled pages: the scale arguments are never read (SCALED is off), any pointer will do.
+    k_scale, v_scale = (
+        (s.float().contiguous() for s in kv_scales) if kv_scales is not None else (q, q)
+    )
     _partial_kernel[(batch, kv_heads, splits)](
         q, q.stride(0), q.stride(1), k_pages, v_pages, k_pages.stride(0), k_pages.stride(1),
         k_pages.stride(2), k_scale, v_scale, table, table.stride(0), meta.seqused_k,
         window or 0, scale, part_acc, part_stats,
         GROUP=group, BLOCK_G=block_g, HEAD_DIM=head_dim, BLOCK_D=block_d, PAGE=page_size,
-        BLOCK_N=KEYS_PER_BLOCK, SPLITS=splits, HAS_WINDOW=window is not None,
-        DOT=tl.float32 if q.device.type == "cpu" else tl.bfloat16,
+        BLOCK_N=shape.keys_per_block, SPLITS=splits, HAS_WINDOW=window is not None,
+        SCALED=kv_scales is not None, DOT=tl.float32 if q.device.type == "cpu" else tl.bfloat16,
+        num_warps=shape.num_warps, num_stages=shape.num_stages,
     )  # fmt: skip
     _merge_kernel[(batch, heads)](
         part_acc, part_stats, out, out.stride(0), out.stride(1), lse,

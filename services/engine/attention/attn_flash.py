@@ -32,13 +32,19 @@ def flash_attn_importable() -> bool:
     return True
 
 
-_fp8_decode = {"kernel": True}
+_decode_kernel = {"fp8": True, "bf16": False}
 
 
 def use_fp8_decode_kernel(on: bool) -> None:
     """Decode over fp8 pages with the Triton kernel (the default) or by gathering and
     dequantizing the pages first (the benches' baseline)."""
-    _fp8_decode["kernel"] = on
+    _decode_kernel["fp8"] = on
+
+
+def use_bf16_decode_kernel(on: bool) -> None:
+    """Decode over bf16/fp16 pages with the Triton kernel instead of flash-attn's (off by
+    default: the benches' A/B, docs/engine-gpu.md)."""
+    _decode_kernel["bf16"] = on
 
 
 @functools.cache
@@ -108,11 +114,12 @@ class FlashAttention:
         kv_scales: tuple[torch.Tensor, torch.Tensor] | None = None,
     ) -> torch.Tensor:
         """Attention of the new queries over their sequences' pages (reads only)."""
+        kernel = _decode_kernel["fp8" if kv_scales is not None else "bf16"]
+        decode = fp8_decode_kernel(q.device.type) if kernel else None
+        if decode is not None and meta.max_seqlen_q == 1:
+            out, lse = decode(q, k_pages, v_pages, meta, window, scale, kv_scales)
+            return out if sinks is None else with_sinks(out, lse, sinks)
         if kv_scales is not None:
-            decode = fp8_decode_kernel(q.device.type) if _fp8_decode["kernel"] else None
-            if decode is not None and meta.max_seqlen_q == 1:
-                out, lse = decode(q, k_pages, v_pages, meta, window, scale, kv_scales)
-                return out if sinks is None else with_sinks(out, lse, sinks)
             k_pages, v_pages, meta = gather_dequantized(k_pages, v_pages, meta, kv_scales, q.dtype)
         splits = 1 if sinks is not None else self._decode_splits(q, k_pages, meta, window)
         if splits > 1:
