@@ -28,6 +28,7 @@ METRICS = (
     ("TTFT p50 s", "ttft_p50_s", "{:.2f}"),
     ("TTFT p90 s", "ttft_p90_s", "{:.2f}"),
     ("output tok/s", "output_tok_per_s", "{:.0f}"),
+    ("ITL p90 ms", "itl_p90_ms", "{:.0f}"),
 )
 
 
@@ -66,6 +67,8 @@ def run_sim(args: argparse.Namespace, fleet: dict, arm: str, out: Path) -> dict:
 def value(measures: dict, key: str) -> float | None:
     if key == "reuse_over_oracle":
         return measures["prefix_reuse"] / measures["oracle_reuse"]
+    if key == "itl_p90_ms":
+        return 1e3 * measures["itl_p90_s"] if "itl_p90_s" in measures else None
     return measures.get(key)
 
 

@@ -5,7 +5,9 @@ against the copy bandwidth measured in the same run.
 Each row times 20 calls replayed from one CUDA graph (as decode steps run), page 128, pages
 scattered over a pool as a full cache leaves them. "KV share" is the KV bytes the call must read
 (every key and value of every sequence, once) over the time, as a share of copy bandwidth. The
-Triton rows sweep the partial kernel's tiling (keys per inner step / warps / stages).
+Triton rows sweep the partial kernel's tiling (keys per inner step / warps / stages); "flash-attn
+split" is flash-attn with `kv_splits=0` (keys split outside the kernel when the batch's
+(sequence, KV head) programs are fewer than the multiprocessors).
 
 Run on the device (bench/gpu/kernel_round.sh): python3 bench/gpu/decode_attn_bench.py
 """
@@ -36,6 +38,7 @@ CASES = [
     ("8b", 32, 8, 128, 64, 8192),
     ("1b", 32, 8, 64, 256, 2048),
     ("8b", 32, 8, 128, 8, 8192),
+    ("1b", 32, 8, 64, 2, 65536),  # a fleet rank's step: 2 slots of long agent contexts
 ]
 SHAPES = [(64, 4, 3), (128, 4, 3), (128, 8, 3), (64, 4, 4), (128, 4, 4), (128, 8, 4), (256, 8, 3)]
 CALLS = 20
@@ -72,8 +75,11 @@ def variants_for(q, bf16, meta, scale) -> list:
     the same pages as bf16 and as fp8 (scales of 1)."""
     fp8 = [t.to(torch.float8_e4m3fn) for t in bf16]
     ones = torch.ones(bf16[0].shape[2], device=q.device)
-    flash = FlashAttention()
-    variants = [("flash-attn", "bf16", lambda: flash.forward(q, *bf16, meta, None, scale))]
+    flash, split = FlashAttention(), FlashAttention(kv_splits=0)
+    variants = [
+        ("flash-attn", "bf16", lambda: flash.forward(q, *bf16, meta, None, scale)),
+        ("flash-attn split", "bf16", lambda: split.forward(q, *bf16, meta, None, scale)),
+    ]
     for keys, warps, stages in SHAPES:
         shape = KernelShape(keys, warps, stages)
         for dtype_name, pages, scales in (("bf16", bf16, None), ("fp8", fp8, (ones, ones))):

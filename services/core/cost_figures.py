@@ -103,11 +103,20 @@ class Hardware:
     step_overhead_ms: float
     handoff_link_gb_s: float = 50.0  # context -> generation rank KV transfer
     prefill_chunk_ms: float = 0.0  # fixed cost per prefill chunk in a step
+    # KV read rate of one decode program (one sequence's one KV head) alone: a decode step
+    # with fewer programs than the chip has multiprocessors reads no faster than its longest
+    # program (0: no such limit, every decode reads at decode_kv_read_tb_s).
+    decode_program_gb_s: float = 0.0
+    multiprocessors: int = 132
 
     def __post_init__(self) -> None:
         for item in fields(self):
             value = getattr(self, item.name)
-            may_be_zero = item.name in ("step_overhead_ms", "prefill_chunk_ms")
+            may_be_zero = item.name in (
+                "step_overhead_ms",
+                "prefill_chunk_ms",
+                "decode_program_gb_s",
+            )
             if value < 0 or (value == 0 and not may_be_zero):
                 raise SimConfigError(f"hardware.{item.name}: {value} must be > 0")
 

@@ -15,6 +15,7 @@ One step computes prefill chunks and one token of each decoding request together
 | attention         | (query, context) pair      | 4 * layers * query_heads * head_dim / attn  |
 | weights read      | step with any token        | params * dtype_bytes / weights_read_tb_s    |
 | decode KV read    | context token of a decode  | kv bytes per token / decode_kv_read_tb_s    |
+| decode program    | longest decode's token     | its KV head's bytes / parts / program rate  |
 | prefill chunk     | prefill span in a step     | prefill_chunk_ms                            |
 | host / disk copy  | page (block_size tokens)   | page bytes / host_link / disk_read          |
 | hand-off (disagg) | byte moved to a generation rank | 1 / handoff_link (off the step loop)   |
@@ -22,6 +23,14 @@ One step computes prefill chunks and one token of each decoding request together
 KV bytes per token = 2 (K and V) * layers * kv_heads * head_dim * the KV cache's own dtype
 (`kv_dtype_bytes`: 1 for an fp8 cache): host and disk copies move pages in it, and the GPU's
 decode step reads an fp8 cache's pages as they are (docs/engine-gpu.md, "FP8 KV cache").
+
+A decode step's KV read takes the longer of two times: all its KV bytes at the chip's rate, or
+its longest sequence's bytes of one KV head at one program's rate (`decode_program_gb_s`, when
+given). flash-attn's decode over a bf16 cache runs one program per (sequence, KV head), so a
+step of 2 sequences x 8 KV heads keeps 16 of the chip's multiprocessors busy and reads at a
+fraction of its bandwidth; the Triton kernel that decodes an fp8 cache splits each sequence's
+keys into parts until the programs fill the chip twice over (at most 16 parts,
+services/engine/attention/attn_decode_kernel.py), and the cost model splits the same way.
 """
 
 from __future__ import annotations
@@ -30,6 +39,8 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 
 from .cost_figures import Hardware, ModelShape
+
+MAX_DECODE_SPLITS = 16  # the split decode kernel's most parts per sequence
 
 
 @dataclass(frozen=True)
@@ -60,6 +71,9 @@ class CostModel:
     step_overhead_s: float
     handoff_s_per_byte: float = 0.0
     prefill_chunk_s: float = 0.0
+    decode_program_s_per_token: float = 0.0  # one program's seconds per context token; 0: off
+    decode_kv_heads: int = 1
+    decode_split_programs: int = 0  # programs a split decode kernel aims at; 0: unsplit
 
     @classmethod
     def from_figures(
@@ -75,6 +89,8 @@ class CostModel:
         kv_bytes_per_token = kv_elements_per_token * (kv_dtype_bytes or model.dtype_bytes)
         page_bytes = kv_bytes_per_token * block_size
         attention_flops = 4 * model.layers * model.query_heads * model.head_dim
+        program_rate = hardware.decode_program_gb_s * 1e9
+        split = kv_dtype_bytes == 1  # an fp8 cache decodes with the split Triton kernel
         return cls(
             linear_s_per_token=2 * params / (hardware.matmul_tflops * 1e12),
             attention_s_per_pair=attention_flops / (hardware.attention_tflops * 1e12),
@@ -85,6 +101,11 @@ class CostModel:
             step_overhead_s=hardware.step_overhead_ms / 1e3,
             handoff_s_per_byte=1 / (hardware.handoff_link_gb_s * 1e9),
             prefill_chunk_s=hardware.prefill_chunk_ms / 1e3,
+            decode_program_s_per_token=(
+                kv_bytes_per_token / model.kv_heads / program_rate if program_rate else 0.0
+            ),
+            decode_kv_heads=model.kv_heads,
+            decode_split_programs=2 * hardware.multiprocessors if split else 0,
         )
 
     def attention_pairs(self, start: int, end: int) -> int:
@@ -103,10 +124,24 @@ class CostModel:
             + linear
             + pairs * self.attention_s_per_pair
             + len(work.prefill_spans) * self.prefill_chunk_s
-            + sum(work.decode_contexts) * self.decode_kv_s_per_token
+            + self.decode_kv_seconds(work.decode_contexts)
             + work.host_pages_in * self.host_copy_s_per_page
             + work.disk_pages_in * self.disk_copy_s_per_page
         )
+
+    def decode_kv_seconds(self, contexts: tuple[int, ...]) -> float:
+        """The KV read of a step's decodes: every byte at the chip's rate, or the longest
+        sequence's program at one program's rate, whichever takes longer."""
+        if not contexts:
+            return 0.0
+        chip = sum(contexts) * self.decode_kv_s_per_token
+        if not self.decode_program_s_per_token:
+            return chip
+        parts = 1
+        if self.decode_split_programs:
+            wanted = -(-self.decode_split_programs // (len(contexts) * self.decode_kv_heads))
+            parts = max(1, min(wanted, MAX_DECODE_SPLITS))
+        return max(chip, max(contexts) * self.decode_program_s_per_token / parts)
 
     def prefill_seconds(self, prompt_tokens: int, cached_tokens: int = 0) -> float:
         """One request's prefill alone, in chunks of everything at once (for docs and tests)."""

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 
 import pytest
@@ -183,3 +184,27 @@ def test_an_fp8_fleet_holds_twice_the_pages_in_the_same_bytes() -> None:
     assert fp8_costs.host_copy_s_per_page == pytest.approx(bf16_costs.host_copy_s_per_page / 2)
     # the GPU's decode kernel reads the fp8 pages as they are: half the bytes
     assert fp8_costs.decode_kv_s_per_token == pytest.approx(bf16_costs.decode_kv_s_per_token / 2)
+
+
+def test_a_few_long_decodes_read_at_their_programs_rate() -> None:
+    """If this fails, a decode step of few sequences reads KV at the chip's whole bandwidth
+    (flash-attn's unsplit decode keeps one multiprocessor per sequence and KV head busy), or an
+    fp8 cache's split kernel is priced as unsplit."""
+    figures = load_sim_config(None, {})
+    hardware = dataclasses.replace(figures.hardware, decode_program_gb_s=20.0)
+    bf16 = CostModel.from_figures(figures.model, hardware, 64)
+    fp8 = CostModel.from_figures(figures.model, hardware, 64, kv_dtype_bytes=1)
+    kv_per_head = 2 * figures.model.layers * figures.model.head_dim * figures.model.dtype_bytes
+    # 2 sequences x 8 KV heads: 16 programs, the longest one's bytes at 20 GB/s
+    assert bf16.decode_kv_seconds((100_000, 40_000)) == pytest.approx(100_000 * kv_per_head / 20e9)
+    # split until 2 x 132 programs (16 parts of half the bytes): the chip's bandwidth binds
+    split = 100_000 * kv_per_head / 2 / 16 / 20e9
+    chip = 140_000 * fp8.decode_kv_s_per_token
+    assert split < chip == pytest.approx(fp8.decode_kv_seconds((100_000, 40_000)))
+    # many sequences: the chip's bandwidth is the bound again, as without a program rate
+    wide = (2_000,) * 256
+    plain = CostModel.from_figures(figures.model, figures.hardware, 64)
+    assert bf16.decode_kv_seconds(wide) == pytest.approx(plain.decode_kv_seconds(wide))
+    assert plain.decode_kv_seconds((100_000, 40_000)) == pytest.approx(
+        140_000 * plain.decode_kv_s_per_token
+    )
