@@ -7,6 +7,9 @@ dequantizes them into a scratch pool of the query's dtype, which the kernel read
 page table of local ids: each such step reads the fp8 pages, writes and reads them again in
 bf16, and the scratch holds the batch's pages of one layer. Shapes come from the page table
 alone on both paths, so a captured CUDA graph replays them (docs/engine-gpu.md).
+
+A bf16 cache decodes with flash-attn unless `use_bf16_decode_kernel(True)` sends its decode
+steps to the same Triton kernel (the benches' A/B).
 """
 
 from __future__ import annotations
@@ -48,9 +51,10 @@ def use_bf16_decode_kernel(on: bool) -> None:
 
 
 @functools.cache
-def fp8_decode_kernel(device_type: str) -> Callable | None:
-    """The fp8 paged decode kernel for tensors on `device_type`: CUDA, or any device under
-    Triton's interpreter (tests); None without Triton (imported only here, when needed)."""
+def paged_decode_kernel(device_type: str) -> Callable | None:
+    """The Triton paged decode kernel (fp8 or bf16 pages) for tensors on `device_type`: CUDA,
+    or any device under Triton's interpreter (tests); None without Triton (imported only here,
+    when needed)."""
     if device_type != "cuda" and os.environ.get("TRITON_INTERPRET") != "1":
         return None
     try:
@@ -115,7 +119,7 @@ class FlashAttention:
     ) -> torch.Tensor:
         """Attention of the new queries over their sequences' pages (reads only)."""
         kernel = _decode_kernel["fp8" if kv_scales is not None else "bf16"]
-        decode = fp8_decode_kernel(q.device.type) if kernel else None
+        decode = paged_decode_kernel(q.device.type) if kernel else None
         if decode is not None and meta.max_seqlen_q == 1:
             out, lse = decode(q, k_pages, v_pages, meta, window, scale, kv_scales)
             return out if sinks is None else with_sinks(out, lse, sinks)
