@@ -88,6 +88,21 @@ def tokens(responses) -> list[int]:
     return [t for chunk in chunks for t in chunk.token_ids]
 
 
+def reference_tokens(prompt: list[int], **changes) -> list[int]:
+    """Greedy tokens of `prompt` on a rank of its own (CONFIG with `changes`), computed from
+    scratch: what a moved turn must produce whatever it reused."""
+    config = CONFIG.with_changes(**changes)
+    rank = EngineRank(config, RankAddresses(rank_id="reference")).start()
+    try:
+        with grpc.insecure_channel(address(rank)) as channel:
+            stub = engine_pb2_grpc.EngineStub(channel)
+            chunks = list(stub.Generate(engine_request("ref", prompt), timeout=60))
+        assert chunks[-1].usage.cached_tokens == 0
+        return tokens(chunks)
+    finally:
+        rank.stop(grace=0)
+
+
 def received_blocks(rank, transport: str = "grpc") -> float:
     """Blocks a rank received by hand-off over `transport`."""
     return metric(

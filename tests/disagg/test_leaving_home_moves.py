@@ -32,15 +32,14 @@ import redis
 import torch
 from disagg_kit import (
     CONFIG,
-    engine_request,
     metric,
+    reference_tokens,
     router_generate,
     start_rank,
     tokens,
     wait_until,
 )
-from kvfleet.proto import common_pb2, engine_pb2_grpc, router_pb2, router_pb2_grpc
-from kvfleet.services.engine.rank.engine_rank import EngineRank, RankAddresses
+from kvfleet.proto import common_pb2, router_pb2, router_pb2_grpc
 from kvfleet.services.router.admission import AdmissionConfig
 from kvfleet.services.router.redis_store import RedisStore
 from kvfleet.services.router.server import RouterConfig, create_server
@@ -145,20 +144,6 @@ class LongTurn:
         assert not self._thread.is_alive()
 
 
-def _reference(llama: str, prompt: list[int]) -> list[int]:
-    """Greedy tokens of `prompt` on a rank of its own (computed from scratch)."""
-    config = CONFIG.with_changes(model_path=llama)
-    rank = EngineRank(config, RankAddresses(rank_id="reference")).start()
-    try:
-        with grpc.insecure_channel(f"127.0.0.1:{rank.grpc_port}") as channel:
-            stub = engine_pb2_grpc.EngineStub(channel)
-            chunks = list(stub.Generate(engine_request("ref", prompt), timeout=60))
-        assert chunks[-1].usage.cached_tokens == 0
-        return tokens(chunks)
-    finally:
-        rank.stop(grace=0)
-
-
 def test_a_moved_conversation_pulls_its_prefix_from_the_leaving_home(router, llama):
     """Refusing pulls once leaving, or not naming a leaving home, recomputes all 160 tokens."""
     server, address = router
@@ -179,7 +164,7 @@ def test_a_moved_conversation_pulls_its_prefix_from_the_leaving_home(router, lla
         assert metric(survivor, MOVED, outcome="pulled") == 1
         assert metric(home, "kvfleet_engine_moved_blocks_total", direction="sent") > 0
         assert server.metrics.registry.get_sample_value("kvfleet_router_kv_moves_total") == 1
-        assert tokens(responses) == _reference(llama, second)
+        assert tokens(responses) == reference_tokens(second, model_path=llama)
         survivor.core.check_integrity()
     finally:
         if long_turn is not None:
@@ -209,7 +194,7 @@ def test_a_lingering_leaving_home_serves_pulls_after_its_last_stream(router, lla
         assert responses[0].rank_id == "survivor"
         assert responses[-1].chunk.usage.cached_tokens == A_RESUMED
         assert metric(survivor, MOVED, outcome="pulled") == 1
-        assert tokens(responses) == _reference(llama, second)
+        assert tokens(responses) == reference_tokens(second, model_path=llama)
     finally:
         if drain.ident is not None:
             drain.join(timeout=60)
@@ -247,7 +232,7 @@ def test_a_gone_homes_conversations_resume_from_the_disk_running_turns_too(route
             responses = router_generate(address, conversation, prompt)
             assert responses[0].rank_id == "survivor"
             assert responses[-1].chunk.usage.cached_tokens == resumed, conversation
-            assert tokens(responses) == _reference(llama, prompt)
+            assert tokens(responses) == reference_tokens(prompt, model_path=llama)
         assert metric(survivor, MOVED, outcome="pulled") == 0  # the home is gone
         survivor.core.check_integrity()
     finally:

@@ -18,12 +18,16 @@ import random
 import time
 import uuid
 
-import grpc
 import pytest
 import redis
-from disagg_kit import CONFIG, engine_request, metric, router_generate, start_rank, tokens
-from kvfleet.proto import engine_pb2_grpc
-from kvfleet.services.engine.rank.engine_rank import EngineRank, RankAddresses
+from disagg_kit import (
+    CONFIG,
+    metric,
+    reference_tokens,
+    router_generate,
+    start_rank,
+    tokens,
+)
 from kvfleet.services.router.admission import AdmissionConfig
 from kvfleet.services.router.redis_store import RedisStore
 from kvfleet.services.router.server import RouterConfig, create_server
@@ -62,19 +66,6 @@ def _turns(seed: int, router: str, conversation: str) -> list[int]:
     return first + tokens(responses) + [rng.randrange(256) for _ in range(37)]
 
 
-def _reference(prompt: list[int]) -> list[int]:
-    """Greedy tokens of `prompt` on a rank of its own (computed from scratch)."""
-    rank = EngineRank(CONFIG, RankAddresses(rank_id="reference")).start()
-    try:
-        with grpc.insecure_channel(f"127.0.0.1:{rank.grpc_port}") as channel:
-            stub = engine_pb2_grpc.EngineStub(channel)
-            chunks = list(stub.Generate(engine_request("ref", prompt), timeout=60))
-        assert chunks[-1].usage.cached_tokens == 0
-        return tokens(chunks)
-    finally:
-        rank.stop(grace=0)
-
-
 @pytest.mark.parametrize("migrate_kv", [True, False])
 def test_a_turn_past_its_wait_bound_pulls_its_prefix_from_the_home(prefix, migrate_kv):
     """Moving with the KV off, the moved turn recomputes its 144-token prefix; on, it reuses
@@ -93,7 +84,7 @@ def test_a_turn_past_its_wait_bound_pulls_its_prefix_from_the_home(prefix, migra
         assert cached == (RESUMED_TOKENS if migrate_kv else 0)
         moves = router.metrics.registry.get_sample_value("kvfleet_router_kv_moves_total")
         assert moves == (1 if migrate_kv else 0)
-        assert tokens(responses) == _reference(second)
+        assert tokens(responses) == reference_tokens(second)
         for rank in ranks:
             rank.core.check_integrity()
     finally:
@@ -115,7 +106,7 @@ def test_a_drained_ranks_conversation_resumes_on_a_survivor_from_the_disk(prefix
         responses = router_generate(address, "c2", second)
         assert responses[0].rank_id == "survivor"
         assert responses[-1].chunk.usage.cached_tokens == RESUMED_TOKENS
-        assert tokens(responses) == _reference(second)
+        assert tokens(responses) == reference_tokens(second)
         survivor.core.check_integrity()
     finally:
         for rank in (home, survivor):
