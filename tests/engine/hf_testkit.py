@@ -159,6 +159,16 @@ def hf_logits(model, tokens: list[int]) -> torch.Tensor:
         return model(torch.tensor([tokens])).logits[0].float()
 
 
+def hf_greedy(model, prompt: list[int], new_tokens: int) -> list[int]:
+    """transformers' greedy continuation of `prompt`, `new_tokens` long (full forward per
+    token, no cache: the reference every engine path is held to)."""
+    ids = list(prompt)
+    with torch.no_grad():
+        for _ in range(new_tokens):
+            ids.append(int(model(torch.tensor([ids])).logits[0, -1].argmax()))
+    return ids[len(prompt) :]
+
+
 def paged_logits(
     model, tokens: list[int], cuts: list[int], page_size: int = 4, backend: str = "reference"
 ) -> torch.Tensor:

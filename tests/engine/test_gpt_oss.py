@@ -7,9 +7,8 @@ from __future__ import annotations
 import random
 
 import pytest
-import torch
 from engine_testkit import TEST_CONFIG, final, greedy, run_call, tokens_of
-from hf_testkit import hf_config, save_tiny
+from hf_testkit import hf_config, hf_greedy, save_tiny
 from kvfleet.services.engine.compute.backends import TorchCompute
 from kvfleet.services.engine.compute.tp import TPLayout, shard_config
 from kvfleet.services.engine.core.engine_core import EngineCore
@@ -56,14 +55,6 @@ def test_tensor_parallel_is_refused_with_a_reason():
         shard_config(_config(), TPLayout(0, 2))
 
 
-def _hf_greedy(model, prompt: list[int]) -> list[int]:
-    ids = list(prompt)
-    with torch.no_grad():
-        for _ in range(NEW_TOKENS):
-            ids.append(int(model(torch.tensor([ids])).logits[0, -1].argmax()))
-    return ids[len(prompt) :]
-
-
 def _turns(rng: random.Random):
     """An agent loop's turns after the first: append, resend, rewrite the tail, append."""
 
@@ -101,7 +92,7 @@ def test_prefix_cache_turns_give_transformers_greedy_tokens(tmp_path, policy, ba
             call = GenerateCall(f"{policy}-t{turn}", tuple(prompt), greedy(NEW_TOKENS), "conv")
             outputs = run_call(core, call)
             output = tokens_of(outputs)
-            assert output == _hf_greedy(hf, prompt), f"turn {turn}"
+            assert output == hf_greedy(hf, prompt, NEW_TOKENS), f"turn {turn}"
             cached.append(final(outputs).usage.cached_tokens)
         core.check_integrity()
     finally:

@@ -9,7 +9,7 @@ import random
 import pytest
 import torch
 from engine_testkit import final, greedy, run_call, tokens_of, turn_after_host_flood
-from hf_testkit import hf_config, hf_logits, paged_logits, random_tokens, save_tiny
+from hf_testkit import hf_config, hf_greedy, hf_logits, paged_logits, random_tokens, save_tiny
 from kvfleet.kvstore.tiers.metrics import HOST
 from kvfleet.services.engine.compute.backends import TorchCompute
 from kvfleet.services.engine.core.engine_core import EngineCore
@@ -68,14 +68,6 @@ def test_dense_model_without_positions_equals_transformers(tmp_path):
     torch.testing.assert_close(got, hf_logits(hf, tokens), atol=2e-5, rtol=1e-4)
 
 
-def _hf_greedy(model, prompt: list[int]) -> list[int]:
-    ids = list(prompt)
-    with torch.no_grad():
-        for _ in range(NEW_TOKENS):
-            ids.append(int(model(torch.tensor([ids])).logits[0, -1].argmax()))
-    return ids[len(prompt) :]
-
-
 def _core(config) -> EngineCore:
     return EngineCore(config, compute=TorchCompute(config)).start()
 
@@ -97,7 +89,7 @@ def test_snapshot_resumed_turns_give_transformers_greedy_tokens(tmp_path, policy
             call = GenerateCall(f"{policy}-t{turn}", tuple(prompt), greedy(NEW_TOKENS), "conv")
             outputs = run_call(core, call)
             output = tokens_of(outputs)
-            assert output == _hf_greedy(hf, prompt), f"turn {turn}"
+            assert output == hf_greedy(hf, prompt, NEW_TOKENS), f"turn {turn}"
             expected = 0 if turn == 0 else _resume_point(previous, prompt)
             assert final(outputs).usage.cached_tokens == expected, f"turn {turn}"
         core.check_integrity()
@@ -118,7 +110,7 @@ def test_turn_onboarded_from_host_tier_gives_transformers_tokens(tmp_path, monke
         assert final(outputs).usage.cached_tokens == (len(first) + NEW_TOKENS) // PAGE * PAGE
         assert metrics[HOST].hits > 0, metrics
         assert "ssm" in onboarded and "full" in onboarded, onboarded
-        assert tokens_of(outputs) == _hf_greedy(hf, list(second.prompt_token_ids))
+        assert tokens_of(outputs) == hf_greedy(hf, list(second.prompt_token_ids), NEW_TOKENS)
         core.check_integrity()
     finally:
         core.stop()

@@ -8,7 +8,7 @@ import random
 import pytest
 import torch
 from engine_testkit import TEST_CONFIG, final, greedy, run_call, tokens_of
-from hf_testkit import ARCHS, save_tiny
+from hf_testkit import ARCHS, hf_greedy, save_tiny
 from kvfleet.services.engine.compute.backends import TorchCompute
 from kvfleet.services.engine.core.engine_core import EngineCore
 from kvfleet.services.engine.request.engine_request import GenerateCall
@@ -16,14 +16,6 @@ from kvfleet.services.engine.request.engine_request import GenerateCall
 pytest.importorskip("transformers")
 
 NEW_TOKENS = 8
-
-
-def _hf_greedy(model, prompt: list[int]) -> list[int]:
-    ids = list(prompt)
-    with torch.no_grad():
-        for _ in range(NEW_TOKENS):
-            ids.append(int(model(torch.tensor([ids])).logits[0, -1].argmax()))
-    return ids[len(prompt) :]
 
 
 def _turns(rng: random.Random):
@@ -55,7 +47,7 @@ def test_engine_greedy_tokens_equal_transformers_across_turns(tmp_path, arch):
             call = GenerateCall(f"{arch}-t{turn}", tuple(prompt), greedy(NEW_TOKENS), "conv")
             outputs = run_call(core, call)
             output = tokens_of(outputs)
-            assert output == _hf_greedy(hf, prompt), f"turn {turn}"
+            assert output == hf_greedy(hf, prompt, NEW_TOKENS), f"turn {turn}"
             cached.append(final(outputs).usage.cached_tokens)
         core.check_integrity()
     finally:

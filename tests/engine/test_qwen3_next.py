@@ -11,7 +11,7 @@ import random
 import pytest
 import torch
 from engine_testkit import final, run_call, tokens_of, turn_after_host_flood
-from hf_testkit import hf_config, hf_logits, paged_logits, random_tokens, save_tiny
+from hf_testkit import hf_config, hf_greedy, hf_logits, paged_logits, random_tokens, save_tiny
 from kvfleet.kvstore.tiers.metrics import HOST
 from kvfleet.services.engine.attention.batch import StateRows
 from kvfleet.services.engine.compute.backends import TorchCompute
@@ -174,14 +174,6 @@ def test_batched_decode_step_equals_each_row_alone():
     torch.testing.assert_close(states[:, numel:], before[:, numel:])  # past the state: untouched
 
 
-def _hf_greedy(model, prompt: list[int]) -> list[int]:
-    ids = list(prompt)
-    with torch.no_grad():
-        for _ in range(NEW_TOKENS):
-            ids.append(int(model(torch.tensor([ids])).logits[0, -1].argmax()))
-    return ids[len(prompt) :]
-
-
 def _fresh(call: GenerateCall, config) -> list:
     """Every output of `call` from an empty cache: every token recomputed."""
     core = EngineCore(config, compute=TorchCompute(config)).start()
@@ -220,7 +212,7 @@ def test_cached_turns_equal_an_empty_cache_and_transformers(tmp_path, decode):
             outputs = run_call(core, call)
             output = tokens_of(outputs)
             _assert_same(outputs, _fresh(call, config), f"turn {turn}")
-            assert output == _hf_greedy(hf, prompt), f"turn {turn}"
+            assert output == hf_greedy(hf, prompt, NEW_TOKENS), f"turn {turn}"
             expected = 0 if turn == 0 else _resume_point(previous, prompt)
             assert final(outputs).usage.cached_tokens == expected, f"turn {turn}"
         core.check_integrity()
