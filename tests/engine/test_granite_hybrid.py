@@ -8,7 +8,7 @@ import random
 
 import pytest
 import torch
-from engine_testkit import final, greedy, run_call, tokens_of, turn_after_host_flood
+from engine_testkit import final, tokens_of, turn_after_host_flood
 from hf_testkit import hf_config, hf_greedy, hf_logits, paged_logits, random_tokens, save_tiny
 from kvfleet.kvstore.tiers.metrics import HOST
 from kvfleet.services.engine.compute.backends import TorchCompute
@@ -16,8 +16,7 @@ from kvfleet.services.engine.core.engine_core import EngineCore
 from kvfleet.services.engine.model.hf_keys import ConfigError
 from kvfleet.services.engine.model.registry import model_config_from_hf
 from kvfleet.services.engine.model.weights import load_checkpoint
-from kvfleet.services.engine.request.engine_request import GenerateCall
-from test_hybrid_engine import CONFIG, PAGE, WITH_HOST, _resume_point, _turns
+from test_hybrid_engine import CONFIG, PAGE, WITH_HOST, run_agent_turns
 
 pytest.importorskip("transformers")
 
@@ -80,20 +79,14 @@ def test_snapshot_resumed_turns_give_transformers_greedy_tokens(tmp_path, policy
     hf, path = save_tiny(ARCH, tmp_path, seed=11)
     core = _core(CONFIG.with_changes(model_path=str(path), reuse_policy=policy))
     rng = random.Random(7)
-    prompt, output = [rng.randrange(256) for _ in range(150)], []
+    prompt = [rng.randrange(256) for _ in range(150)]
+
+    def same_as_transformers(turn, call, outputs):
+        expected = hf_greedy(hf, list(call.prompt_token_ids), NEW_TOKENS)
+        assert tokens_of(outputs) == expected, f"turn {turn}"
+
     try:
-        for turn, next_prompt in enumerate([None, *_turns(rng)]):
-            previous = prompt
-            if next_prompt is not None:
-                prompt = next_prompt(prompt, output)
-            call = GenerateCall(f"{policy}-t{turn}", tuple(prompt), greedy(NEW_TOKENS), "conv")
-            outputs = run_call(core, call)
-            output = tokens_of(outputs)
-            assert output == hf_greedy(hf, prompt, NEW_TOKENS), f"turn {turn}"
-            expected = 0 if turn == 0 else _resume_point(previous, prompt)
-            assert final(outputs).usage.cached_tokens == expected, f"turn {turn}"
-        core.check_integrity()
-        core.call_on_core(core.compute.cache.check_integrity)
+        run_agent_turns(core, prompt, rng, policy, NEW_TOKENS, same_as_transformers)
     finally:
         core.stop()
 

@@ -98,6 +98,25 @@ def _resume_point(previous: list[int], prompt: list[int]) -> int:
     return max((b for b in boundaries if b <= shared), default=0)
 
 
+def run_agent_turns(core, prompt: list[int], rng: random.Random, tag: str, new_tokens: int,
+                    check) -> None:  # fmt: skip
+    """`_turns`' agent loop from `prompt` on `core`: each turn's outputs go to `check(turn,
+    call, outputs)`, each must resume at `_resume_point`; the kvstore and cache stay whole."""
+    output: list[int] = []
+    for turn, next_prompt in enumerate([None, *_turns(rng)]):
+        previous = prompt
+        if next_prompt is not None:
+            prompt = next_prompt(prompt, output)
+        call = GenerateCall(f"{tag}-t{turn}", tuple(prompt), greedy(new_tokens), "conv")
+        outputs = run_call(core, call)
+        output = tokens_of(outputs)
+        check(turn, call, outputs)
+        expected = 0 if turn == 0 else _resume_point(previous, prompt)
+        assert final(outputs).usage.cached_tokens == expected, f"turn {turn}"
+    core.check_integrity()
+    core.call_on_core(core.compute.cache.check_integrity)
+
+
 @pytest.mark.parametrize("decode", ["off", "static"])
 @pytest.mark.parametrize("policy", ["per_conversation", "per_request"])
 def test_greedy_output_with_cache_equals_without(policy, decode):
@@ -107,20 +126,11 @@ def test_greedy_output_with_cache_equals_without(policy, decode):
     config = CONFIG.with_changes(reuse_policy=policy)
     core = _core(config.with_changes(decode_graphs=decode), f"hybrid-cached-{decode}")
     rng = random.Random(7)
-    prompt, output = [rng.randrange(256) for _ in range(150)], []
+    prompt = [rng.randrange(256) for _ in range(150)]
     try:
-        for turn, next_prompt in enumerate([None, *_turns(rng)]):
-            previous = prompt
-            if next_prompt is not None:
-                prompt = next_prompt(prompt, output)
-            call = GenerateCall(f"{policy}-t{turn}", tuple(prompt), greedy(10), "conv-1")
-            outputs = run_call(core, call)
-            output = tokens_of(outputs)
-            _assert_same(outputs, _fresh(call, config), f"turn {turn}")
-            expected = 0 if turn == 0 else _resume_point(previous, prompt)
-            assert final(outputs).usage.cached_tokens == expected, f"turn {turn}"
-        core.check_integrity()
-        core.call_on_core(core.compute.cache.check_integrity)
+        run_agent_turns(core, prompt, rng, policy, 10,
+                        lambda turn, call, outputs: _assert_same(
+                            outputs, _fresh(call, config), f"turn {turn}"))  # fmt: skip
     finally:
         core.stop()
 

@@ -22,7 +22,7 @@ from kvfleet.services.engine.model.registry import model_config_from_hf
 from kvfleet.services.engine.model.ssm import SSMState
 from kvfleet.services.engine.model.weights import build_model, load_checkpoint
 from kvfleet.services.engine.request.engine_request import GenerateCall
-from test_hybrid_engine import CONFIG, PAGE, WITH_HOST, _assert_same, _resume_point, _turns, greedy
+from test_hybrid_engine import CONFIG, PAGE, WITH_HOST, _assert_same, run_agent_turns
 
 pytest.importorskip("transformers")
 
@@ -202,21 +202,15 @@ def test_cached_turns_equal_an_empty_cache_and_transformers(tmp_path, decode):
     rng = random.Random(7)
     # 156 tokens: every turn's decodes cross a block end (a step reading one page, writing
     # the next)
-    prompt, output = [rng.randrange(256) for _ in range(156)], []
+    prompt = [rng.randrange(256) for _ in range(156)]
+
+    def same_as_empty_cache_and_transformers(turn, call, outputs):
+        _assert_same(outputs, _fresh(call, config), f"turn {turn}")
+        expected = hf_greedy(hf, list(call.prompt_token_ids), NEW_TOKENS)
+        assert tokens_of(outputs) == expected, f"turn {turn}"
+
     try:
-        for turn, next_prompt in enumerate([None, *_turns(rng)]):
-            previous = prompt
-            if next_prompt is not None:
-                prompt = next_prompt(prompt, output)
-            call = GenerateCall(f"q-t{turn}", tuple(prompt), greedy(NEW_TOKENS), "conv")
-            outputs = run_call(core, call)
-            output = tokens_of(outputs)
-            _assert_same(outputs, _fresh(call, config), f"turn {turn}")
-            assert output == hf_greedy(hf, prompt, NEW_TOKENS), f"turn {turn}"
-            expected = 0 if turn == 0 else _resume_point(previous, prompt)
-            assert final(outputs).usage.cached_tokens == expected, f"turn {turn}"
-        core.check_integrity()
-        core.call_on_core(core.compute.cache.check_integrity)
+        run_agent_turns(core, prompt, rng, "q", NEW_TOKENS, same_as_empty_cache_and_transformers)
     finally:
         core.stop()
 
