@@ -317,7 +317,9 @@ def main() -> int:
              "working_set_gib": sizing.working_set_gib,
              "gpu_gib_per_rank": gpu_pages * page_tokens * per_token / 2**30,
              "host_gib_per_rank": sizing.host_gib_per_rank, "gpu_pages_per_rank": gpu_pages,
-             "host_pages_per_rank": host_pages, "page_tokens": page_tokens, "arms": {}}  # fmt: skip
+             "host_pages_per_rank": host_pages, "page_tokens": page_tokens,
+             # the engine's default (EngineConfig.host_kv_exclusive): fleet_sim mirrors it
+             "host_exclusive": True, "arms": {}}  # fmt: skip
     print(json.dumps({k: v for k, v in fleet.items() if k != "sessions"}), flush=True)
     status = 0
     begun, last_arm_s = time.monotonic(), 0.0

@@ -31,6 +31,7 @@ class TierConfig:
     disk_dir: str | None = None
     disk_prefetch_num_reqs: int = 0
     prefetch_queue_blocks: int = 256
+    host_exclusive: bool = True  # a block onboarded from host leaves it (KVTiers)
 
 
 def build_tiers(
@@ -49,6 +50,7 @@ def build_tiers(
     common: dict[str, Any] = {
         "disk_prefetch_num_reqs": tiers.disk_prefetch_num_reqs,
         "prefetch_queue_blocks": tiers.prefetch_queue_blocks,
+        "host_exclusive": tiers.host_exclusive,
     }
     if layout is None:
         markers = _open_markers(tiers.disk_dir, names)

@@ -71,6 +71,7 @@ class KVTiers:
         disk_files: DiskFiles | NoDiskFiles | None = None,
         disk_prefetch_num_reqs: int = 0,
         prefetch_queue_blocks: int = 256,
+        host_exclusive: bool = True,
     ) -> None:
         if disk_prefetch_num_reqs < 0:
             raise ValueError(f"disk_prefetch_num_reqs must be >= 0, got {disk_prefetch_num_reqs}")
@@ -83,6 +84,10 @@ class KVTiers:
         files = disk_files or NoDiskFiles()
         self.disk = DiskTier(TierIndex(DISK, disk_pages, self.kept), files, self.metrics[DISK])
         self.disk_prefetch_num_reqs = disk_prefetch_num_reqs
+        # Exclusive: a block onboarded from host leaves host (its next device eviction copies
+        # it down again), so host and device never hold the same block twice and the two
+        # tiers keep their sum of distinct blocks (docs/simulator.md, "An exclusive host tier").
+        self.host_exclusive = host_exclusive
         self.device_kv = getattr(self.bytes, "kv", None)
         self._prefetcher = Prefetcher(self.disk.files, self.page_bytes, prefetch_queue_blocks)
         self._pending: list[tuple[str, int, int]] = []  # (life cycle, device page, host slot)
@@ -251,6 +256,10 @@ class KVTiers:
         device.pages_in += len(blocks)
         device.bytes_in += len(blocks) * self.page_bytes.get(life_cycle, 0)
         self.metrics[HOST].misses += found[DISK]
+        if self.host_exclusive:  # the device holds them now (see _drop_host_copy)
+            for block in blocks:
+                if block.tier == HOST:
+                    self.host.remove(life_cycle, block.block_hash)
         for tier, count in found.items():
             self.metrics[tier].hits += count
             self.metrics[tier].pages_out += count
@@ -357,6 +366,14 @@ class KVTiers:
             )
         if self.host.num_pinned() or self.disk.index.num_pinned():
             raise IntegrityError("tiers: blocks are still pinned after an onboarding")
+        if self.host_exclusive:
+            for name in self.host.capacity:
+                both = [h for h in self.host.hashes(name) if self._on_device(name, h)]
+                if both:
+                    raise IntegrityError(
+                        f"tiers: exclusive host holds {len(both)} {name!r} blocks that are "
+                        "on the device too"
+                    )
 
     def close(self) -> None:
         """Stop the prefetch worker and wait for copies in flight."""
@@ -367,10 +384,22 @@ class KVTiers:
 
     def _device_event(self, event: KVEvent) -> None:
         # NOTE: a block still (or already) on host stays findable on this rank either way.
+        if self.host_exclusive and event.kind == KVEventKind.STORED:
+            self._drop_host_copy(event.life_cycle, event.block_hash)
         if self.host.lookup(event.life_cycle, event.block_hash) is None:
             self._listener(event)
             if event.kind == KVEventKind.REMOVED:
                 self.forget([event.block_hash])
+
+    def _drop_host_copy(self, life_cycle: str, block_hash: int) -> None:
+        """Exclusive host: a block now on the device leaves host (a pinned one when its
+        onboarding ends, in `onboard`); a copy still on its way to its slot lands first."""
+        slot = self.host.lookup(life_cycle, block_hash)
+        if slot is None or self.host.pinned(life_cycle, block_hash):
+            return
+        if (life_cycle, slot) in self._pending_slots:
+            self.flush()
+        self.host.remove(life_cycle, block_hash)
 
     def _host_insert(self, life_cycle: str, block_hash: int) -> int | None:
         slot, evicted = self.host.insert(life_cycle, block_hash)

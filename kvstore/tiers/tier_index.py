@@ -98,6 +98,10 @@ class TierIndex:
             raise ValueError(f"tier {self.tier!r}: pin of absent block {block_hash:#x}")
         self._pinned[life_cycle].add(block_hash)
 
+    def pinned(self, life_cycle: str, block_hash: int) -> bool:
+        """Whether the block is pinned now (its bytes are being read)."""
+        return block_hash in self._pinned[life_cycle]
+
     def num_pinned(self) -> int:
         """Blocks pinned now, over all life cycles."""
         return sum(len(pinned) for pinned in self._pinned.values())

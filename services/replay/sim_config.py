@@ -41,6 +41,7 @@ class FleetOptions:
     gpu_gib: float = 0.0  # > 0: device KV bytes per rank, split by bytes (gpu_pages unused)
     kv_cache_dtype: str = "auto"  # auto (the model's dtype_bytes) | bf16 | fp8_e4m3: page bytes
     host_gib: float = 0.0  # > 0: host tier bytes per rank, split like the device bytes
+    host_exclusive: bool = True  # a block onboarded from host leaves it (kvstore/tiers/stack)
     chunk_tokens: int = 8192
     max_context_tokens: int = 131072
     affinity: str = "strict"

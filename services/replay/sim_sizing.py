@@ -53,6 +53,7 @@ def rank_kvstore(fleet: FleetOptions, model: ModelShape) -> tuple[KVStoreConfig,
         host,
         plan_lower_tier(step, life_cycles, bs, fleet.disk_pages),
         dict.fromkeys((lc.name for lc in life_cycles), 0),
+        host_exclusive=fleet.host_exclusive,
     )
     return kv_config, tiers
 

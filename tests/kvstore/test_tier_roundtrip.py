@@ -1,6 +1,7 @@
 """Offload then onboard returns bit-identical KV through every tier, for every life cycle."""
 
 import pytest
+from kvfleet.kvstore.hashing import block_hashes
 from kvfleet.kvstore.life_cycles import (
     FullLifeCycle,
     PrivateLifeCycle,
@@ -78,5 +79,30 @@ def test_device_eviction_order_decides_what_reaches_host():
     manager.add_request("a2", [*prompt_of(1), 7])
     assert manager.match("a2").locations["full"] == ("device", "device", "host", "host")
     manager.finish_request("a2")
+    manager.check_integrity()
+    manager.tiers.close()
+
+
+@pytest.mark.parametrize("exclusive", [True, False])
+def test_an_exclusive_host_holds_no_block_the_device_holds(exclusive):
+    """Onboarded from host, a block leaves host (exclusive, the default) and goes back down
+    when the device evicts it again: the two tiers hold the sum of their distinct blocks.
+    Inclusive, host keeps a copy of every block it gave back, and the integrity check passes
+    only because it asks nothing of an inclusive host."""
+    manager = make_tiered(device_pages=6, host_pages=16, disk_pages=0, host_exclusive=exclusive)
+    _evict_a_with(manager, 3)
+    first = block_hashes(prompt_of(1), BLOCK)
+    host = manager.tiers.host
+    assert all(host.lookup("full", h) is not None for h in first)
+    prompt = prompt_of(1) + prompt_of(9, BLOCK)
+    assert serve(manager, "a2", prompt) == 4 * BLOCK
+    on_host = [host.lookup("full", h) is not None for h in first]
+    assert on_host == [not exclusive] * 4
+    manager.check_integrity()
+    # pushed off the device again, the blocks are back on host, bytes intact
+    for seed in range(20, 23):
+        serve(manager, f"again{seed}", prompt_of(seed))
+    assert all(host.lookup("full", h) is not None for h in first)
+    assert serve(manager, "a3", prompt) == 4 * BLOCK  # serve() checks every reused page's bytes
     manager.check_integrity()
     manager.tiers.close()

@@ -50,6 +50,7 @@ def make_tiered(
     events: list[KVEvent] | None = None,
     scales_tag: str = "",
     clock: Callable[[], float] = time.monotonic,
+    host_exclusive: bool = True,
 ) -> KVCacheManager:
     """A manager with CPU device KV, a host tier and a disk tier in a fresh temp folder, whose
     cache TTLs run on `clock`."""
@@ -67,6 +68,7 @@ def make_tiered(
         disk_pages=dict.fromkeys(names, disk_pages),
         disk_dir=folder,
         disk_prefetch_num_reqs=prefetch_num_reqs,
+        host_exclusive=host_exclusive,
     )
     layout = make_layout(life_cycles, dtype, scales_tag)
     tiers = build_tiers(store, tier_config, layout, device=DEVICE)

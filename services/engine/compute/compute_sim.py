@@ -102,6 +102,7 @@ class SimCompute:
             disk_pages=planned.disk_pages,
             disk_dir=planned.disk_dir,
             disk_prefetch_num_reqs=planned.disk_prefetch_num_reqs,
+            host_exclusive=planned.host_exclusive,
         )
         self._tiers = build_tiers(self.store_config, tiers)
         self._onboarded = (0, 0)

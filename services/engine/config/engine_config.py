@@ -74,6 +74,7 @@ class EngineConfig:
     # the GiB split like the device pools, unless *_pages fixes them.
     host_kv_gib: float = 0.0  # this rank's host tier; 0: none
     host_kv_pages: int | None = None
+    host_kv_exclusive: bool = True  # a block onboarded from host leaves it: no block held twice
     disk_tier_enabled: bool = True  # the shared disk tier in disk_tier_dir (when set)
     disk_kv_gib: float = 32.0  # this rank's share of the shared disk volume
     disk_kv_pages: int | None = None

@@ -9,7 +9,7 @@ Layout (snake_case; the operator renders it, docs/operator.md documents it):
     tensor_parallel: 1          # workers (GPUs) of the rank, started by torchrun
     reuse: {policy: per_conversation, max_num_turns: 5, checkpoint: true,
             keep_root: false, keep_branch_points: 2, discover_branch_points: false}
-    kv_tiers: {gpu_memory_fraction: 0.9, host_gib: 0, host_pages: null,
+    kv_tiers: {gpu_memory_fraction: 0.9, host_gib: 0, host_pages: null, host_exclusive: true,
                disk: {enabled: false, dir: ..., gib: 32, pages: null, prefetch_num_reqs: 4}}
     engine: {<any EngineConfig field>: value}   # tuning the operator does not render
 
@@ -69,6 +69,7 @@ class TiersSection(_Strict):
     gpu_memory_fraction: float | None = None
     host_gib: float | None = None
     host_pages: int | None = None
+    host_exclusive: bool | None = None
     disk: DiskSection = Field(default_factory=DiskSection)
 
 
@@ -101,7 +102,11 @@ class EngineYaml(_Strict):
 
 # Section key -> EngineConfig field, where the two names differ.
 REUSE_FIELDS = {"policy": "reuse_policy"}
-TIER_FIELDS = {"host_gib": "host_kv_gib", "host_pages": "host_kv_pages"}
+TIER_FIELDS = {
+    "host_gib": "host_kv_gib",
+    "host_pages": "host_kv_pages",
+    "host_exclusive": "host_kv_exclusive",
+}
 DISK_FIELDS = {
     "enabled": "disk_tier_enabled",
     "dir": "disk_tier_dir",
