@@ -24,6 +24,7 @@ from pathlib import Path
 import yaml
 from fleet_arms import ARMS
 from fleet_sizing import kv_bytes_per_token, report_half, size_fleet
+from kvfleet.services.engine.config.engine_config import EngineConfig
 from kvfleet.services.engine.config.model_config import preset
 
 SHARED = Path(
@@ -318,8 +319,8 @@ def main() -> int:
              "gpu_gib_per_rank": gpu_pages * page_tokens * per_token / 2**30,
              "host_gib_per_rank": sizing.host_gib_per_rank, "gpu_pages_per_rank": gpu_pages,
              "host_pages_per_rank": host_pages, "page_tokens": page_tokens,
-             # the engine's default (EngineConfig.host_kv_exclusive): fleet_sim mirrors it
-             "host_exclusive": True, "arms": {}}  # fmt: skip
+             # what the ranks run with (their default): fleet_sim mirrors it
+             "host_exclusive": EngineConfig().host_kv_exclusive, "arms": {}}  # fmt: skip
     print(json.dumps({k: v for k, v in fleet.items() if k != "sessions"}), flush=True)
     status = 0
     begun, last_arm_s = time.monotonic(), 0.0

@@ -163,7 +163,8 @@ def count_launches(step_fn, steps: int, kernels: dict | None = None) -> tuple[ob
             device += 1
             start, end = event.time_range.start, event.time_range.end
             spans.append((start, end))
-            by_kind[kernel_kind(name)] = by_kind.get(kernel_kind(name), 0.0) + end - start
+            kind = kernel_kind(name)
+            by_kind[kind] = by_kind.get(kind, 0.0) + end - start
             by_name[name] = by_name.get(name, 0.0) + end - start
     if kernels is not None and spans:
         kernels.update(_kernel_summary(spans, by_kind, by_name, steps))

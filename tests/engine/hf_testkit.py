@@ -119,6 +119,13 @@ def hf_config(arch: str, **changes):
     return config
 
 
+def engine_model_config(arch: str, **changes):
+    """The engine's ModelConfig read from transformers' config of a tiny `arch`."""
+    from kvfleet.services.engine.model.registry import model_config_from_hf
+
+    return model_config_from_hf(hf_config(arch, **changes).to_dict())
+
+
 def save_tiny(arch: str, directory: Path, seed: int = 0, dtype=torch.float32, **changes):
     """(transformers model in eval mode, checkpoint directory) of a random tiny `arch`."""
     import transformers

@@ -8,11 +8,10 @@ import random
 
 import pytest
 from engine_testkit import TEST_CONFIG, final, greedy, run_call, tokens_of
-from hf_testkit import hf_config, hf_greedy, save_tiny
+from hf_testkit import engine_model_config, hf_greedy, save_tiny
 from kvfleet.services.engine.compute.backends import TorchCompute
 from kvfleet.services.engine.compute.tp import TPLayout, shard_config
 from kvfleet.services.engine.core.engine_core import EngineCore
-from kvfleet.services.engine.model.registry import model_config_from_hf
 from kvfleet.services.engine.request.engine_request import GenerateCall
 
 pytest.importorskip("transformers")
@@ -21,38 +20,38 @@ ARCH = "GptOssForCausalLM"
 NEW_TOKENS = 8
 
 
-def _config(**changes):
-    return model_config_from_hf(hf_config(ARCH, **changes).to_dict())
-
-
 def test_layer_types_pick_the_window_group_and_the_rest_stay_full():
     """Sliding layers must keep KV in the window life cycle, full layers in the full one."""
-    config = _config()
+    config = engine_model_config(ARCH)
     assert config.groups == {"window": (0, 2), "full": (1,)}
     assert config.window_size == 24
     assert config.attention_sinks and config.experts_kind == "gpt_oss"
     assert config.moe_layers == (0, 1, 2) and config.moe_intermediate_size == 96
     assert (config.qkv_bias, config.o_bias, config.swiglu_limit) == (True, True, 0.3)
-    swapped = _config(layer_types=["full_attention", "sliding_attention", "full_attention"])
+    swapped = engine_model_config(
+        ARCH, layer_types=["full_attention", "sliding_attention", "full_attention"]
+    )
     assert swapped.groups == {"full": (0, 2), "window": (1,)}
 
 
 def test_yarn_rope_as_the_config_says():
     """gpt-oss's YaRN is untruncated (truncate: false), theta 150000, over 4096 positions."""
-    scaling = _config().rope_scaling
+    scaling = engine_model_config(ARCH).rope_scaling
     assert (scaling.kind, scaling.factor, scaling.truncate) == ("yarn", 32.0, False)
-    assert scaling.original_max_position == 4096 and _config().rope_theta == 150000.0
+    assert (
+        scaling.original_max_position == 4096 and engine_model_config(ARCH).rope_theta == 150000.0
+    )
 
 
 def test_no_sliding_window_means_every_layer_is_full():
     """transformers reads a null sliding_window as no window on any layer."""
-    assert _config(sliding_window=None).groups == {"full": (0, 1, 2)}
+    assert engine_model_config(ARCH, sliding_window=None).groups == {"full": (0, 1, 2)}
 
 
 def test_tensor_parallel_is_refused_with_a_reason():
     """Sinks and gpt-oss experts are not split across workers: refuse rather than serve wrong."""
     with pytest.raises(ValueError, match="does not split attention sinks or gpt-oss experts"):
-        shard_config(_config(), TPLayout(0, 2))
+        shard_config(engine_model_config(ARCH), TPLayout(0, 2))
 
 
 def _turns(rng: random.Random):

@@ -9,12 +9,18 @@ import random
 import pytest
 import torch
 from engine_testkit import final, tokens_of, turn_after_host_flood
-from hf_testkit import hf_config, hf_greedy, hf_logits, paged_logits, random_tokens, save_tiny
+from hf_testkit import (
+    engine_model_config,
+    hf_greedy,
+    hf_logits,
+    paged_logits,
+    random_tokens,
+    save_tiny,
+)
 from kvfleet.kvstore.tiers.metrics import HOST
 from kvfleet.services.engine.compute.backends import TorchCompute
 from kvfleet.services.engine.core.engine_core import EngineCore
 from kvfleet.services.engine.model.hf_keys import ConfigError
-from kvfleet.services.engine.model.registry import model_config_from_hf
 from kvfleet.services.engine.model.weights import load_checkpoint
 from test_hybrid_engine import CONFIG, PAGE, WITH_HOST, run_agent_turns
 
@@ -24,13 +30,9 @@ ARCH = "GraniteMoeHybridForCausalLM"
 NEW_TOKENS = 8
 
 
-def _config(**changes):
-    return model_config_from_hf(hf_config(ARCH, **changes).to_dict())
-
-
 def test_mamba_layers_are_the_state_group_and_attention_layers_full():
     """Mamba layers keep recurrent state (snapshots), attention layers every K/V block."""
-    config = _config()
+    config = engine_model_config(ARCH)
     assert config.groups == {"ssm": (0, 2), "full": (1, 3)}
     assert (config.ssm_num_heads, config.ssm_head_dim, config.ssm_state_size) == (4, 32, 16)
     assert config.ssm_conv_kernel == 4 and config.use_rope
@@ -38,7 +40,7 @@ def test_mamba_layers_are_the_state_group_and_attention_layers_full():
     assert config.moe_layers == (0, 1, 2, 3) and config.norm_topk_prob
     scalars = (config.embedding_multiplier, config.residual_multiplier, config.logits_scaling)
     assert (*scalars, config.attention_scale) == (2.0, 0.7, 1.5, 0.3)
-    dense = _config(num_local_experts=0, position_embedding_type=None)
+    dense = engine_model_config(ARCH, num_local_experts=0, position_embedding_type=None)
     assert dense.moe_layers == () and not dense.use_rope
 
 
@@ -53,7 +55,7 @@ def test_mamba_layers_are_the_state_group_and_attention_layers_full():
 def test_what_the_ssm_does_not_compute_is_refused(changes, message):
     """Grouped B/C, a clamped time step or projection biases would be served wrong: refuse."""
     with pytest.raises(ConfigError, match=message):
-        _config(**changes)
+        engine_model_config(ARCH, **changes)
 
 
 def test_dense_model_without_positions_equals_transformers(tmp_path):

@@ -11,7 +11,15 @@ import random
 import pytest
 import torch
 from engine_testkit import final, run_call, tokens_of, turn_after_host_flood
-from hf_testkit import hf_config, hf_greedy, hf_logits, paged_logits, random_tokens, save_tiny
+from hf_testkit import (
+    engine_model_config,
+    hf_config,
+    hf_greedy,
+    hf_logits,
+    paged_logits,
+    random_tokens,
+    save_tiny,
+)
 from kvfleet.kvstore.tiers.metrics import HOST
 from kvfleet.services.engine.attention.batch import StateRows
 from kvfleet.services.engine.compute.backends import TorchCompute
@@ -30,14 +38,10 @@ ARCH = "Qwen3NextForCausalLM"
 NEW_TOKENS = 8
 
 
-def _config(**changes):
-    return model_config_from_hf(hf_config(ARCH, **changes).to_dict())
-
-
 def test_delta_layers_are_the_state_group_and_attention_layers_full():
     """Linear attention keeps a recurrent state (snapshots), gated attention every K/V block;
     the state page holds the conv window and the [value heads, key dim, value dim] state."""
-    config = _config()
+    config = engine_model_config(ARCH)
     assert config.groups == {"ssm": (0, 1, 3), "full": (2,)}
     shape = (config.ssm_num_heads, config.ssm_head_dim, config.ssm_num_groups)
     assert (*shape, config.ssm_state_size, config.ssm_conv_kernel) == (4, 12, 2, 8, 4)
@@ -46,9 +50,9 @@ def test_delta_layers_are_the_state_group_and_attention_layers_full():
     assert (config.head_dim, config.rotary_dim) == (16, 4)  # partial_rotary_factor 0.25
     assert config.moe_layers == (0, 2, 3) and config.norm_topk_prob
     assert (config.moe_intermediate_size, config.shared_expert_intermediate_size) == (32, 48)
-    assert _config(num_experts=0).moe_layers == ()
+    assert engine_model_config(ARCH, num_experts=0).moe_layers == ()
     for dense in (False, True):  # the weight bytes the device budget sets aside
-        shaped = _config(num_experts=0, attention_bias=True) if dense else config
+        shaped = engine_model_config(ARCH, num_experts=0, attention_bias=True) if dense else config
         model = build_model(shaped)
         assert shaped.num_parameters() == sum(p.numel() for p in model.parameters())
 

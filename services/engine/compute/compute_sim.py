@@ -23,7 +23,7 @@ from pathlib import Path
 import torch
 import xxhash
 
-from ....kvstore.tiers.build import TierConfig, build_tiers
+from ....kvstore.tiers.build import build_tiers
 from ....kvstore.tiers.metrics import DISK, HOST
 from ....kvstore.tiers.stack import KVTiers
 from ...core.cost_figures import ModelShape, load_hardware
@@ -97,14 +97,7 @@ class SimCompute:
         """
         layout = kv_layout(self.model_config, self.config, KV_DTYPE)
         planned = tier_config(self.model_config, self.config, self.store_config, layout)
-        tiers = TierConfig(
-            host_pages=planned.host_pages,
-            disk_pages=planned.disk_pages,
-            disk_dir=planned.disk_dir,
-            disk_prefetch_num_reqs=planned.disk_prefetch_num_reqs,
-            host_exclusive=planned.host_exclusive,
-        )
-        self._tiers = build_tiers(self.store_config, tiers)
+        self._tiers = build_tiers(self.store_config, planned)
         self._onboarded = (0, 0)
         return self._tiers
 
