@@ -14,6 +14,7 @@ from kvfleet.services.cli import build_parser
 ROOT = Path(__file__).resolve().parents[1]
 DOCS = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
 FENCE = re.compile(r"```[^\n]*\n(.*?)```", re.S)
+README_TWO_COMMANDS = re.compile(r"^## Two commands\n(.*?)^## ", re.S | re.M)
 INLINE = re.compile(r"`([^`]+)`")  # a span may wrap onto the next line
 PROGRAM = re.compile(r"^[($\s]*(?:\S*/)?kvfleet(?:\s+|$)")
 # A synopsis (`--role context|generation|both`, `--model NAME`, `[--json OUT]`, `TRACE...`)
@@ -94,3 +95,13 @@ def test_no_file_holds_a_merge_conflict_marker():
         cwd=Path(__file__).resolve().parents[1], capture_output=True, text=True,
     )  # fmt: skip
     assert markers.stdout == ""
+
+
+def test_readme_test_command_is_what_ci_runs():
+    """README's "Two commands" are the main job and the test command; .ci/run must run that
+    test command itself, so a newcomer runs what CI runs."""
+    section = README_TWO_COMMANDS.search((ROOT / "README.md").read_text()).group(1)
+    commands = [block.strip() for block in FENCE.findall(section) if "pip install" in block]
+    assert len(commands) == 2, commands
+    ci = [line.strip() for line in (ROOT / ".ci" / "run").read_text().splitlines()]
+    assert commands[1] in ci, f"{commands[1]!r} is not a line of .ci/run"
