@@ -45,9 +45,9 @@ from kvfleet.services.engine.request.engine_request import GenerateCall  # noqa:
 MODES = {"off": ("off", False, False), "graphs": ("auto", False, False),
          "no-ahead": ("auto", True, False), "auto": ("auto", True, True),
          "static": ("static", False, True), "rebuild": ("auto", True, True),
-         "triton": ("auto", True, True)}  # fmt: skip
+         "flash": ("auto", True, True)}  # fmt: skip
 REBUILT_TABLES = {"rebuild"}  # modes whose decode steps rebuild page tables every step
-TRITON_DECODE = {"triton"}  # modes whose bf16 decode attention is the Triton kernel
+FLASH_DECODE = {"flash"}  # modes whose bf16 decode attention is flash-attn's, not Triton's
 TRT_LLM_GRID = "128/128,128/2048,1000/1000,2048/2048"
 PRESETS.setdefault("qwen3-0.6b", qwen3_0_6b_shape)  # the shape, with random weights
 
@@ -248,7 +248,7 @@ def main() -> None:
             base = base.with_changes(overlap_decode=ahead)
             config = base.with_changes(decode_graphs=graphs, max_batch_size=batch)
             rebuild = mode in REBUILT_TABLES
-            attn_flash.use_bf16_decode_kernel(mode in TRITON_DECODE)
+            attn_flash.use_bf16_decode_kernel(mode not in FLASH_DECODE)
             if grid and model in grid_models:
                 grid_config = base.with_changes(decode_graphs=graphs,
                                                 max_batch_size=args.grid_batch)  # fmt: skip

@@ -8,7 +8,6 @@ import sys
 
 import torch
 from kvfleet.services.engine.attention.attn_decode_kernel import (
-    DEFAULT_SHAPE,
     KernelShape,
     decode_attention,
 )
@@ -53,7 +52,7 @@ def check(
     )
     sink = torch.randn(heads, generator=gen) if sinks else None
     scale = head_dim**-0.5
-    out, lse = decode_attention(q, k, v, meta, window, scale, kv_scales, shape or DEFAULT_SHAPE)
+    out, lse = decode_attention(q, k, v, meta, window, scale, kv_scales, shape)
     if sink is not None:
         out = with_sinks(out, lse, sink)
     live = [b for b, n in enumerate(lens) if n > 0]

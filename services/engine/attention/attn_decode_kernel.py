@@ -1,4 +1,4 @@
-"""Decode attention straight over fp8 pages: a split-KV paged kernel in Triton, CUDA only.
+"""Decode attention over fp8 or bf16 pages: a split-KV paged kernel in Triton, CUDA only.
 
 flash-attn takes no fp8 K/V, so a decode step over an fp8 cache used to gather the batch's
 pages and dequantize them into a bf16 scratch pool first (`attn_flash.gather_dequantized`):
@@ -36,14 +36,21 @@ MAX_SPLITS = 16
 @dataclasses.dataclass(frozen=True)
 class KernelShape:
     """The partial kernel's tiling: keys per inner step, warps and pipeline stages per program
-    (bench/gpu/decode_attn_bench.py sweeps them; the defaults are its pick)."""
+    (bench/gpu/decode_attn_bench.py sweeps them; `shape_for` holds its pick)."""
 
     keys_per_block: int = KEYS_PER_BLOCK
     num_warps: int = 4
     num_stages: int = 3  # Triton's own defaults for NVIDIA: 4 warps, 3 stages
 
 
-DEFAULT_SHAPE = KernelShape()
+def shape_for(head_dim: int) -> KernelShape:
+    """The tiling for `head_dim`: ~8k key elements per inner step (128 keys of head dim 64, 64
+    of head dim 128), 4 warps, 3 stages.
+
+    NOTE: swept on an H100 (docs/engine-gpu.md), 64 keys per step left the 1b shape (head dim
+    64) at 0.87 of copy bandwidth and 128 reached 0.92; the 8b shape (head dim 128) is the
+    other way round (0.97 with 64, 0.92 with 128). More warps or stages never paid."""
+    return KernelShape(keys_per_block=max(KEYS_PER_BLOCK, min(128, 8192 // head_dim)))
 
 
 @triton.jit
@@ -219,12 +226,14 @@ def decode_attention(
     window: int | None,
     scale: float,
     kv_scales: tuple[torch.Tensor, torch.Tensor] | None,
-    shape: KernelShape = DEFAULT_SHAPE,
+    shape: KernelShape | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """One query token per sequence `q [B, heads, D]` over its pages `[num_pages, page,
     kv_heads, D]` (e4m3 times `kv_scales`, or the query's dtype with `kv_scales` None): the
-    outputs `[B, heads, D]` and each head's log-sum-exp `[B, heads]` (fp32)."""
+    outputs `[B, heads, D]` and each head's log-sum-exp `[B, heads]` (fp32). `shape`: the
+    tiling, `shape_for(D)` by default."""
     batch, heads, head_dim = q.shape
+    shape = shape or shape_for(head_dim)
     _, page_size, kv_heads, _ = k_pages.shape
     group = heads // kv_heads
     table = meta.page_table
