@@ -428,14 +428,19 @@ def lower_tier_demand(
 
     A lower tier holds no resident request: it holds what the device let go, conversations
     between turns, and a returning turn resumes at its conversation's latest endpoint. So per
-    conversation: its whole context on pools whose peak grows with it (full), one turn's
-    endpoint and checkpoint on the bounded ones (window, state), nothing private.
+    conversation: its context on pools whose peak grows with it (full), one turn's endpoint
+    and checkpoint on the bounded ones (window, state), nothing private. The context counts at
+    half the longest: a conversation's prompt grows from nothing towards the longest over its
+    life, so the conversations a tier holds between turns are, on average, half as long,
+    while each holds a whole endpoint window whatever its length.
 
     NOTE: copying the device split instead gives a lower tier the device's resident sliding
     windows and every retained turn's endpoints; on the load shape's host tier that was ~10 %
-    of the full-attention pages across both tiers (docs/simulator.md).
+    of the full-attention pages across both tiers. Counting the longest context instead of
+    half of it starved the window pool: on the load shape's tuning half, conversations whose
+    full blocks the host still held lost their endpoint windows (docs/simulator.md).
     """
-    whole = replace(step, full_tokens_per_retained_turn=None)
+    whole = replace(step, full_tokens_per_retained_turn=max(1, step.max_context_tokens // 2))
     return {lc.name: PEAK_PAGES[lc.kind](lc, whole, block_size).retained_turn for lc in life_cycles}
 
 

@@ -34,9 +34,10 @@ CYCLES = (FullLifeCycle("full"), WindowLifeCycle("window", 32, replay_tokens=16)
 def test_tier_pages_split_bytes_for_what_the_tier_holds():
     """A tier sized by page counts would starve the life cycle with bigger pages, and one
     split like the device would keep resident windows it never holds out of the full pool."""
-    # one conversation: full 256 / 16 = 16 pages x 4096 bytes, window (1 + ckpt) x 2 pages x 2048
-    pages = tier_pages(16 * 4096 + 4 * 2048, STEP, CYCLES, LAYOUT)
-    assert pages == {"full": 16, "window": 4}
+    # one conversation at half the longest context: full 128 / 16 = 8 pages x 4096 bytes,
+    # window (1 + ckpt) x 2 pages x 2048
+    pages = tier_pages(8 * 4096 + 4 * 2048, STEP, CYCLES, LAYOUT)
+    assert pages == {"full": 8, "window": 4}
 
 
 def test_tier_pages_of_no_budget_are_zero():

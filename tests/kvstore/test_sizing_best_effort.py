@@ -70,35 +70,30 @@ def test_retention_takes_no_pages_the_residents_need(step, window, with_state, s
     step=steps,
     window=st.sampled_from([1024, 4096]),
     with_state=st.booleans(),
-    device=st.integers(2000, 40000),
     lower=st.integers(0, 60000),
 )
-# The device's whole pages tip a 50/50 split by one page (1001 / 1000), scaled up threefold.
 @example(
     step=TypicalStep(1, 8192, 2048, retained_turns=1, checkpoint=True,
                      full_tokens_per_retained_turn=8192),
-    window=4096, with_state=False, device=2001, lower=6003,
+    window=4096, with_state=False, lower=6003,
 )  # fmt: skip
-def test_a_lower_tier_gives_the_full_pool_at_least_the_device_share(
-    step, window, with_state, device, lower
-):
-    """If this fails, a host or disk tier keeps pages for resident sliding windows and every
-    retained turn's endpoints, which it never holds, out of the full pool (the host tier
-    copied the device split): its full share must be at least the device's, within
-    `lower`, and a returning conversation's whole context gets its proportion."""
+def test_a_lower_tier_is_split_for_one_conversation_between_turns(step, window, with_state, lower):
+    """If this fails, a host or disk tier is split like the device (resident sliding windows
+    and every retained turn's endpoints, which it never holds, taken from the full pool), or
+    weighs a conversation at the longest context, starving its window pool: the split must
+    follow one conversation between turns at half the longest context, one endpoint (and
+    checkpoint) window, whatever the rank's slots and retained turns."""
     cycles = life_cycles(window, with_state)
-    device_pages = plan_pools(step, cycles, BLOCK, device).pool_pages
     tier = plan_lower_tier(step, cycles, BLOCK, lower)
     assert sum(tier.values()) <= lower
     if lower == 0:
         assert not any(tier.values())
         return
     held = lower_tier_demand(step, cycles, BLOCK)
-    assert held["full"] == -(-step.max_context_tokens // BLOCK)
-    # Within rounding: the device's split is in whole pages too, so its full share may be one
-    # page over its proportion.
-    device_share = (device_pages["full"] - 1) / sum(device_pages.values())
-    assert tier["full"] >= int(lower * device_share) - 1
+    assert held["full"] == -(-(step.max_context_tokens // 2) // BLOCK)
+    assert held["swa"] == (1 + step.checkpoint) * -(-window // BLOCK)
+    alone = TypicalStep(1, step.max_context_tokens, step.chunk_tokens, checkpoint=step.checkpoint)
+    assert tier == plan_lower_tier(alone, cycles, BLOCK, lower)
 
 
 def test_a_lower_tier_by_bytes_weighs_each_page_by_its_bytes():
@@ -108,11 +103,11 @@ def test_a_lower_tier_by_bytes_weighs_each_page_by_its_bytes():
     cost = {"full": 1, "swa": 1, "ssm": 40}
     budget = 100_000
     pages = plan_lower_tier(step, cycles, BLOCK, budget, cost)
-    held = lower_tier_demand(step, cycles, BLOCK)  # full 2048, swa 2 x 64, ssm 1 + 1 + 1
-    assert held == {"full": 2048, "swa": 128, "ssm": 3}
-    weight = 2048 + 128 + 3 * 40
+    held = lower_tier_demand(step, cycles, BLOCK)  # full 1024 (half), swa 2 x 64, ssm 1 + 1 + 1
+    assert held == {"full": 1024, "swa": 128, "ssm": 3}
+    weight = 1024 + 128 + 3 * 40
     assert pages == {
-        "full": budget * 2048 // weight,
+        "full": budget * 1024 // weight,
         "swa": budget * 128 // weight,
         "ssm": budget * 120 // weight // 40,
     }

@@ -28,9 +28,9 @@ PRESSED |= {"max_wait_passes": "1000000", "max_wait_seconds": "30"}
 # 1500-page context rank sits at the edge where a split's window pool holds a 39k prompt.
 PRESSED |= {"keep_branch_points": "0"}
 # Re-pinned when the cost model gained its per-chunk prefill cost, the split its best-effort
-# retention and bounded-pool floor, and the release order its awaited conversations (none of
-# them the hand-off).
-AGGREGATED_DIGEST = "ab5177427b0e5d1a01a9995a5fda70afd3218d0d33b48bf167e9e33c4e6c7393"
+# retention and bounded-pool floor, the release order its awaited conversations, and the host
+# tier its split at half the longest context (none of them the hand-off).
+AGGREGATED_DIGEST = "31c114f2fda792deb4467def8280517cf6131579dc230eee1ab587e3e7497efb"
 
 
 def two_sessions():
