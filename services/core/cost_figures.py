@@ -108,6 +108,10 @@ class Hardware:
     # program (0: no such limit, every decode reads at decode_kv_read_tb_s).
     decode_program_gb_s: float = 0.0
     multiprocessors: int = 132
+    # The decode kernel splits each sequence's keys over programs (the engine's Triton kernel,
+    # any cache dtype); false: one program per (sequence, KV head) for a bf16 cache, as
+    # flash-attn's paged decode ran in the fleet replays recorded before it.
+    decode_split: bool = True
 
     def __post_init__(self) -> None:
         for item in fields(self):
@@ -116,6 +120,7 @@ class Hardware:
                 "step_overhead_ms",
                 "prefill_chunk_ms",
                 "decode_program_gb_s",
+                "decode_split",
             )
             if value < 0 or (value == 0 and not may_be_zero):
                 raise SimConfigError(f"hardware.{item.name}: {value} must be > 0")

@@ -26,11 +26,13 @@ decode step reads an fp8 cache's pages as they are (docs/engine-gpu.md, "FP8 KV 
 
 A decode step's KV read takes the longer of two times: all its KV bytes at the chip's rate, or
 its longest sequence's bytes of one KV head at one program's rate (`decode_program_gb_s`, when
-given). flash-attn's decode over a bf16 cache runs one program per (sequence, KV head), so a
-step of 2 sequences x 8 KV heads keeps 16 of the chip's multiprocessors busy and reads at a
-fraction of its bandwidth; the Triton kernel that decodes an fp8 cache splits each sequence's
-keys into parts until the programs fill the chip twice over (at most 16 parts,
+given). The engine's Triton decode kernel splits each sequence's keys into parts until the
+programs fill the chip twice over (at most 16 parts,
 services/engine/attention/attn_decode_kernel.py), and the cost model splits the same way.
+With `hardware.decode_split: false` a bf16 cache decodes as flash-attn's paged kernel did, one
+program per (sequence, KV head): a step of 2 sequences x 8 KV heads keeps 16 of the chip's
+multiprocessors busy and reads at a fraction of its bandwidth (the fleet replays recorded
+before the split kernel decoded bf16 caches; an fp8 cache always split).
 """
 
 from __future__ import annotations
@@ -90,7 +92,7 @@ class CostModel:
         page_bytes = kv_bytes_per_token * block_size
         attention_flops = 4 * model.layers * model.query_heads * model.head_dim
         program_rate = hardware.decode_program_gb_s * 1e9
-        split = kv_dtype_bytes == 1  # an fp8 cache decodes with the split Triton kernel
+        split = hardware.decode_split or kv_dtype_bytes == 1  # an fp8 cache always split
         return cls(
             linear_s_per_token=2 * params / (hardware.matmul_tflops * 1e12),
             attention_s_per_pair=attention_flops / (hardware.attention_tflops * 1e12),

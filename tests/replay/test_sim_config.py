@@ -188,12 +188,19 @@ def test_an_fp8_fleet_holds_twice_the_pages_in_the_same_bytes() -> None:
 
 def test_a_few_long_decodes_read_at_their_programs_rate() -> None:
     """If this fails, a decode step of few sequences reads KV at the chip's whole bandwidth
-    (flash-attn's unsplit decode keeps one multiprocessor per sequence and KV head busy), or an
-    fp8 cache's split kernel is priced as unsplit."""
+    under an unsplit kernel (flash-attn's decode keeps one multiprocessor per sequence and KV
+    head busy), or the split kernel (every cache by default, fp8 always) is priced as
+    unsplit."""
     figures = load_sim_config(None, {})
-    hardware = dataclasses.replace(figures.hardware, decode_program_gb_s=20.0)
+    hardware = dataclasses.replace(figures.hardware, decode_program_gb_s=20.0, decode_split=False)
     bf16 = CostModel.from_figures(figures.model, hardware, 64)
     fp8 = CostModel.from_figures(figures.model, hardware, 64, kv_dtype_bytes=1)
+    split_bf16 = CostModel.from_figures(
+        figures.model, dataclasses.replace(hardware, decode_split=True), 64
+    )
+    assert split_bf16.decode_kv_seconds((100_000, 40_000)) == pytest.approx(
+        140_000 * split_bf16.decode_kv_s_per_token
+    )
     kv_per_head = 2 * figures.model.layers * figures.model.head_dim * figures.model.dtype_bytes
     # 2 sequences x 8 KV heads: 16 programs, the longest one's bytes at 20 GB/s
     assert bf16.decode_kv_seconds((100_000, 40_000)) == pytest.approx(100_000 * kv_per_head / 20e9)
