@@ -10,6 +10,7 @@ import torch
 from kvfleet.services.engine.attention.attn_decode_kernel import (
     KernelShape,
     decode_attention,
+    shape_for,
 )
 from kvfleet.services.engine.attention.attn_flash import with_sinks
 from kvfleet.services.engine.attention.attn_reference import ReferenceAttention
@@ -76,6 +77,9 @@ def check(
 
 
 def main() -> int:
+    # The tiling per head dim: the sweep's picks, and a power of two for any head dim.
+    picks = {dim: shape_for(dim).keys_per_block for dim in (16, 64, 80, 96, 128, 256)}
+    assert picks == {16: 128, 64: 128, 80: 64, 96: 64, 128: 64, 256: 64}, picks
     worst = max(
         check([1, 37, 300, 0, 129], heads=8, kv_heads=2, head_dim=32, page=16, window=None, seed=1),
         check([200, 64, 5], heads=6, kv_heads=2, head_dim=24, page=16, window=48, seed=2),
@@ -83,7 +87,7 @@ def main() -> int:
         # one sequence, one KV head: its keys in 5 parts, merged (and with a window, 2 of them)
         check([300], heads=4, kv_heads=1, head_dim=16, page=16, window=None, seed=4),
         check([300], heads=4, kv_heads=1, head_dim=16, page=16, window=100, seed=5),
-        # bf16 pages read as they are (no scales), and a wider tiling than the default
+        # bf16 pages read as they are (no scales), and another tiling than the default
         check(
             [1, 37, 300, 0, 129],
             heads=8,

@@ -50,7 +50,9 @@ def shape_for(head_dim: int) -> KernelShape:
     NOTE: swept on an H100 (docs/engine-gpu.md), 64 keys per step left the 1b shape (head dim
     64) at 0.87 of copy bandwidth and 128 reached 0.92; the 8b shape (head dim 128) is the
     other way round (0.97 with 64, 0.92 with 128). More warps or stages never paid."""
-    return KernelShape(keys_per_block=max(KEYS_PER_BLOCK, min(128, 8192 // head_dim)))
+    keys = max(1, 8192 // head_dim)
+    keys = 1 << (keys.bit_length() - 1)  # a power of two: the kernel's key block is tl.arange
+    return KernelShape(keys_per_block=max(KEYS_PER_BLOCK, min(128, keys)))
 
 
 @triton.jit
