@@ -1,5 +1,6 @@
 """`BlockTokens.extend_all`, a decode step's tokens in one call, against `extend` per token: the
-same blocks remembered (parent, first, tokens), so the same `stored` events go to the router."""
+same blocks remembered (parent, first, tokens), so the same `stored` events go to the router;
+and a key that starts a new sequence right after its last one retired."""
 
 from __future__ import annotations
 
@@ -32,3 +33,20 @@ def test_extend_all_equals_extend_per_token(prompts, steps, block_size):
     assert batched._blocks == single._blocks
     stored = [KVEvent(KVEventKind.STORED, FULL_GROUP, h) for h in single._blocks]
     assert batched.translate(stored) == single.translate(stored)
+
+
+def test_a_key_reused_before_the_next_translate_tracks_the_new_sequence():
+    """If this fails, a request id that a client sends again right after its last request
+    finished (before the engine flushed its events) loses its new sequence at the flush, and
+    the next decode step's tokens fail the whole engine step (a KeyError in `extend_all`)."""
+    tracker = BlockTokens(2)
+    tracker.extend("g0#0", [1, 2, 3])
+    old_block = next(iter(tracker._blocks))
+    tracker.retire("g0#0")
+    tracker.extend("g0#0", [7, 8, 9])  # the same id again, before any translate
+    stored = tracker.translate([KVEvent(KVEventKind.STORED, FULL_GROUP, old_block)])
+    assert stored[0].token_ids == (1, 2)  # the old sequence's last commit still names its tokens
+    tracker.extend_all(["g0#0"], [10])
+    assert (7, 8) in {tokens for _, _, tokens in tracker._blocks.values()}
+    assert (9, 10) in {tokens for _, _, tokens in tracker._blocks.values()}
+    assert (1, 2) not in {tokens for _, _, tokens in tracker._blocks.values()}

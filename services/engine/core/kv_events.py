@@ -35,7 +35,7 @@ class BlockTokens:
         # block hash -> (parent hash, or the root id for a first block; is it a first block,
         # tokens)
         self._blocks: dict[int, tuple[int, bool, tuple[int, ...]]] = {}
-        self._retired: list[str] = []
+        self._retired: list[tuple[SequenceHashes, list[int]]] = []
 
     def extend(self, key: str, token_ids: Sequence[int], extra_key: bytes = b"") -> None:
         """Add tokens to a sequence and remember the blocks they complete (`extra_key`, the
@@ -72,8 +72,12 @@ class BlockTokens:
             )
 
     def retire(self, key: str) -> None:
-        """Forget a sequence after the next `translate` (its last commits may still report)."""
-        self._retired.append(key)
+        """Forget a sequence: its key may start a new sequence at once (a client reuses a
+        request id), while its blocks keep their tokens until the next `translate` (its last
+        commits may still report)."""
+        entry = self._sequences.pop(key, None)
+        if entry is not None:
+            self._retired.append(entry)
 
     def translate(self, events: Sequence[KVEvent]) -> list[BlockEvent]:
         """Events of the full life cycle, with tokens on `stored` ones we can name."""
@@ -98,9 +102,8 @@ class BlockTokens:
     def _forget_retired(self) -> None:
         if not self._retired:
             return
-        gone = [self._sequences.pop(key) for key in self._retired if key in self._sequences]
         live = {h for hashes, _ in self._sequences.values() for h in hashes.hashes}
-        for hashes, _ in gone:
+        for hashes, _ in self._retired:
             for block_hash in hashes.hashes:
                 if block_hash not in live:
                     self._blocks.pop(block_hash, None)
