@@ -9,6 +9,7 @@ rather than hurt a request; bad input is INVALID_ARGUMENT naming the field.
 from __future__ import annotations
 
 import random
+import time
 
 import grpc
 import pytest
@@ -104,7 +105,9 @@ def test_a_hold_expires_after_its_seconds(served):
     request = engine_pb2.PrefetchRequest(conversation_id=first.conversation_id, hold_seconds=0.05)
     assert stub.PrefetchConversation(request).held
     holds = core.scheduler.holds
-    run_call(core, GenerateCall("tick", (1, 2, 3), greedy(40), "other"))  # steps run expire()
+    # Past the hold's seconds before any step runs: a quick tick must not beat the clock.
+    time.sleep(0.1)
+    run_call(core, GenerateCall("tick", (1, 2, 3), greedy(4), "other"))  # steps run expire()
     assert core.call_on_core(lambda: len(holds)) == 0
     core.check_integrity()
 
