@@ -14,10 +14,12 @@ from __future__ import annotations
 
 import argparse
 import logging
+import os
 import signal
 import sys
 import threading
 from pathlib import Path
+from typing import NoReturn
 
 from ..engine.api.tool_calls import add_tool_call_parser_flag
 
@@ -148,7 +150,20 @@ def fleet_config(args: argparse.Namespace):
     )
 
 
-def run(args: argparse.Namespace) -> int:
+def run(args: argparse.Namespace) -> NoReturn:
+    """`serve`, then leave without the interpreter's teardown: the fleet has stopped and its
+    threads are joined by then, and the teardown would only print the leak report of compiled
+    libraries torch imports on the way (triton's nanobind types, ~100 lines on stderr after
+    "stopped.")."""
+    code = serve(args)
+    logging.shutdown()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)
+
+
+def serve(args: argparse.Namespace) -> int:
+    """Start the fleet, print where it listens, run until a signal (or the smoke check)."""
     from ..engine.config.model_config import PRESETS
     from ..engine.core.gc_heap import freeze_startup_heap
     from ..router.redis_connect import redacted

@@ -29,6 +29,8 @@ def test_up_smoke_runs_two_turns_through_both_apis_and_exits_zero():
     assert "metrics: http://127.0.0.1:" in out
     assert "grpc turn 2" in out and "http turn 2" in out and "smoke: ok" in out
     assert "stopped." in out
+    # nothing after it: no leak report of the compiled libraries torch loaded (triton's)
+    assert "leaked" not in result.stderr, result.stderr[-2000:]
 
 
 def test_up_on_a_busy_port_exits_two_and_names_the_port():
