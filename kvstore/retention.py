@@ -59,10 +59,11 @@ class RetainedTurns:
         return fallen
 
     def add_branch(self, key: int, branch: TurnRecord, keep: int) -> list[TurnRecord]:
-        """Hold `branch` under `key` as the most recent; return the records beyond `keep`."""
+        """Hold `branch` under `key` as the most recent; return the records beyond `keep`, and
+        the record it replaces under the same key (its refs go back with the others)."""
+        replaced = self.branches.pop(key, None)
+        fallen = [replaced] if replaced is not None else []
         self.branches[key] = branch
-        self.branches.move_to_end(key)
-        fallen = []
         while len(self.branches) > keep:
             fallen.append(self.branches.popitem(last=False)[1])
         return fallen

@@ -9,6 +9,8 @@ from kv_factories import make_manager, run_turn, tokens
 from kvfleet.kvstore.hashing import block_hashes
 from kvfleet.kvstore.life_cycles import FullLifeCycle, StateLifeCycle, WindowLifeCycle
 from kvfleet.kvstore.policies import AllReusable, PerConversation, PerRequest, make_reuse_policy
+from kvfleet.kvstore.results import TurnRecord
+from kvfleet.kvstore.retention import RetainedTurns
 
 BLOCK, MARGIN = 4, 4
 LIFE_CYCLES = [
@@ -267,3 +269,16 @@ def test_policy_counts_branch_records_among_retained_turns():
     assert PerConversation(5, keep_branch_points=True).retained_turns == 6
     with pytest.raises(ValueError, match="keep_branch_points must be >= 0, got -1"):
         PerConversation(2, keep_branch_points=-1)
+
+
+def test_a_branch_record_replaced_under_its_key_gives_its_refs_back():
+    """If this fails, a second record of the same branch point (a later turn hinting the same
+    point, e.g. where the tools and system prompt end) overwrote the first without returning
+    it: the first's refs stayed on pages no record holds, a leak that `check_integrity` finds
+    after the run (seen on a rank with a disk tier and no host tier)."""
+    turns = RetainedTurns()
+    first = TurnRecord("c", "t1", {"win": (4, 5)}, 24)
+    second = TurnRecord("c", "t2", {"win": (4, 5)}, 24)
+    assert turns.add_branch(7, first, keep=2) == []
+    assert turns.add_branch(7, second, keep=2) == [first]
+    assert list(turns.branches.values()) == [second]
