@@ -7,6 +7,7 @@ that writes an index. The order of work for each kind of move:
 |-------------------|------------------------------------------|-----------------------------------|
 | device eviction   | host slot taken (oldest host block out)  | evicted host blocks -> disk, then |
 |                   |                                          | device pages -> host slots        |
+| ... no host pages | none until the write                     | device pages -> disk (rows)       |
 | onboard (admit)   | host/disk blocks pinned, device pages    | disk files -> staging rows before |
 |                   | taken and committed                      | any page is taken; rows -> device |
 | prefetch landing  | host slot taken                          | file bytes (read by the worker)   |
@@ -93,6 +94,9 @@ class KVTiers:
         self._pending: list[tuple[str, int, int]] = []  # (life cycle, device page, host slot)
         self._pending_slots: set[tuple[str, int]] = set()
         self._to_disk: list[tuple[str, int, int]] = []  # (life cycle, hash, host slot)
+        # (life cycle, device page, hash): evictions of a life cycle with no host pages, which
+        # go straight to disk at `flush` (a rank given a disk tier and no host tier)
+        self._device_to_disk: list[tuple[str, int, int]] = []
         self._listener: KVEventListener = ignore_event
         self._on_device: Callable[[str, int], bool] = lambda life_cycle, block_hash: False
         # Block id -> `hashing.block_contents`, only where files are checked against them.
@@ -156,6 +160,7 @@ class KVTiers:
         if not self._contents:
             return
         pending = {block_hash for _, block_hash, _ in self._to_disk}
+        pending.update(block_hash for _, _, block_hash in self._device_to_disk)
         for block_hash in block_hashes:
             if block_hash in pending or self._held(block_hash):
                 continue
@@ -174,9 +179,14 @@ class KVTiers:
     # -- device evictions (offload) --------------------------------------------------------
 
     def on_device_evict(self, life_cycle: str, page: int, block_hash: int) -> None:
-        """A cached device page is being reused: keep its block on host (copied at `flush`)."""
+        """A cached device page is being reused: keep its block on host (copied at `flush`), or
+        on disk where the life cycle has no host pages."""
         if self.host.lookup(life_cycle, block_hash) is not None:
             self.host.touch(life_cycle, block_hash)
+            return
+        if not self.host.capacity.get(life_cycle) and self.disk.index.capacity.get(life_cycle):
+            if not self.disk.has(life_cycle, block_hash):
+                self._device_to_disk.append((life_cycle, page, block_hash))
             return
         slot = self._host_insert(life_cycle, block_hash)
         if slot is not None:
@@ -184,7 +194,13 @@ class KVTiers:
             self._pending_slots.add((life_cycle, slot))
 
     def flush(self) -> None:
-        """Write evicted host blocks to disk, then copy evicted device pages to host."""
+        """Write evicted host blocks and host-less evicted device pages to disk, then copy
+        evicted device pages to host."""
+        straight, self._device_to_disk = self._device_to_disk, []
+        for life_cycle in dict.fromkeys(name for name, _, _ in straight):
+            moves = [(page, block) for name, page, block in straight if name == life_cycle]
+            self._write_pages(life_cycle, moves)
+        self.forget([block_hash for _, _, block_hash in straight])
         to_disk, self._to_disk = self._to_disk, []
         for life_cycle, block_hash, slot in to_disk:
             self._store_on_disk(life_cycle, block_hash, self.bytes.host_row(life_cycle, slot), HOST)
@@ -341,7 +357,10 @@ class KVTiers:
         """
         capacity = self.disk.index.capacity.get(life_cycle, 0)
         todo = [(p, h) for p, h in blocks if not self.disk.has(life_cycle, h)] if capacity else []
-        todo = todo[:capacity]
+        return self._write_pages(life_cycle, todo[:capacity])
+
+    def _write_pages(self, life_cycle: str, todo: Sequence[tuple[int, int]]) -> int:
+        """Device pages `(page, block hash)` to disk through rows, in chunks; blocks written."""
         if not todo:
             return 0
         rows = self.bytes.new_rows(life_cycle, min(len(todo), DRAIN_CHUNK_PAGES))
@@ -359,7 +378,7 @@ class KVTiers:
         """Raise IntegrityError unless both indexes add up and no copy or pin is left over."""
         self.host.check_integrity()
         self.disk.index.check_integrity()
-        if self._pending or self._to_disk:
+        if self._pending or self._to_disk or self._device_to_disk:
             raise IntegrityError(
                 f"tiers: {len(self._pending)} offloads and {len(self._to_disk)} disk writes "
                 "were never flushed"

@@ -25,7 +25,8 @@ def _evict_a_with(manager, count):
 
 
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16", "float8_e4m3fn"])
-@pytest.mark.parametrize(("host_pages", "tier"), [(16, "host"), (2, "disk")])
+# host_pages 0: a rank given a disk tier and no host tier (its evictions go straight to disk)
+@pytest.mark.parametrize(("host_pages", "tier"), [(16, "host"), (2, "disk"), (0, "disk")])
 def test_offloaded_blocks_come_back_bit_identical(host_pages, tier, dtype):
     """A turn resumed from host or disk must see exactly the KV its earlier turn computed."""
     manager = make_tiered(LIFE_CYCLES, device_pages=6, host_pages=host_pages, dtype=dtype)
