@@ -46,8 +46,8 @@ retained windows cannot keep even one long conversation's prefix.
 Retention is best-effort (`held_step`): the split weighs only the retained turns the tier holds
 next to its residents at their peak, so a rank whose residents fill it splits like one that
 retains nothing (an LRU rank). A lower tier (host, disk) holds no resident request, only
-conversations between turns: `plan_lower_tier` splits it by one conversation's context and its
-latest endpoint per life cycle, not like the device.
+conversations between turns: `plan_lower_tier` splits it by one conversation's context (at half
+the longest) and its latest endpoint per life cycle, not like the device.
 """
 
 from __future__ import annotations
