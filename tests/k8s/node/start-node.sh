@@ -147,27 +147,30 @@ done
 log "control plane up at https://$NODE_IP:6443"
 
 # ---------------------------------------------------------------- 3. containerd, images
-sed -e "s|@STATE@|$STATE|g" -e "s|@CACHE@|$CACHE|g" "$HERE/containerd.toml" >"$STATE/containerd/config.toml"
+# One content store per set of image builds, named by their IDs: a rebuilt image gets a fresh
+# store and every image is imported into it whole. (Replacing an image in place, rm then import
+# in one store, failed now and then with "content digest ...: not found".) Other sets' stores go.
+export CONTAINERS_STORAGE_CONF=$IMAGE_CACHE/storage.conf
+ids=""
+for image in $IMAGES; do
+  id=$(podman image inspect --format '{{.Id}}' "$image" 2>/dev/null) ||
+    die "no image $image in $IMAGE_CACHE: run docker/build-images.sh"
+  ids="$ids $image=$id"
+done
+STORE=$CACHE/containerd-$(echo "$ids" | sha256sum | cut -c1-16)
+for old in "$CACHE"/containerd "$CACHE"/containerd-* "$CACHE"/imported; do
+  [ "$old" = "$STORE" ] || [ ! -e "$old" ] || rm -rf "$old" || die "could not remove the old store $old"
+done
+sed -e "s|@STATE@|$STATE|g" -e "s|@STORE@|$STORE|g" "$HERE/containerd.toml" >"$STATE/containerd/config.toml"
 sed -e "s|@STATE@|$STATE|g" "$HERE/bridge.conflist" >"$STATE/cni/net.d/10-bridge.conflist"
 launch containerd "${NET[@]}" containerd --config "$STATE/containerd/config.toml"
 CTR=("${NET[@]}" ctr -a "$STATE/containerd/containerd.sock" -n k8s.io)
 wait_until containerd 60 "${CTR[@]}" version
-export CONTAINERS_STORAGE_CONF=$IMAGE_CACHE/storage.conf
-mkdir -p "$CACHE/imported"
 for image in $IMAGES; do
-  id=$(podman image inspect --format '{{.Id}}' "$image" 2>/dev/null) ||
-    die "no image $image in $IMAGE_CACHE: run docker/build-images.sh"
-  stamp=$CACHE/imported/$(echo "$image" | tr '/:' '__')
-  if [ "$(cat "$stamp" 2>/dev/null)" = "$id" ] && "${CTR[@]}" images ls -q | grep -qx "$image"; then
-    continue
-  fi
+  if "${CTR[@]}" images ls -q | grep -qx "$image"; then continue; fi
   podman save -q --format oci-archive -o "$STATE/image.tar" "$image"
-  # An older build under the same name. --sync: the delete's garbage collection finishes here,
-  # not while the next import writes blobs no image refers to yet.
-  "${CTR[@]}" images rm --sync "$image" >/dev/null 2>&1 || true
   "${CTR[@]}" images import --base-name "${image%:*}" --index-name "$image" "$STATE/image.tar" >/dev/null
   rm -f "$STATE/image.tar"
-  echo "$id" >"$stamp"
   log "loaded $image"
 done
 

@@ -82,7 +82,7 @@ unmount_below() { # DIR
 }
 for i in 1 2 3; do
   unmount_below "$STATE"
-  unmount_below "${KVFLEET_NODE_CACHE:-/var/cache/kvfleet-node}/containerd"
+  unmount_below "${KVFLEET_NODE_CACHE:-/var/cache/kvfleet-node}"
 done
 for ns in /var/run/netns/cni-*; do
   [ -e "$ns" ] || continue
