@@ -146,7 +146,10 @@ class FakeEngine(engine_pb2_grpc.EngineServicer):
                 if not self._beating.is_set():
                     continue
                 try:
-                    load = router_pb2.RankLoad(free_slots=self.max_batch_size - self.in_flight)
+                    # A cancelled stream frees the router's slot before this engine's count
+                    # drops, so a moment over its slots happens (the field is unsigned).
+                    free = max(0, self.max_batch_size - self.in_flight)
+                    load = router_pb2.RankLoad(free_slots=free)
                     reply = registry.Heartbeat(
                         router_pb2.HeartbeatRequest(rank_id=self.rank_id, load=load),
                         timeout=2,
