@@ -155,7 +155,8 @@ def start_fleet(args, arm, engine_yaml: Path, logs: Path) -> list[subprocess.Pop
                   "--grpc-port", str(50061 + i), "--http-port", str(8101 + i),
                   "--metrics-port", str(ENGINE_METRICS + i), "--router", f"127.0.0.1:{RANK_PORT}",
                   "--rank-id", f"rank-{i}", "--config", str(engine_yaml), "--model", args.model,
-                  "--device", args.device, "--compute-backend", args.compute_backend]  # fmt: skip
+                  "--device", args.device, "--compute-backend", args.compute_backend,
+                  "--step-log", str(logs / f"steps-engine{i}.jsonl")]  # fmt: skip
         log = log_file(logs / f"engine{i}.log")
         procs.append(subprocess.Popen(engine, stdout=log, stderr=subprocess.STDOUT))
     return procs

@@ -24,15 +24,15 @@ import torch
 import xxhash
 
 from ....kvstore.tiers.build import build_tiers
-from ....kvstore.tiers.metrics import DISK, HOST
 from ....kvstore.tiers.stack import KVTiers
 from ...core.cost_figures import ModelShape, load_hardware
-from ...core.cost_model import CostModel, StepWork
+from ...core.cost_model import CostModel
 from ..config.engine_config import EngineConfig
 from ..config.model_config import ModelConfig
 from ..kv.kv_setup import kv_layout, kvstore_config, tier_config
 from ..request.scheduled_chunk import ScheduledChunk
 from .compute_types import resolve_model_config
+from .step_work import OnboardedPages, step_work
 
 # Sampled ids are printable ASCII bytes when the vocabulary has them: readable text through the
 # byte tokenizer, and never a special (stop) token, so outputs run to max_tokens.
@@ -55,19 +55,6 @@ def cost_shape(model: ModelConfig) -> ModelShape:
     )
 
 
-def step_work(chunks: Sequence[ScheduledChunk], host_pages: int, disk_pages: int) -> StepWork:
-    """What a step computes: prompt chunks as prefill spans, decodes by their context length."""
-    spans: list[tuple[int, int]] = []
-    decodes: list[int] = []
-    for chunk in chunks:
-        end = chunk.start + len(chunk.new_tokens)
-        if chunk.sequence.context_done:
-            decodes.append(end)
-        else:
-            spans.append((chunk.start, end))
-    return StepWork(tuple(spans), tuple(decodes), host_pages, disk_pages)
-
-
 class SimCompute:
     """Cost-model timing over byte-less KV tiers; one per engine core."""
 
@@ -85,8 +72,7 @@ class SimCompute:
         self.time_scale = config.sim_time_scale
         self.simulated_seconds = 0.0  # every step's cost-model time, before scaling
         self._sleep = sleep
-        self._tiers: KVTiers | None = None
-        self._onboarded = (0, 0)  # host, disk hits counted up to the last step
+        self._onboarded = OnboardedPages()
         self._vocab = self.model_config.vocab_size
         self._ids = PRINTABLE_IDS if self._vocab > PRINTABLE_IDS.stop else range(self._vocab)
 
@@ -97,13 +83,13 @@ class SimCompute:
         """
         layout = kv_layout(self.model_config, self.config, KV_DTYPE)
         planned = tier_config(self.model_config, self.config, self.store_config, layout)
-        self._tiers = build_tiers(self.store_config, planned)
-        self._onboarded = (0, 0)
-        return self._tiers
+        tiers = build_tiers(self.store_config, planned)
+        self._onboarded.watch(tiers.metrics)
+        return tiers
 
     def execute(self, chunks: Sequence[ScheduledChunk]) -> list[int | None]:
         """Sleep for the step's cost-model time; a token for each chunk that samples."""
-        host, disk = self._onboarded_since_last_step()
+        host, disk = self._onboarded.since_last()
         seconds = self.costs.step_seconds(step_work(chunks, host, disk))
         self.simulated_seconds += seconds
         if seconds * self.time_scale > 0:
@@ -117,11 +103,3 @@ class SimCompute:
         last = chunk.new_tokens[-1] if chunk.new_tokens else 0
         key = f"{sequence.sample_index}:{sequence.num_tokens}:{last}".encode()
         return self._ids[xxhash.xxh64_intdigest(key, seed=seed & (2**64 - 1)) % len(self._ids)]
-
-    def _onboarded_since_last_step(self) -> tuple[int, int]:
-        if self._tiers is None:
-            return 0, 0
-        metrics = self._tiers.metrics
-        now = (metrics[HOST].hits, metrics[DISK].hits)
-        before, self._onboarded = self._onboarded, now
-        return now[0] - before[0], now[1] - before[1]

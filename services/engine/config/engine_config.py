@@ -38,6 +38,9 @@ class EngineConfig:
     # ("": the packaged one), and a factor on every step's sleep (0: no sleeping).
     sim_costs_path: str = ""
     sim_time_scale: float = 1.0
+    # A JSON-lines file that gets one line per step: its work and seconds (core/step_log.py);
+    # "": none.
+    step_log_path: str = ""
     role: str = "both"
     max_batch_size: int = 8
     max_num_batched_tokens: int = 256

@@ -44,6 +44,7 @@ from .request_handle import RequestHandle
 from .request_samples import samples_of
 from .sample_finish import finish_reason, sample_usage, token_output
 from .scheduler import Scheduler
+from .step_log import StepLog
 
 log = logging.getLogger(__name__)
 
@@ -83,6 +84,11 @@ class EngineCore:
         if follow is not None:  # decode steps read persistent device page tables
             follow(self.manager.watch_page_tables)
         self.metrics.tiers.watch(self.manager.tiers.metrics)
+        self._step_log = (
+            StepLog(config.step_log_path, self.manager.tiers.metrics)
+            if config.step_log_path
+            else None
+        )
         # Scale-in: retained prefixes go to the shared disk while the rank drains (core thread).
         self.drain = DiskDrain(self.manager, self.metrics.drain_flushed_blocks)
         self._draining_mark = False  # the last mark handed to the core (set_draining's caller)
@@ -118,6 +124,8 @@ class EngineCore:
             self._thread.join(timeout)
         self.role.close()
         self.manager.tiers.close()  # the disk prefetch worker
+        if self._step_log is not None and (self._thread is None or not self._thread.is_alive()):
+            self._step_log.close()
         for handle in list(self._handles.values()):
             handle.put(EngineStoppedError(f"request {handle.call.request_id}: engine stopped"))
         self._handles.clear()
@@ -255,11 +263,16 @@ class EngineCore:
                 self._run_commands(block=block)
             chunks = self.scheduler.schedule()
             if chunks:
+                if self._step_log is not None:
+                    self._step_log.before(chunks)
                 started = time.perf_counter()
                 self._step(chunks)
                 # NOTE: with overlapped decode this is the wait for the previous step's tokens
                 # plus this step's launch: one step's time in a steady batch.
-                self.metrics.observe_step(chunks, time.perf_counter() - started)
+                seconds = time.perf_counter() - started
+                self.metrics.observe_step(chunks, seconds)
+                if self._step_log is not None:
+                    self._step_log.after(seconds)
             elif self._inflight is not None:
                 self._resolve()
             self.role.tick()

@@ -112,6 +112,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     )
     parser.add_argument("--sim-costs", default=None, help="sim: a sim_costs.yaml (hardware)")
     parser.add_argument(
+        "--step-log", default=None, help="append one JSON line per engine step to this file"
+    )
+    parser.add_argument(
         "--tensor-parallel",
         type=int,
         default=None,
@@ -143,6 +146,7 @@ def engine_config_from_args(args: argparse.Namespace):
         compute_backend=getattr(args, "compute_backend", None),
         sim_time_scale=getattr(args, "sim_time_scale", None),
         sim_costs_path=getattr(args, "sim_costs", None),
+        step_log_path=getattr(args, "step_log", None),
         disk_tier_dir=args.disk_tier_dir,
         host_kv_gib=args.host_kv_gib,
         disk_kv_gib=args.disk_kv_gib,

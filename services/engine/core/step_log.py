@@ -1,0 +1,48 @@
+"""A rank's step log: one JSON line per engine step, what it computed and how long it took.
+
+Each line: `t` (wall clock at the step's start, seconds since the epoch, so the logs of ranks
+sharing a GPU line up), `s` (the step's seconds, as `kvfleet_engine_step_seconds` measures
+them), `prefill` ([start, end) token spans of prompt chunks), `decode` (each decoding
+sequence's context length), `host_in` / `disk_in` (pages the KV tiers onboarded since the
+step before). These are the cost model's `StepWork`, so `bench/step_costs.py` prices every
+logged step with a simulator's hardware figures and compares (docs/sim-vs-live.md).
+Written by the core thread only; off unless `EngineConfig.step_log_path` is set.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+
+from ...core.cost_model import StepWork
+from ..compute.step_work import OnboardedPages, step_work
+from ..request.scheduled_chunk import ScheduledChunk
+
+
+class StepLog:
+    """Appends each step's work and seconds to a JSON-lines file."""
+
+    def __init__(self, path: str | Path, tier_metrics: Mapping) -> None:
+        self._file = Path(path).open("a", encoding="utf-8")  # noqa: SIM115 (closed by close())
+        self._onboarded = OnboardedPages(tier_metrics)
+        self._pending: tuple[float, StepWork] = (0.0, StepWork())
+
+    def before(self, chunks: Sequence[ScheduledChunk]) -> None:
+        """A step is about to run these chunks (read now: running them moves the sequences)."""
+        host, disk = self._onboarded.since_last()
+        self._pending = (time.time(), step_work(chunks, host, disk))
+
+    def after(self, seconds: float) -> None:
+        """The step begun last took `seconds`."""
+        started, work = self._pending
+        line = {"t": round(started, 6), "s": round(seconds, 6),
+                "prefill": [list(span) for span in work.prefill_spans],
+                "decode": list(work.decode_contexts), "host_in": work.host_pages_in,
+                "disk_in": work.disk_pages_in}  # fmt: skip
+        self._file.write(json.dumps(line, separators=(",", ":")) + "\n")
+
+    def close(self) -> None:
+        """Flush and close (the core has stopped stepping)."""
+        self._file.close()
