@@ -51,10 +51,12 @@ class OpenAIChatTarget(HttpTarget):
         headers = {CONVERSATION_HEADER: conversation_id}
         token_times: list[float] = []
         usage: dict[str, Any] | None = None
-        async for chunk in self.stream_events("/v1/chat/completions", body, headers):
+        served: dict[str, str] = {}
+        async for chunk in self.stream_events("/v1/chat/completions", body, headers, served):
             choices = chunk.get("choices") or []
             if any((c.get("delta") or {}).get("content") for c in choices):
                 token_times.append(self.clock.now())
             if chunk.get("usage"):
                 usage = chunk["usage"]
-        return openai_generation(usage, len(tokens), token_times, self.clock.now())
+        finish = self.clock.now()
+        return openai_generation(usage, len(tokens), token_times, finish, served.get("rank"))

@@ -42,7 +42,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "--records",
         type=Path,
         default=None,
-        help="write every request (arm, conversation, turn, tokens, times) as JSON lines here",
+        help="write every request (arm, conversation, turn, tokens, times, rank) as JSON lines",
     )
     parser.add_argument("--sessions", type=int, default=8, help="concurrent sessions")
     parser.add_argument(

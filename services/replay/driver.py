@@ -183,6 +183,7 @@ class LoadDriver:
                 ),
                 token_times_s=tuple(t - start for t in generation.token_times_s),
                 finish_s=generation.finish_s - start,
+                rank=generation.rank,
             )
         self._records.append(record)
         if self.on_record is not None:

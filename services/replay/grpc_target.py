@@ -69,8 +69,10 @@ class RouterGenerateTarget:
         message = self.request(conversation_id, tokens, max_tokens, branch_hints)
         token_times: list[float] = []
         usage: common_pb2.Usage | None = None
+        rank: str | None = None
         try:
             async for response in stub.Generate(message, timeout=self.timeout_s):
+                rank = rank or response.rank_id or None
                 chunk = response.chunk
                 if chunk.token_ids:
                     token_times.append(self.clock.now())
@@ -91,6 +93,7 @@ class RouterGenerateTarget:
             first_token_s=token_times[0] if token_times else None,
             token_times_s=tuple(token_times),
             finish_s=finish,
+            rank=rank,
         )
 
     async def aclose(self) -> None:

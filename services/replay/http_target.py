@@ -27,6 +27,7 @@ from .records import Generation
 from .target_types import TargetError, TargetInfo, WallClock
 
 CONVERSATION_HEADER = "X-Conversation-Id"
+RANK_HEADER = "x-kvfleet-rank"  # what a kvfleet router's answers name (engine/api/served_by.py)
 
 
 class HttpTarget:
@@ -70,15 +71,22 @@ class HttpTarget:
         return TargetInfo(_positive(entry.get("vocab_size")), _positive(entry.get("max_model_len")))
 
     async def stream_events(
-        self, path: str, body: dict[str, Any], headers: dict[str, str]
+        self,
+        path: str,
+        body: dict[str, Any],
+        headers: dict[str, str],
+        served: dict[str, str] | None = None,
     ) -> AsyncIterator[dict[str, Any]]:
         """POST `body` and yield the JSON payload of each server-sent event; TargetError when
-        the server refuses or the connection fails."""
+        the server refuses or the connection fails. `served` gets `rank`: the rank a kvfleet
+        router names in its answer's headers (absent elsewhere)."""
         try:
             async with self._client.stream("POST", path, json=body, headers=headers) as response:
                 if response.status_code != 200:
                     detail = (await response.aread()).decode(errors="replace")[:300]
                     raise TargetError(f"HTTP {response.status_code} from {path}: {detail}")
+                if served is not None and RANK_HEADER in response.headers:
+                    served["rank"] = response.headers[RANK_HEADER]
                 async for line in response.aiter_lines():
                     chunk = _event(line)
                     if chunk is not None:
@@ -134,12 +142,14 @@ class OpenAICompletionsTarget(HttpTarget):
         headers = {CONVERSATION_HEADER: conversation_id}
         token_times: list[float] = []
         usage: dict[str, Any] | None = None
-        async for chunk in self.stream_events("/v1/completions", body, headers):
+        served: dict[str, str] = {}
+        async for chunk in self.stream_events("/v1/completions", body, headers, served):
             if chunk.get("choices"):
                 token_times.append(self.clock.now())
             if chunk.get("usage"):
                 usage = chunk["usage"]
-        return openai_generation(usage, len(tokens), token_times, self.clock.now())
+        finish = self.clock.now()
+        return openai_generation(usage, len(tokens), token_times, finish, served.get("rank"))
 
 
 def server_root(base_url: str) -> str:
@@ -166,7 +176,11 @@ def _event(line: str) -> dict[str, Any] | None:
 
 
 def openai_generation(
-    usage: dict[str, Any] | None, sent_tokens: int, token_times: list[float], finish: float
+    usage: dict[str, Any] | None,
+    sent_tokens: int,
+    token_times: list[float],
+    finish: float,
+    rank: str | None = None,
 ) -> Generation:
     if usage is None:
         raise TargetError("stream ended without a usage chunk (stream_options.include_usage)")
@@ -180,4 +194,5 @@ def openai_generation(
         first_token_s=token_times[0] if token_times else None,
         token_times_s=tuple(token_times),
         finish_s=finish,
+        rank=rank,
     )

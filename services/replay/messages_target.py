@@ -84,7 +84,8 @@ class AnthropicMessagesTarget(HttpTarget):
         headers = {"anthropic-version": ANTHROPIC_VERSION}
         token_times: list[float] = []
         usage: dict[str, Any] | None = None
-        async for chunk in self.stream_events("/v1/messages", body, headers):
+        served: dict[str, str] = {}
+        async for chunk in self.stream_events("/v1/messages", body, headers, served):
             kind = chunk.get("type")
             if kind == "content_block_delta":
                 token_times.append(self.clock.now())
@@ -92,11 +93,11 @@ class AnthropicMessagesTarget(HttpTarget):
                 usage = chunk.get("usage")
             elif kind == "error":
                 raise TargetError(f"/v1/messages stream error: {chunk.get('error')}")
-        return _generation(usage, token_times, self.clock.now())
+        return _generation(usage, token_times, self.clock.now(), served.get("rank"))
 
 
 def _generation(
-    usage: dict[str, Any] | None, token_times: list[float], finish: float
+    usage: dict[str, Any] | None, token_times: list[float], finish: float, rank: str | None
 ) -> Generation:
     if usage is None:
         raise TargetError("stream ended without message_delta usage")
@@ -110,4 +111,5 @@ def _generation(
         first_token_s=token_times[0] if token_times else None,
         token_times_s=tuple(token_times),
         finish_s=finish,
+        rank=rank,
     )

@@ -15,6 +15,7 @@ class Generation:
     first_token_s: float | None
     token_times_s: tuple[float, ...]
     finish_s: float
+    rank: str | None = None  # where the fleet placed it, when the target says
 
 
 @dataclass(frozen=True, slots=True)
@@ -23,7 +24,8 @@ class RequestRecord:
 
     `token_times_s` holds the arrival time of every streamed output chunk, the first included,
     so inter-token latency is the gap between neighbours. `error` is set when the request
-    failed; failed records carry no tokens and count in no measure.
+    failed; failed records carry no tokens and count in no measure. `rank`: the rank that
+    served it, where the target names it (a kvfleet router's `x-kvfleet-rank`, the simulator).
     """
 
     conversation_id: str
@@ -36,6 +38,7 @@ class RequestRecord:
     token_times_s: tuple[float, ...]
     finish_s: float
     error: str | None = None
+    rank: str | None = None
 
     def __post_init__(self) -> None:
         if not 0 <= self.reused_tokens <= self.prompt_tokens:

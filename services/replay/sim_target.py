@@ -51,6 +51,7 @@ class SimTarget:
             first_token_s=times[0],
             token_times_s=times,
             finish_s=times[-1],
+            rank=request.rank_id,
         )
 
     def stats(self) -> dict[str, Any]:

@@ -76,6 +76,13 @@ def test_models_and_health(rank):
     assert httpx.get(f"{base}/health").json() == {"status": "ok"}
 
 
+def test_a_ranks_own_api_names_no_placement(rank):
+    """No router placed this request: a placement header here would be made up."""
+    body = {"model": "tiny", "prompt": "x", "max_tokens": 1}
+    reply = httpx.post(f"http://127.0.0.1:{rank.http_port}/v1/completions", json=body, timeout=60)
+    assert reply.status_code == 200 and "x-kvfleet-rank" not in reply.headers
+
+
 @pytest.mark.parametrize(
     ("body", "param"),
     [

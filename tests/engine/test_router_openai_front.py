@@ -95,6 +95,28 @@ def test_two_turn_chat_through_the_router_reuses_the_first_turn(fleet):
     assert "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
 
 
+def test_each_answer_names_the_rank_that_served_it_and_why(fleet):
+    """Without the headers a client cannot tell whether a turn went home: the first turn is
+    placed `new`, the next `pinned`, on the same rank, streamed or whole, on both APIs."""
+    _process, base, _rank = fleet
+    headers = {"X-Conversation-Id": "front-served-1"}
+    with openai.OpenAI(base_url=f"{base}/v1", api_key="x", max_retries=0) as client:
+        whole = client.completions.with_raw_response.create(
+            model="tiny", prompt="where did this run", max_tokens=2, extra_headers=headers
+        )
+        with client.chat.completions.with_streaming_response.create(
+            model="tiny", messages=[{"role": "user", "content": "and this?"}], max_tokens=2,
+            stream=True, extra_headers=headers,
+        ) as streamed:  # fmt: skip
+            list(streamed.iter_lines())
+    served = [(r.headers["x-kvfleet-rank"], r.headers["x-kvfleet-placement"])
+              for r in (whole, streamed)]  # fmt: skip
+    assert served == [("front-rank", "new"), ("front-rank", "pinned")]
+    body = {"model": "tiny", "max_tokens": 2, "messages": [{"role": "user", "content": "hi"}]}
+    messages = httpx.post(f"{base}/v1/messages", json=body, headers=headers, timeout=60)
+    assert (messages.status_code, messages.headers["x-kvfleet-placement"]) == (200, "pinned")
+
+
 def health(base: str) -> int | None:
     try:
         return httpx.get(f"{base}/health", timeout=10).status_code

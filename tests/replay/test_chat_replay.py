@@ -118,16 +118,21 @@ def sim_fleet(path: Path) -> EmbeddedFleet:
 
 def replayed(out: Path, *api: str) -> dict:
     """The measures of one replay of SESSION on a fresh fleet: a cache warmed by another arm's
-    identical content would make every arm reuse everything."""
+    identical content would make every arm reuse everything. Every turn's record names the
+    rank the router's answer named, one for the whole session."""
     fleet = sim_fleet(out.parent / f"model-{out.stem}").start(timeout=60.0)
+    records = out.with_suffix(".jsonl")
     try:
         code = main(
             ["replay", str(SESSION), "--target", fleet.http_base_url, "--json", str(out),
-             "--time-scale", "0", "--stagger", "0", "--no-progress", "--seed", "0", *api]
+             "--time-scale", "0", "--stagger", "0", "--no-progress", "--seed", "0",
+             "--records", str(records), *api]
         )  # fmt: skip
     finally:
         fleet.stop()
     assert code == 0
+    ranks = {json.loads(line)["rank"] for line in records.read_text().splitlines()}
+    assert len(ranks) == 1 and ranks <= {"rank-0", "rank-1"}
     return json.loads(out.read_text())
 
 

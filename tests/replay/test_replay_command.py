@@ -117,3 +117,24 @@ def test_failed_requests_exit_nonzero(tmp_path: Path) -> None:
             ]
         )  # fmt: skip
     assert code == 1
+
+
+def test_records_name_the_rank_each_turn_ran_on(tmp_path: Path) -> None:
+    """Without the rank, a replay's records cannot show which conversations shared a rank
+    (the simulator names its rank; a kvfleet router's answers do too: test_chat_replay.py)."""
+    records = tmp_path / "records.jsonl"
+    code = main(
+        [
+            "replay", str(CLAUDE_CODE / "trace_0002.json"), str(CLAUDE_CODE / "trace_0282.json"),
+            "--target", "sim?ranks=2", "--records", str(records), "--sessions", "2",
+            "--time-scale", "0", "--max-model-len", "32768", "--no-progress",
+        ]
+    )  # fmt: skip
+    assert code == 0
+    lines = [json.loads(line) for line in records.read_text().splitlines()]
+    by_conversation: dict[str, set[str]] = {}
+    for line in lines:
+        by_conversation.setdefault(line["conversation_id"], set()).add(line["rank"])
+    # strict affinity: every turn of a conversation on its one rank, one of the two
+    assert all(len(ranks) == 1 for ranks in by_conversation.values())
+    assert set().union(*by_conversation.values()) <= {"rank-0", "rank-1"}

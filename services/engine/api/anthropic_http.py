@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from collections.abc import AsyncIterator
 
-from fastapi import APIRouter, FastAPI, Request
+from fastapi import APIRouter, FastAPI, Request, Response
 from fastapi.responses import StreamingResponse
 from starlette.exceptions import HTTPException
 
@@ -36,6 +36,7 @@ from .anthropic_schema import CountTokensRequest, MessagesRequest
 from .anthropic_shapes import event, matched_stop, message_body, stop_reason_of, usage_body
 from .client_gone import all_outputs, first_output
 from .http_backends import GenerateBackend
+from .served_by import served_headers
 from .tool_markers import tool_text_tokenizer
 
 
@@ -47,7 +48,7 @@ def add_messages_routes(
     router = APIRouter(route_class=AnthropicRoute)
 
     @router.post("/v1/messages")
-    async def messages(body: MessagesRequest, request: Request):
+    async def messages(body: MessagesRequest, request: Request, response: Response):
         prepared = prepare(body, backend, request, tool_family)
         stream = backend.generate(prepared.call)
         # Pull the first output before answering, so bad input is a 4xx, not a broken stream.
@@ -56,7 +57,10 @@ def add_messages_routes(
         tokenizer = output_tokenizer(backend, parsing)
         if body.stream:
             events = _sse(tokenizer, body, prepared, parsing, first, stream, request)
-            return StreamingResponse(events, media_type="text/event-stream")
+            return StreamingResponse(
+                events, media_type="text/event-stream", headers=served_headers(first)
+            )
+        response.headers.update(served_headers(first))
         outputs = await all_outputs(request, first, stream)
         return _whole(tokenizer, body, prepared, parsing, outputs)
 

@@ -28,6 +28,7 @@ from ..request.engine_request import (
     InvalidRequestError,
     SampleOutput,
     SequenceFailedError,
+    ServedBy,
     Usage,
 )
 from ..request.sampling_params import SamplingParams, TokenLogprob
@@ -208,8 +209,11 @@ class RouterBackend:
             timeout=ROUTER_TIMEOUT_SECONDS,
         )
         try:
+            first = True
             async for response in call:
-                yield _output(response.chunk)
+                served = ServedBy(response.rank_id, response.placement) if first else None
+                yield _output(response.chunk, served if response.rank_id else None)
+                first = False
         except grpc.RpcError as error:
             raise _http_error(error) from error
         finally:
@@ -229,7 +233,7 @@ def _http_error(error: grpc.RpcError) -> Exception:
     return EngineStoppedError(f"router: {code.name} {details}")
 
 
-def _output(chunk: common_pb2.GenerationChunk) -> SampleOutput:
+def _output(chunk: common_pb2.GenerationChunk, served_by: ServedBy | None = None) -> SampleOutput:
     usage = None
     if chunk.HasField("usage"):
         u = chunk.usage
@@ -245,6 +249,7 @@ def _output(chunk: common_pb2.GenerationChunk) -> SampleOutput:
         chunk.finish_reason,
         usage,
         tuple(logprob_from_proto(item) for item in chunk.logprobs),
+        served_by,
     )
 
 

@@ -32,6 +32,7 @@ from .openai_params import Body, backend_request, chat_prompt, completion_prompt
 from .openai_schema import ChatCompletionRequest, CompletionRequest
 from .openai_shapes import ResponseShape, sse_event, usage_body
 from .openai_tools import ToolChunks, parsing_family, with_tool_calls
+from .served_by import served_headers
 from .tool_markers import tool_text_tokenizer
 
 __all__ = ["build_app", "json_body"]
@@ -73,15 +74,15 @@ def build_app(
         return {"object": "list", "data": data}
 
     @app.post("/v1/completions")
-    async def completions(body: CompletionRequest, request: Request):
+    async def completions(body: CompletionRequest, request: Request, response: Response):
         prompt = completion_prompt(body, backend)
-        return await _respond(backend, request, body, prompt, chat=False)
+        return await _respond(backend, request, response, body, prompt, chat=False)
 
     @app.post("/v1/chat/completions")
-    async def chat_completions(body: ChatCompletionRequest, request: Request):
+    async def chat_completions(body: ChatCompletionRequest, request: Request, response: Response):
         prompt = chat_prompt(body, backend)
         family = parsing_family(tool_family, body.tools, body.tool_choice)
-        return await _respond(backend, request, body, prompt, chat=True, family=family)
+        return await _respond(backend, request, response, body, prompt, chat=True, family=family)
 
     add_messages_routes(app, backend, tool_family)  # the Anthropic Messages API
     return app
@@ -95,6 +96,7 @@ async def _client_gone(_request: Request, _error: Exception) -> Response:
 async def _respond(
     backend: GenerateBackend,
     request: Request,
+    reply: Response,
     body: Body,
     prompt: list[int],
     chat: bool,
@@ -113,7 +115,9 @@ async def _respond(
         return StreamingResponse(
             _sse(shape, call, first, stream, include_usage, request, tools, body.return_token_ids),
             media_type="text/event-stream",
+            headers=served_headers(first),
         )
+    reply.headers.update(served_headers(first))
     outputs = await all_outputs(request, first, stream)
     response = shape.full(outputs, call.num_samples, call.sampling.stop, body.return_token_ids)
     return with_tool_calls(response, family, body.tools or []) if family else response

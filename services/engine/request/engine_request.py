@@ -74,8 +74,17 @@ class Usage:
 
 
 @dataclass(frozen=True)
+class ServedBy:
+    """Which rank a router placed a request on, and why ("pinned", "new", "away", ...)."""
+
+    rank_id: str
+    placement: str
+
+
+@dataclass(frozen=True)
 class SampleOutput:
-    """New tokens of one sample; `usage` and `finish_reason` come with `finished`."""
+    """New tokens of one sample; `usage` and `finish_reason` come with `finished`;
+    `served_by` with a request's first output, when a router placed it."""
 
     request_id: str
     sample_index: int
@@ -84,6 +93,7 @@ class SampleOutput:
     finish_reason: str = ""
     usage: Usage | None = None
     logprobs: tuple[TokenLogprob, ...] = ()  # one per token, when the request asked for them
+    served_by: ServedBy | None = None
 
     @classmethod
     def one_token(cls, request_id: str, sample_index: int, token: int) -> SampleOutput:
@@ -98,6 +108,7 @@ class SampleOutput:
             finish_reason="",
             usage=None,
             logprobs=(),
+            served_by=None,
         )
         return output
 
