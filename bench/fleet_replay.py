@@ -231,6 +231,23 @@ def client_means(records: Path) -> dict[str, float]:
             "client_itl": sum(gaps) / len(gaps) if gaps else 0.0}  # fmt: skip
 
 
+def per_rank(records: Path) -> dict[str, dict]:
+    """Per rank the router named: its conversations, prompt tokens and the share reused."""
+    ranks: dict[str, dict] = {}
+    for line in records.read_text().splitlines() if records.exists() else []:
+        r = json.loads(line)
+        if r["error"] is not None:
+            continue
+        rank = ranks.setdefault(r.get("rank") or "?", {"conversations": set(), "prompt": 0,
+                                                        "reused": 0})  # fmt: skip
+        rank["conversations"].add(r["conversation_id"].rsplit("/", 1)[-1])
+        rank["prompt"] += r["prompt_tokens"]
+        rank["reused"] += r["reused_tokens"]
+    return {name: {"conversations": sorted(rank["conversations"]), "prompt_tokens": rank["prompt"],
+                   "reused_share": rank["reused"] / rank["prompt"] if rank["prompt"] else 0.0}
+            for name, rank in sorted(ranks.items())}  # fmt: skip
+
+
 def start_profiles(pids: dict[str, int], seconds: float, logs: Path) -> list[subprocess.Popen]:
     """py-spy samples of the named processes (speedscope files in `logs`); none without it."""
     spy = shutil.which("py-spy")
@@ -365,8 +382,9 @@ def main() -> int:
             fleet["arms"][name] = {"ready_s": ready_s, "replay_rc": code,
                                    "replay_s": time.monotonic() - started - ready_s,
                                    "counters": counters, "cpu_per_wall_s": cpu,
-                                   "mean_s": means}  # fmt: skip
-            for key in ("counters", "cpu_per_wall_s", "mean_s"):
+                                   "mean_s": means,
+                                   "per_rank": per_rank(logs / "records.jsonl")}  # fmt: skip
+            for key in ("counters", "cpu_per_wall_s", "mean_s", "per_rank"):
                 print(f"arm {name} {key}: {json.dumps(fleet['arms'][name][key])}", flush=True)
         except (RuntimeError, subprocess.TimeoutExpired, OSError) as error:
             print(f"arm {name}: {error}", flush=True)
