@@ -58,6 +58,7 @@ def admission_config(sim: SimConfig) -> AdmissionConfig:
         placement=options.placement,
         max_wait_passes=options.max_wait_passes,
         max_wait_seconds=options.max_wait_seconds,
+        rehome_below=options.rehome_below,
     )
 
 

@@ -48,6 +48,7 @@ class FleetOptions:
     max_wait_passes: int = 1_000_000
     max_wait_seconds: float = 30.0
     placement: str = "load"
+    rehome_below: float = 0.0  # router: a pinned turn whose home lost more is placed anew
     reuse_policy: str = "per_conversation"
     max_num_turns: int = 5
     keep_root: bool = False  # per_conversation: also keep the first turn's endpoints

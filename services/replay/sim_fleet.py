@@ -62,6 +62,7 @@ class SimFleet:
             placement=fleet.placement,
             max_wait_passes=fleet.max_wait_passes,
             max_wait_seconds=fleet.max_wait_seconds,
+            rehome_below=fleet.rehome_below,
             heartbeat_timeout_seconds=_NEVER_SILENT_S,
         )
         self.queue = AdmissionQueue(self.store, admission, self.clock.now, self.prefix_index)
@@ -82,6 +83,8 @@ class SimFleet:
         self._futures: dict[str, asyncio.Future[SimRequest]] = {}
         self._requests: dict[str, SimRequest] = {}
         self._prefix_feed = PrefixFeed(self.prefix_index, fleet.block_size)
+        # the router's prefix index is read by prefix placement and by re-homing alone
+        self._reads_index = fleet.placement == "prefix" or fleet.rehome_below > 0
         self._ids = itertools.count()
         self._tick: ScheduledEvent | None = None
         self.passes = 0
@@ -142,7 +145,7 @@ class SimFleet:
         self._futures[request_id] = future
         self._requests[request_id] = request
         self.moves.arrived(request)
-        prompt = tuple(tokens) if self.config.fleet.placement == "prefix" else ()
+        prompt = tuple(tokens) if self._reads_index else ()
         self.queue.enqueue(PendingRequest(request_id, conversation_id, now, prompt_tokens=prompt))
         self._admission_pass()
         return await future
@@ -246,7 +249,7 @@ class SimFleet:
         self.clock.call_at(stats.done_s, transferred)
 
     def _on_kv_event(self, rank: SimRank, event: KVEvent) -> None:
-        if self.config.fleet.placement == "prefix":
+        if self._reads_index:
             self._prefix_feed.on_event(rank.rank_id, rank.current, event)
 
     # -- invariants ------------------------------------------------------------------------------

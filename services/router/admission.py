@@ -45,6 +45,7 @@ from .policies import (
 from .prefix_index import PrefixIndex
 from .store import AdmissionStore
 
+REHOME_MIN_BLOCKS = 64  # shorter prompts stay home: their recompute is cheap wherever they run
 # Ranks a new request may start on; generation-only ranks get work by KV hand-off, placed by
 # a second queue over GENERATION_ROLES (see runtime.py).
 ADMITTING_ROLES = frozenset({Role.BOTH, Role.CONTEXT})
@@ -62,6 +63,9 @@ class AdmissionConfig:
     max_wait_passes: int = 1_000_000
     max_wait_seconds: float = 30.0
     pin_ttl_seconds: float = 3600.0
+    # A pinned turn whose home holds less than this share of its prompt's blocks (the prefix
+    # index) is placed as a new conversation, and re-pinned where it lands; 0: never.
+    rehome_below: float = 0.0
     heartbeat_timeout_seconds: float = 10.0
 
     def __post_init__(self) -> None:
@@ -71,6 +75,8 @@ class AdmissionConfig:
             raise ValueError(f"placement: {self.placement!r} not in {sorted(PLACEMENT_POLICIES)}")
         if self.pin_ttl_seconds <= 0:
             raise ValueError(f"pin_ttl_seconds: {self.pin_ttl_seconds} <= 0")
+        if not 0 <= self.rehome_below <= 1:
+            raise ValueError(f"rehome_below: {self.rehome_below} not in [0, 1]")
         if self.heartbeat_timeout_seconds <= 0:
             raise ValueError(f"heartbeat_timeout_seconds: {self.heartbeat_timeout_seconds} <= 0")
         WaitBound(self.max_wait_passes, self.max_wait_seconds)
@@ -112,7 +118,8 @@ class AdmissionQueue:
         self.config = config
         self._clock = clock
         self._bound = WaitBound(config.max_wait_passes, config.max_wait_seconds)
-        self._placement = PLACEMENT_POLICIES[config.placement](prefix_index or PrefixIndex())
+        self._index = prefix_index or PrefixIndex()
+        self._placement = PLACEMENT_POLICIES[config.placement](self._index)
         self._waiting: list[PendingRequest] = []
 
     def __len__(self) -> int:
@@ -214,7 +221,22 @@ class AdmissionQueue:
             if rank_id is not None:
                 fresh = home is None or leaving
                 released = Placement.NEW if fresh else RELEASED_PLACEMENT[state.affinity.name]
+                if request.request_id in state.rehomed:
+                    released = Placement.REHOMED
                 state.admit(request, rank_id, released, home)
+
+    def _home_lost_it(self, request: PendingRequest, home: str, state: PassState) -> bool:
+        """Whether the home holds some but less than `rehome_below` of the prompt's blocks, by
+        the prefix index. Some: an index that never saw this prompt's start on the home (this
+        replica restarted, or the home publishes to another replica) says nothing, and the
+        turn stays home."""
+        share = self.config.rehome_below
+        if share <= 0:
+            return False
+        keys = request.keys_for(state.ranks[home].info.block_size)
+        if len(keys) < REHOME_MIN_BLOCKS:
+            return False
+        return 0 < self._index.overlap(home, keys) < share * len(keys)
 
     def remove_silent_ranks(self) -> list[str]:
         """Remove ranks whose last heartbeat is older than the timeout; returns their ids."""
@@ -246,6 +268,9 @@ class AdmissionQueue:
                 continue
             home = pins.get(request.conversation_id) if state.affinity.keeps_home else None
             if home not in state.ranks:
+                others.append((request, None))
+            elif self._home_lost_it(request, home, state):
+                state.rehomed.add(request.request_id)
                 others.append((request, None))
             elif state.ranks[home].load.leaving:
                 others.append((request, home))  # it moves (re-pinned), pulling from its home

@@ -132,6 +132,14 @@ def register(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
         help="how new conversations are placed (round_robin: ranks in turn, a baseline)",
     )
     parser.add_argument(
+        "--rehome-below",
+        type=float,
+        default=0.0,
+        help="a pinned turn whose home holds some but less than this share of its prompt (by "
+        "the ranks' KV events) is placed as a new conversation and pinned where it lands; "
+        "0: never (docs/router.md)",
+    )
+    parser.add_argument(
         "--pin-ttl-seconds", type=float, default=3600.0, help="a conversation's pin lifetime"
     )
     parser.add_argument(
@@ -187,6 +195,7 @@ def router_config(args: argparse.Namespace):
         placement=args.placement,
         max_wait_passes=args.max_wait_passes,
         max_wait_seconds=args.max_wait_seconds,
+        rehome_below=args.rehome_below,
         pin_ttl_seconds=args.pin_ttl_seconds,
         heartbeat_timeout_seconds=args.heartbeat_timeout_seconds,
     )

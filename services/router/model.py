@@ -5,7 +5,7 @@ from __future__ import annotations
 import enum
 from dataclasses import dataclass, field
 
-from .prefix_index import UNSALTED_ROOT
+from .prefix_index import UNSALTED_ROOT, chain_keys
 
 
 class Role(enum.StrEnum):
@@ -69,6 +69,7 @@ class Placement(enum.StrEnum):
     NEW = "new"  # a conversation without a pin, placed by policy
     FALLBACK = "fallback"  # a pinned request placed by policy after its deferral bound
     AWAY = "away"  # lenient: pinned rank full, placed by policy elsewhere
+    REHOMED = "rehomed"  # its home had lost most of its prefix: placed by policy, pinned anew
 
 
 @dataclass
@@ -85,6 +86,17 @@ class PendingRequest:
     # Where the prompt's block keys chain from: the tenant's cache salt (prefix_index.py).
     prefix_root: int = UNSALTED_ROOT
     deferrals: int = 0
+    # The prompt's chained block keys per block size, hashed once (prefix_index.chain_keys).
+    block_keys: dict[int, list[int]] = field(default_factory=dict, repr=False, compare=False)
+
+    def keys_for(self, block_size: int) -> list[int]:
+        """The prompt's block keys at `block_size`, computed at the first ask."""
+        keys = self.block_keys.get(block_size)
+        if keys is None:
+            keys = self.block_keys[block_size] = chain_keys(
+                self.prompt_tokens, block_size, self.prefix_root
+            )
+        return keys
 
     @property
     def slots(self) -> int:

@@ -32,6 +32,7 @@ class PassState:
     free: dict[str, int] = field(default_factory=dict)
     result: PassResult = field(default_factory=PassResult)
     done: set[str] = field(default_factory=set)  # admitted or failed: leave the queue
+    rehomed: set[str] = field(default_factory=set)  # pinned turns placed as new (rehome_below)
 
     def __post_init__(self) -> None:
         self.free = {rank_id: slots.free for rank_id, slots in self.ranks.items()}

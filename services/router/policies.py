@@ -7,7 +7,7 @@ from dataclasses import dataclass
 from typing import Protocol
 
 from .model import PendingRequest, RankSlots
-from .prefix_index import PrefixIndex, chain_keys
+from .prefix_index import PrefixIndex
 
 
 @dataclass(frozen=True)
@@ -116,15 +116,9 @@ class PrefixPlacement:
         self._index = index
 
     def order(self, request: PendingRequest, candidates: list[RankSlots]) -> list[RankSlots]:
-        keys_by_block_size: dict[int, list[int]] = {}
-
         def overlap(slots: RankSlots) -> int:
-            size = slots.info.block_size
-            if size not in keys_by_block_size:
-                keys_by_block_size[size] = chain_keys(
-                    request.prompt_tokens, size, request.prefix_root
-                )
-            return self._index.overlap(slots.info.rank_id, keys_by_block_size[size])
+            keys = request.keys_for(slots.info.block_size)
+            return self._index.overlap(slots.info.rank_id, keys)
 
         return sorted(candidates, key=lambda slots: (-overlap(slots), *_load_key(slots)))
 
