@@ -247,6 +247,10 @@ def run(args: argparse.Namespace, front: FrontStarter | None = None) -> int:
         print(f"kvfleet router: the rank port needs a fleet secret: --fleet-secret-file or "
               f"${SECRET_ENV} (or --insecure-rank-port)", file=sys.stderr, flush=True)  # fmt: skip
         return 2
+    # Before anything serves: a SIGTERM once a port answers must stop gracefully, not kill.
+    stop = threading.Event()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, lambda *_: stop.set())
     try:
         server, port = create_server(f"{args.host}:{args.grpc_port}", config)
     except (OSError, RuntimeError) as error:  # grpc raises RuntimeError when it cannot bind
@@ -272,9 +276,6 @@ def run(args: argparse.Namespace, front: FrontStarter | None = None) -> int:
             server.stop(0)
             return 2
         print(f"router OpenAI API on http port {http.port}", flush=True)
-    stop = threading.Event()
-    for sig in (signal.SIGTERM, signal.SIGINT):
-        signal.signal(sig, lambda *_: stop.set())
     stop.wait()
     server.stop(args.grace_seconds)  # /health turns 503 at once; streams get the grace
     if http is not None:

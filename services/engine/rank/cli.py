@@ -192,6 +192,11 @@ def run(args: argparse.Namespace) -> int:
         advertise_host=args.advertise_host,
         fleet_secret=secret,
     )
+    # Before the ranks serve: a SIGTERM that comes once a rank answers (a probe passed, a
+    # request served) but before the startup ends must drain, not kill the process.
+    stop = threading.Event()
+    for signum in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(signum, lambda *_: stop.set())
     ranks = []
     for rank_config, rank_addresses in pod_ranks(config, addresses):
         rank = EngineRank(
@@ -209,9 +214,6 @@ def run(args: argparse.Namespace) -> int:
     # The model, the engines and their servers are up: their objects are never garbage.
     frozen = freeze_startup_heap()
     print(f"startup heap kept out of the GC's full passes: {frozen} objects", flush=True)
-    stop = threading.Event()
-    for signum in (signal.SIGINT, signal.SIGTERM):
-        signal.signal(signum, lambda *_: stop.set())
     stop.wait()
     # SIGTERM (a pod deletion, an eviction, a roll): drain within the pod's grace period, the
     # ranks side by side so the budget is not spent once per rank.
