@@ -116,6 +116,6 @@ def test_a_restart_under_the_same_id_clears_its_old_reservations(fleet, own_redi
     finally:
         first.kill()
         first.wait(timeout=10)
-        if second is not None:
-            second.terminate()
+        if second is not None:  # cleanup only: this test is not about a graceful stop
+            second.kill()
             second.wait(timeout=30)
