@@ -24,6 +24,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 from fleet_replay import SHARED
+from fleet_sim import sim_target
 from fleet_sizing import kv_bytes_per_token, report_half, size_fleet, tune_half
 from rich.console import Console
 from rich.table import Table
@@ -44,10 +45,11 @@ def session_sets(half: str, sets: int) -> list[tuple[list[Path], str]]:
     for i in range(sets):
         part = files[i * SET_SIZE : (i + 1) * SET_SIZE]
         sizing = size_fleet(part, MAX_LEN, MAX_TURNS, per_token, 4, 0.5, 0.75)
-        target = (f"sim:{SIM}?ranks=4&slots=2&block_size=16&chunk_tokens=8192"
-                  f"&max_context_tokens={MAX_LEN}&gpu_gib={sizing.gpu_gib_per_rank:.4f}"
-                  f"&host_gib={sizing.host_gib_per_rank:.4f}&retained_conversations=2")  # fmt: skip
-        out.append((part, target))
+        # fleet_replay.py's fleet.json fields, so the simulator options are fleet_sim.py's
+        fleet = {"ranks": 4, "slots": 2, "page_tokens": 16, "step_tokens": 8192,
+                 "max_model_len": MAX_LEN, "gpu_gib_per_rank": sizing.gpu_gib_per_rank,
+                 "host_gib_per_rank": sizing.host_gib_per_rank, "host_exclusive": True}  # fmt: skip
+        out.append((part, sim_target(SIM, fleet, "defaults")))
     return out
 
 

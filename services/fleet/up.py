@@ -15,9 +15,7 @@ from __future__ import annotations
 import argparse
 import logging
 import os
-import signal
 import sys
-import threading
 from pathlib import Path
 from typing import NoReturn
 
@@ -164,6 +162,7 @@ def run(args: argparse.Namespace) -> NoReturn:
 
 def serve(args: argparse.Namespace) -> int:
     """Start the fleet, print where it listens, run until a signal (or the smoke check)."""
+    from ..core.stop_signals import stop_on_signals
     from ..engine.config.model_config import PRESETS
     from ..engine.core.gc_heap import freeze_startup_heap
     from ..router.redis_connect import redacted
@@ -184,9 +183,7 @@ def serve(args: argparse.Namespace) -> int:
     else:
         print(f"WARNING: no Redis answers at {redacted(args.redis_url)}: pins are kept IN-PROCESS "
               "(one router only)", flush=True)  # fmt: skip
-    stop = threading.Event()
-    for signum in (signal.SIGINT, signal.SIGTERM):
-        signal.signal(signum, lambda *_: stop.set())
+    stop = stop_on_signals()
     try:
         try:
             fleet.start()

@@ -22,12 +22,12 @@ from typing import Any
 
 import httpx
 
+from ..engine.api.served_by import RANK_HEADER
 from .prompt_layout import PromptLayout
 from .records import Generation
 from .target_types import TargetError, TargetInfo, WallClock
 
 CONVERSATION_HEADER = "X-Conversation-Id"
-RANK_HEADER = "x-kvfleet-rank"  # what a kvfleet router's answers name (engine/api/served_by.py)
 
 
 class HttpTarget:

@@ -234,10 +234,9 @@ def run(args: argparse.Namespace, front: FrontStarter | None = None) -> int:
     """Start the router (and, with `front` and --http-port >= 0, its HTTP front) and serve
     until SIGTERM/SIGINT; 2 when a port cannot be bound."""
     import logging
-    import signal
     import sys
-    import threading
 
+    from ..core.stop_signals import stop_on_signals
     from .fleet_secret import SECRET_ENV
     from .server import create_server
 
@@ -247,10 +246,7 @@ def run(args: argparse.Namespace, front: FrontStarter | None = None) -> int:
         print(f"kvfleet router: the rank port needs a fleet secret: --fleet-secret-file or "
               f"${SECRET_ENV} (or --insecure-rank-port)", file=sys.stderr, flush=True)  # fmt: skip
         return 2
-    # Before anything serves: a SIGTERM once a port answers must stop gracefully, not kill.
-    stop = threading.Event()
-    for sig in (signal.SIGTERM, signal.SIGINT):
-        signal.signal(sig, lambda *_: stop.set())
+    stop = stop_on_signals()  # before anything serves
     try:
         server, port = create_server(f"{args.host}:{args.grpc_port}", config)
     except (OSError, RuntimeError) as error:  # grpc raises RuntimeError when it cannot bind

@@ -209,10 +209,11 @@ class RouterBackend:
             timeout=ROUTER_TIMEOUT_SECONDS,
         )
         try:
-            first = True
+            first = True  # the router names the rank and placement on the first response
             async for response in call:
-                served = ServedBy(response.rank_id, response.placement) if first else None
-                yield _output(response.chunk, served if response.rank_id else None)
+                named = first and response.rank_id
+                served = ServedBy(response.rank_id, response.placement) if named else None
+                yield _output(response.chunk, served)
                 first = False
         except grpc.RpcError as error:
             raise _http_error(error) from error

@@ -1,7 +1,7 @@
 """Response headers that say which rank served a request and why: a router's placement
-(`x-kvfleet-rank`, `x-kvfleet-placement`: "pinned", "new", "away", "fallback", "explicit"), so a
-client or a replay can see where each turn of a conversation ran. A rank's own API, where no
-router placed the request, sends none."""
+(`x-kvfleet-rank`, `x-kvfleet-placement`: "pinned", "new", "away", "fallback", "rehomed",
+"explicit"), so a client or a replay can see where each turn of a conversation ran. A rank's
+own API, where no router placed the request, sends none."""
 
 from __future__ import annotations
 

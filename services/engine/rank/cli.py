@@ -5,7 +5,6 @@ from __future__ import annotations
 import argparse
 import logging
 import os
-import signal
 import threading
 
 from ..api.tool_calls import add_tool_call_parser_flag
@@ -156,6 +155,7 @@ def engine_config_from_args(args: argparse.Namespace):
 
 
 def run(args: argparse.Namespace) -> int:
+    from ...core.stop_signals import stop_on_signals
     from ...router.fleet_secret import SECRET_ENV, load_fleet_secret
     from ..config.model_config import PRESETS
     from ..core.gc_heap import freeze_startup_heap
@@ -192,11 +192,7 @@ def run(args: argparse.Namespace) -> int:
         advertise_host=args.advertise_host,
         fleet_secret=secret,
     )
-    # Before the ranks serve: a SIGTERM that comes once a rank answers (a probe passed, a
-    # request served) but before the startup ends must drain, not kill the process.
-    stop = threading.Event()
-    for signum in (signal.SIGINT, signal.SIGTERM):
-        signal.signal(signum, lambda *_: stop.set())
+    stop = stop_on_signals()  # before the ranks serve: a SIGTERM then drains them
     ranks = []
     for rank_config, rank_addresses in pod_ranks(config, addresses):
         rank = EngineRank(
