@@ -21,6 +21,9 @@ ARMS: dict[str, Arm] = {
     # the defaults with router-driven prefetch: a turn waiting for its home's slot holds its
     # blocks there, so they are released after every other retained turn.
     "prefetch": Arm(("--prefetch",), {}, {"prefetch": "true"}),
+    # the defaults with re-homing: a pinned turn whose home kept some but under 70 % of its
+    # prompt (the router's prefix index) is placed as a new conversation.
+    "rehome": Arm(("--rehome-below", "0.7"), {}, {"rehome_below": "0.7"}),
     # the affinity the project argues against, with the retention sim_sweep.py calls t2.
     "lenient/t2": Arm(
         ("--affinity", "lenient"),

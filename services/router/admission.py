@@ -269,11 +269,11 @@ class AdmissionQueue:
             home = pins.get(request.conversation_id) if state.affinity.keeps_home else None
             if home not in state.ranks:
                 others.append((request, None))
+            elif state.ranks[home].load.leaving:
+                others.append((request, home))  # it moves (re-pinned), pulling from its home
             elif self._home_lost_it(request, home, state):
                 state.rehomed.add(request.request_id)
                 others.append((request, None))
-            elif state.ranks[home].load.leaving:
-                others.append((request, home))  # it moves (re-pinned), pulling from its home
             elif state.affinity.still_pinned(
                 request, state.waited(request), self._bound, state.free[home] >= request.slots
             ):

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import pytest
 from kvfleet.services.router.admission import REHOME_MIN_BLOCKS, AdmissionConfig, AdmissionQueue
-from kvfleet.services.router.model import PendingRequest, Placement, RankInfo
+from kvfleet.services.router.model import PendingRequest, Placement, RankInfo, RankLoad
 from kvfleet.services.router.prefix_index import PrefixIndex
 from kvfleet.services.router.store import LocalStore
 
@@ -19,15 +19,17 @@ PROMPT = tuple(range(1, 1 + BLOCK * 2 * REHOME_MIN_BLOCKS))  # 128 blocks
 BLOCKS = len(PROMPT) // BLOCK
 
 
-def placed(clock, held_blocks: int, rehome_below: float, prompt=PROMPT) -> tuple[str, Placement]:
-    """Where conversation `c` (pinned on `a`, which holds its first `held_blocks` blocks in the
-    index and is busier than `b`) lands, and why."""
+def admit(clock, held_blocks: int, rehome_below: float, prompt=PROMPT, home_leaving=False):
+    """The admission of conversation `c` (pinned on `a`, which holds its first `held_blocks`
+    blocks in the index and is busier than `b`)."""
     store, index = LocalStore(), PrefixIndex()
     for rank_id in ("a", "b"):
         store.register_rank(RankInfo(rank_id, rank_id, 2, block_size=BLOCK), clock())
     assert store.try_admit("a", "earlier-turn", 1, "c", 3600.0, clock())
     store.release("a", "earlier-turn")
     assert store.try_admit("a", "busy", 1, "other", 3600.0, clock())  # `b` is the idler rank
+    if home_leaving:
+        store.heartbeat("a", RankLoad(leaving=True), clock())
     if held_blocks:
         hashes = list(range(100, 100 + held_blocks))
         index.stored("a", hashes, None, PROMPT[: held_blocks * BLOCK], BLOCK)
@@ -37,6 +39,12 @@ def placed(clock, held_blocks: int, rehome_below: float, prompt=PROMPT) -> tuple
     (admission,) = queue.run_pass().admitted
     assert store.get_pins(["c"], clock()) == {"c": admission.rank.rank_id}  # pinned where it ran
     store.check_integrity()
+    return admission
+
+
+def placed(clock, held_blocks: int, rehome_below: float, prompt=PROMPT) -> tuple[str, Placement]:
+    """Where conversation `c` lands, and why (see `admit`)."""
+    admission = admit(clock, held_blocks, rehome_below, prompt)
     return admission.rank.rank_id, admission.placement
 
 
@@ -53,6 +61,14 @@ def test_a_turn_leaves_a_home_that_lost_most_of_its_prefix(clock, held, share, w
     """Without it a thrashing home keeps every conversation and reuses a sliver of each; with
     an index that knows nothing (a restarted router) every long turn would leave its home."""
     assert placed(clock, held, share) == where
+
+
+def test_a_leaving_home_is_named_even_where_it_lost_most_of_the_prefix(clock):
+    """A turn leaving a shutting-down home pulls what the home still holds: re-homing, which
+    names no home, must not take it first."""
+    admission = admit(clock, BLOCKS // 8, 0.5, home_leaving=True)
+    assert admission.rank.rank_id == "b"
+    assert admission.home is not None and admission.home.rank_id == "a"
 
 
 def test_short_prompts_stay_home(clock):

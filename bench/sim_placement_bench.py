@@ -1,15 +1,16 @@
-"""Re-homing (`rehome_below`) on the fleet replay's shape, in the simulator.
+"""Placement and re-homing arms on the fleet replay's shape, in the simulator.
 
 The hardware fleet of docs/sim-vs-live.md (4 ranks x 2 slots of the 1b on one shared H100,
 GPUs 50 % and GPUs + hosts 75 % of the working set, 12 sessions, 24 turns each, no think time)
 loses reuse when timing pins its longest conversations on one rank. This runs that shape in
 the simulator (`bench/gpu/sim_1b_h100_chip.yaml`) on sets of 12 sessions of one half
 (`fleet_sizing.py`'s halves; each set sized from its own working set), over staggers, once per
-arm (`rehome_below` off and at the given shares), and prints reuse / oracle, later turns with
-no reuse, TTFT p90 and output tok/s: mean and (min-max) over sets and staggers.
+arm (router options added to the simulator target, e.g. `placement=load` or
+`rehome_below=0.7`), and prints reuse / oracle, later turns with no reuse, TTFT p90 and
+output tok/s: mean and (min-max) over sets and staggers.
 
-Run: nice -n 10 .venv/bin/python bench/sim_rehome_bench.py --half tune [--sets 2]
-     [--staggers 0.25,0.5,1,2,3] [--shares 0,0.3,0.5,0.7] [--jobs 2]
+Run: nice -n 10 .venv/bin/python bench/sim_placement_bench.py --half tune [--sets 2]
+     [--staggers 0.25,0.5,1,2,3] [--arms 'placement=load;placement=footprint'] [--jobs 2]
 """
 
 from __future__ import annotations
@@ -53,10 +54,10 @@ def session_sets(half: str, sets: int) -> list[tuple[list[Path], str]]:
     return out
 
 
-def run_one(files: list[Path], target: str, stagger: float, share: float, out: Path) -> tuple:
+def run_one(files: list[Path], target: str, stagger: float, arm: str, out: Path) -> tuple:
     """One replay; (reuse / oracle, later no reuse, TTFT p90, output tok/s)."""
     command = [sys.executable, "-m", "kvfleet.services.cli", "replay", *map(str, files),
-               "--target", f"{target}&rehome_below={share}", "--json", str(out),
+               "--target", f"{target}&{arm}", "--json", str(out),
                "--sessions", str(len(files)), "--time-scale", "0", "--stagger", str(stagger),
                "--max-model-len", str(MAX_LEN), "--max-tokens", "64",
                "--max-turns", str(MAX_TURNS), "--no-progress"]  # fmt: skip
@@ -71,34 +72,38 @@ def main() -> None:
     p.add_argument("--half", choices=("tune", "report"), default="tune")
     p.add_argument("--sets", type=int, default=2, help="sets of 12 sessions")
     p.add_argument("--staggers", default="0.25,0.5,1,2,3")
-    p.add_argument("--shares", default="0,0.3,0.5,0.7", help="rehome_below values (0: off)")
+    p.add_argument(
+        "--arms",
+        default="placement=load;placement=footprint",
+        help="';'-separated router options, each an arm (k=v&k=v)",
+    )
     p.add_argument("--jobs", type=int, default=2)
     args = p.parse_args()
     staggers = [float(s) for s in args.staggers.split(",")]
-    shares = [float(s) for s in args.shares.split(",")]
+    arms = args.arms.split(";")
     sets = session_sets(args.half, args.sets)
     with tempfile.TemporaryDirectory() as tmp, ThreadPoolExecutor(args.jobs) as pool:
-        jobs = {(share, i, stagger): pool.submit(run_one, files, target, stagger, share,
-                                                 Path(tmp) / f"{share}-{i}-{stagger}.json")
-                for share in shares for i, (files, target) in enumerate(sets)
+        jobs = {(a, i, stagger): pool.submit(run_one, files, target, stagger, arm,
+                                             Path(tmp) / f"{a}-{i}-{stagger}.json")
+                for a, arm in enumerate(arms) for i, (files, target) in enumerate(sets)
                 for stagger in staggers}  # fmt: skip
         results = {key: job.result() for key, job in jobs.items()}
     table = Table(title=f"{args.half} half: {args.sets} sets of {SET_SIZE} sessions x staggers "
                         f"{args.staggers} (mean, min-max)")  # fmt: skip
-    table.add_column("rehome_below")
+    table.add_column("arm")
     for name, _ in METRICS:
         table.add_column(name, justify="right")
-    for share in shares:
-        runs = [values for (s, _, _), values in results.items() if s == share]
+    for a, arm in enumerate(arms):
+        runs = [values for (b, _, _), values in results.items() if b == a]
         cells = []
         for column, (_, fmt) in enumerate(METRICS):
             values = [run[column] for run in runs]
             cells.append(f"{fmt.format(statistics.mean(values))} "
                          f"({fmt.format(min(values))}-{fmt.format(max(values))})")  # fmt: skip
-        table.add_row("off" if share == 0 else str(share), *cells)
+        table.add_row(arm, *cells)
     Console(width=140).print(table)
-    for (share, i, stagger), values in sorted(results.items()):
-        print(f"share {share} set {i} stagger {stagger}: " + ", ".join(
+    for (a, i, stagger), values in sorted(results.items()):
+        print(f"{arms[a]} set {i} stagger {stagger}: " + ", ".join(
             fmt.format(v) for v, (_, fmt) in zip(values, METRICS, strict=True)))  # fmt: skip
 
 
