@@ -9,6 +9,14 @@ give the ranks' steps in flight on average and the chip time the model asks for 
 wall time the logs span (over 1: the model is too slow for what the chip did; well under 1 on
 a saturated fleet: too fast).
 
+A shared chip's steps measure the sharing as much as the step. The second table keeps the
+steps a rank ran alone (no other rank's step for 95 % of it) and followed at once with its next
+step, and compares their cycle (start to the rank's next start: the step plus its host work)
+with the model. The last line fits those cycles by least squares: the model's linear term as
+is, and a step overhead, a cost per prefill chunk and factors on its attention and decode KV
+terms (what `step_overhead_ms`, `prefill_chunk_ms`, `attention_tflops` and
+`decode_kv_read_tb_s` would become).
+
 Run: .venv/bin/python bench/step_costs.py --sim bench/gpu/sim_1b_h100_chip.yaml LOG...
      [--page-size 16] [--kv-dtype-bytes 1]
 """
@@ -16,16 +24,23 @@ Run: .venv/bin/python bench/step_costs.py --sim bench/gpu/sim_1b_h100_chip.yaml 
 from __future__ import annotations
 
 import argparse
+import bisect
+import itertools
 import json
+import lzma
 from dataclasses import dataclass
 from pathlib import Path
 
+import numpy as np
 from kvfleet.services.core.cost_model import CostModel, StepWork
 from kvfleet.services.replay.sim_config import load_sim_config
 from rich.console import Console
 from rich.table import Table
 
 CONTEXT_EDGES = (16_384, 65_536)  # decode buckets by the batch's longest context
+WARM_UP_S = 5.0  # longer steps are a rank's start (graph capture, first compile): left out
+SOLO_SHARE = 0.05  # a step is solo when other ranks' steps cover under this share of its cycle
+IDLE_S = 0.05  # a rank idle longer than this after a step: the step has no cycle
 
 
 @dataclass
@@ -35,10 +50,15 @@ class Bucket:
     model_s: float = 0.0
 
 
+def read_log(path: Path) -> str:
+    """A step log's text; `.xz`: compressed, as the kept draws are."""
+    return lzma.decompress(path.read_bytes()).decode() if path.suffix == ".xz" else path.read_text()
+
+
 def load_steps(paths: list[Path]) -> list[tuple[str, dict]]:
     """(log name, step) for every line of every log."""
-    return [(path.stem, json.loads(line)) for path in paths
-            for line in path.read_text().splitlines() if line.strip()]  # fmt: skip
+    return [(path.name.split(".")[0], json.loads(line)) for path in paths
+            for line in read_log(path).splitlines() if line.strip()]  # fmt: skip
 
 
 def work_of(step: dict) -> StepWork:
@@ -68,6 +88,75 @@ def steps_in_flight(steps: list[tuple[str, dict]]) -> tuple[float, float]:
     return (weighted / busy if busy else 0.0), edges[-1][0] - edges[0][0]
 
 
+def solo_cycles(steps: list[tuple[str, dict]]) -> list[tuple[dict, float]]:
+    """(step, cycle seconds) of the steps a rank ran alone and followed at once."""
+    per_rank: dict[str, list[dict]] = {}
+    for name, step in steps:
+        per_rank.setdefault(name, []).append(step)
+    spans = {}
+    for name, rank_steps in per_rank.items():
+        rank_steps.sort(key=lambda step: step["t"])
+        spans[name] = [(step["t"], step["t"] + step["s"]) for step in rank_steps]
+
+    def covered(name: str, start: float, end: float) -> float:
+        total = 0.0
+        for other, other_spans in spans.items():
+            if other == name:
+                continue
+            i = max(0, bisect.bisect_left(other_spans, (start,)) - 1)
+            while i < len(other_spans) and other_spans[i][0] < end:
+                total += max(0.0, min(end, other_spans[i][1]) - max(start, other_spans[i][0]))
+                i += 1
+        return total
+
+    out = []
+    for name, rank_steps in per_rank.items():
+        for step, after in itertools.pairwise(rank_steps):
+            cycle = after["t"] - step["t"]
+            if step["s"] > WARM_UP_S or cycle > step["s"] + IDLE_S:
+                continue
+            if covered(name, step["t"], after["t"]) < SOLO_SHARE * cycle:
+                out.append((step, cycle))
+    return out
+
+
+def fit_solo(costs: CostModel, solo: list[tuple[dict, float]]) -> str:
+    """Least squares of the solo cycles over the model's terms (linear taken as is)."""
+    rows, left = [], []
+    for step, cycle in solo:
+        work = work_of(step)
+        linear = max(costs.weights_read_s, work.computed_tokens * costs.linear_s_per_token)
+        pairs = sum(costs.attention_pairs(a, b) for a, b in work.prefill_spans)
+        rows.append([1.0, len(work.prefill_spans), pairs * costs.attention_s_per_pair,
+                     costs.decode_kv_seconds(work.decode_contexts)])  # fmt: skip
+        left.append(cycle - linear - work.host_pages_in * costs.host_copy_s_per_page)
+    (overhead, chunk, attention, kv), *_ = np.linalg.lstsq(np.array(rows), np.array(left))
+    return (f"fit of {len(solo)} solo cycles: step overhead {1e3 * overhead:.1f} ms, "
+            f"prefill chunk {1e3 * chunk:.1f} ms, attention x{attention:.2f}, "
+            f"decode KV x{kv:.2f}")  # fmt: skip
+
+
+def bucket_table(title: str, rows: list[tuple[dict, float]], costs: CostModel) -> Table:
+    """Per kind and size of step: count, measured and modelled mean, their ratio; and all."""
+    buckets: dict[str, Bucket] = {}
+    for step, measured in rows:
+        bucket = buckets.setdefault(bucket_of(step), Bucket())
+        bucket.steps += 1
+        bucket.measured_s += measured
+        bucket.model_s += costs.step_seconds(work_of(step))
+    buckets["all"] = Bucket(sum(b.steps for b in buckets.values()),
+                            sum(b.measured_s for b in buckets.values()),
+                            sum(b.model_s for b in buckets.values()))  # fmt: skip
+    table = Table(title=title)
+    for column in ("steps", "kind and size", "measured ms", "model ms", "measured / model"):
+        table.add_column(column, justify="left" if column == "kind and size" else "right")
+    for name, b in sorted(buckets.items(), key=lambda item: (item[0] == "all", item[0])):
+        measured_ms, model_ms = 1e3 * b.measured_s / b.steps, 1e3 * b.model_s / b.steps
+        table.add_row(str(b.steps), name, f"{measured_ms:.2f}", f"{model_ms:.2f}",
+                      f"{b.measured_s / b.model_s:.2f}")  # fmt: skip
+    return table
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("logs", type=Path, nargs="+")
@@ -80,31 +169,21 @@ def main() -> None:
     steps = load_steps(args.logs)
     if not steps:
         raise SystemExit("no steps in the logs")
-    buckets: dict[str, Bucket] = {}
-    for _, step in steps:
-        bucket = buckets.setdefault(bucket_of(step), Bucket())
-        modelled = costs.step_seconds(work_of(step))
-        bucket.steps += 1
-        bucket.measured_s += step["s"]
-        bucket.model_s += modelled
-    table = Table(title=f"{len(steps)} steps of {len(args.logs)} logs, priced by {args.sim.name}")
-    for column in ("steps", "kind and size", "measured ms", "model ms", "measured / model"):
-        table.add_column(column, justify="left" if column == "kind and size" else "right")
-    for name, b in sorted(buckets.items()):
-        measured_ms, model_ms = 1e3 * b.measured_s / b.steps, 1e3 * b.model_s / b.steps
-        table.add_row(str(b.steps), name, f"{measured_ms:.2f}", f"{model_ms:.2f}",
-                      f"{b.measured_s / b.model_s:.2f}")  # fmt: skip
-    measured = sum(b.measured_s for b in buckets.values())
-    modelled = sum(b.model_s for b in buckets.values())
-    table.add_row(str(len(steps)), "all", f"{1e3 * measured / len(steps):.2f}",
-                  f"{1e3 * modelled / len(steps):.2f}", f"{measured / modelled:.2f}")  # fmt: skip
     console = Console(width=120)
-    console.print(table)
+    every = [(step, step["s"]) for _, step in steps]
+    console.print(bucket_table(f"{len(steps)} steps of {len(args.logs)} logs, priced by "
+                               f"{args.sim.name}", every, costs))  # fmt: skip
+    modelled = sum(costs.step_seconds(work_of(step)) for step, _ in every)
     in_flight, wall = steps_in_flight(steps)
     chip = modelled - len(steps) * costs.step_overhead_s
     console.print(f"steps in flight while any runs: {in_flight:.2f}; the logs span {wall:.1f} s; "
                   f"the model's chip time (less each step's host overhead) {chip:.1f} s = "
                   f"{chip / wall:.2f} of it")  # fmt: skip
+    solo = solo_cycles(steps)
+    if solo:
+        console.print(bucket_table("solo steps: cycle (the step and its host work) against "
+                                   "the model", solo, costs))  # fmt: skip
+        console.print(fit_solo(costs, solo))
 
 
 if __name__ == "__main__":

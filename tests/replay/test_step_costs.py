@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import lzma
 import sys
 from pathlib import Path
 
@@ -47,3 +48,41 @@ def test_a_logged_step_is_priced_as_the_simulator_prices_that_work(tmp_path):
     assert costs.step_seconds(work) > costs.step_seconds(step_costs.work_of(step(0, 0.01)))
     assert step_costs.bucket_of(logged) == "prefill <= 2048 new tokens"
     assert step_costs.bucket_of(step(0, 0.01, decode=(500, 70_000))) == "decode x2, context > 64k"
+
+
+def test_solo_cycles_keep_steps_run_alone_and_followed_at_once(tmp_path):
+    """A shared step's time measures the sharing; a step before an idle gap has no cycle."""
+    a = write_log(tmp_path / "steps-engine0.jsonl", [
+        step(0.0, 0.010, decode=(100,)),  # alone, next at 0.012: cycle 12 ms
+        step(0.012, 0.010, decode=(100,)),  # engine1 runs beside it: shared
+        step(0.025, 0.010, decode=(100,)),  # idle 1 s after it: no cycle
+        step(1.035, 0.010, decode=(100,)),  # the last: no next step
+    ])  # fmt: skip
+    b = write_log(tmp_path / "steps-engine1.jsonl", [step(0.015, 0.005, decode=(100,))])
+    solo = step_costs.solo_cycles(step_costs.load_steps([a, b]))
+    assert [(s["t"], round(cycle, 6)) for s, cycle in solo] == [(0.0, 0.012)]
+
+
+def test_the_fit_recovers_a_chunk_cost_the_model_lacks(tmp_path):
+    """Cycles made by the model plus 30 ms per prefill chunk and 1 ms less overhead: the fit
+    must name those, and read the log compressed as the kept draws are."""
+    sim = load_sim_config(BENCH / "sim_tiny_cpu.yaml")
+    costs = CostModel.from_figures(sim.model, sim.hardware, 16)
+    steps, t = [], 0.0
+    for i in range(60):
+        prefill = ((0, 512 * (1 + i % 7)),) if i % 3 == 0 else ()
+        decode = (1_000 + 900 * (i % 5),) * (1 + i % 2)
+        logged = step(t, 0.0, prefill=prefill, decode=decode)
+        cycle = costs.step_seconds(step_costs.work_of(logged)) + 0.030 * len(prefill) - 0.001
+        logged["s"] = cycle
+        steps.append(logged)
+        t += cycle
+    path = tmp_path / "steps-engine0.jsonl.xz"
+    path.write_bytes(lzma.compress("".join(json.dumps(s) + "\n" for s in steps).encode()))
+    solo = step_costs.solo_cycles(step_costs.load_steps([path]))
+    assert len(solo) == 59
+    overhead_ms = 1e3 * costs.step_overhead_s - 1
+    assert step_costs.fit_solo(costs, solo) == (
+        f"fit of 59 solo cycles: step overhead {overhead_ms:.1f} ms, prefill chunk 30.0 ms, "
+        "attention x1.00, decode KV x1.00"
+    )
