@@ -1,20 +1,27 @@
 """The simulator on the sessions and fleet of a hardware fleet replay (fleet_replay.py), and
 the table hardware vs simulator per arm.
 
-Reads `<hw>/fleet.json` (sizes, sessions) and `<hw>/<arm>.json`; runs each arm through
-`kvfleet replay --target sim:YAML?...` with the same ranks, slots, step budget, KV bytes per
-rank and router/kvstore settings (fleet_arms.py); prints a Markdown table.
+Reads `<hw>/fleet.json` (sizes, sessions) and `<hw>/<arm>.json` (and `<hw>/draw*/<arm>.json`,
+further draws of the arm); runs each arm through `kvfleet replay --target sim:YAML?...` with
+the same ranks, slots, step budget, KV bytes per rank and router/kvstore settings
+(fleet_arms.py); prints a Markdown table. A replay whose placement is decided by timing moves
+a lot from one run to the next, on hardware as in the simulator: `--staggers` runs the
+simulator once per start stagger and each cell gives the mean (min-max) of the draws and of
+the simulator's runs, and the gap of the means.
 
-Run: .venv/bin/python bench/fleet_sim.py --hw DIR [--sim bench/gpu/sim_1b_h200_shared.yaml]
-     [--sessions DIR] [--out DIR]
+Run: .venv/bin/python bench/fleet_sim.py --hw DIR [DIR...] [--sim bench/gpu/sim_1b_h200_shared.yaml]
+     [--sessions DIR] [--out DIR] [--arms defaults,lenient/t2] [--staggers 0.5,1,1.5,2]
+     [--jobs 2]
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import statistics
 import subprocess
 import sys
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 from fleet_arms import ARMS
@@ -34,11 +41,16 @@ METRICS = (
 
 def parse_args() -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--hw", type=Path, required=True, help="fleet_replay.py's output folder")
+    p.add_argument("--hw", type=Path, nargs="+", required=True,
+                   help="fleet_replay.py's output folder; more folders of the same fleet add "
+                        "their draws")  # fmt: skip
     p.add_argument("--sim", type=Path, default=HERE / "gpu" / "sim_1b_h200_shared.yaml")
     p.add_argument("--sessions", type=Path, default=SHARED / "traces" / "claude_code_weka",
                    help="where the fleet's session files are here")  # fmt: skip
     p.add_argument("--out", type=Path, default=None, help="sim JSON (default: --hw)")
+    p.add_argument("--arms", default=None, help="comma-separated (default: fleet.json's)")
+    p.add_argument("--staggers", default=None, help="comma-separated (default: the fleet's)")
+    p.add_argument("--jobs", type=int, default=1, help="simulator runs at once")
     return p.parse_args()
 
 
@@ -55,12 +67,15 @@ def sim_target(yaml_path: Path, fleet: dict, arm: str) -> str:
     return f"sim:{yaml_path}?" + "&".join(f"{k}={v}" for k, v in options.items())
 
 
-def run_sim(args: argparse.Namespace, fleet: dict, arm: str, out: Path) -> dict:
+def run_sim(
+    args: argparse.Namespace, fleet: dict, arm: str, out: Path, stagger: float | None = None
+) -> dict:
     sessions = [args.sessions / Path(s).name for s in fleet["sessions"]]
     command = [sys.executable, "-m", "kvfleet.services.cli", "replay", *map(str, sessions),
                "--target", sim_target(args.sim, fleet, arm), "--arm", arm, "--json", str(out),
                "--sessions", str(len(sessions)), "--time-scale", str(fleet["time_scale"]),
-               "--stagger", str(fleet["stagger"]), "--max-model-len", str(fleet["max_model_len"]),
+               "--stagger", str(fleet["stagger"] if stagger is None else stagger),
+               "--max-model-len", str(fleet["max_model_len"]),
                "--max-tokens", str(fleet["max_tokens"]), "--max-turns", str(fleet["max_turns"]),
                "--no-progress"]  # fmt: skip
     subprocess.run(command, check=True, stdout=subprocess.DEVNULL)
@@ -75,35 +90,64 @@ def value(measures: dict, key: str) -> float | None:
     return measures.get(key)
 
 
-def table(rows: dict[str, tuple[dict, dict]]) -> str:
+def sizes(fleet: dict) -> dict:
+    """What makes two fleet replays the same fleet: all but their arms and placements."""
+    return {key: value for key, value in fleet.items() if key not in ("arms", "per_rank")}
+
+
+def cell(fmt: str, values: list[float]) -> str:
+    """One value, or the mean (min-max) of several."""
+    if len(values) == 1:
+        return fmt.format(values[0])
+    mean = fmt.format(statistics.mean(values))
+    return f"{mean} ({fmt.format(min(values))}-{fmt.format(max(values))})"
+
+
+def table(rows: dict[str, tuple[list[dict], list[dict]]]) -> str:
     lines = ["| arm | " + " | ".join(f"{name} hw / sim (gap)" for name, _, _ in METRICS) + " |",
              "|---|" + "---|" * len(METRICS)]  # fmt: skip
     for arm, (hw, sim) in rows.items():
         cells = []
         for _, key, fmt in METRICS:
-            a, b = value(hw, key), value(sim, key)
-            if a is None or b is None:
+            a = [v for v in (value(m, key) for m in hw) if v is not None]
+            b = [v for v in (value(m, key) for m in sim) if v is not None]
+            if not a or not b:
                 cells.append("-")
                 continue
-            gap = f"{(b - a) / a:+.1%}" if a else "n/a"
-            cells.append(f"{fmt.format(a)} / {fmt.format(b)} ({gap})")
+            mean_a, mean_b = statistics.mean(a), statistics.mean(b)
+            gap = f"{(mean_b - mean_a) / mean_a:+.1%}" if mean_a else "n/a"
+            cells.append(f"{cell(fmt, a)} / {cell(fmt, b)} ({gap})")
         lines.append(f"| {arm} | " + " | ".join(cells) + " |")
     return "\n".join(lines)
 
 
 def main() -> int:
     args = parse_args()
-    fleet = json.loads((args.hw / "fleet.json").read_text())
-    out = args.out or args.hw
+    fleet = json.loads((args.hw[0] / "fleet.json").read_text())
+    for other in args.hw[1:]:
+        if sizes(json.loads((other / "fleet.json").read_text())) != sizes(fleet):
+            raise SystemExit(f"{other}: not the fleet of {args.hw[0]}")
+    out = args.out or args.hw[0]
     out.mkdir(parents=True, exist_ok=True)
-    rows = {}
-    for arm in fleet["arms"]:
-        hw_json = args.hw / f"{arm.replace('/', '_')}.json"
-        if not hw_json.is_file():
+    arms = args.arms.split(",") if args.arms else list(fleet["arms"])
+    staggers = [float(s) for s in args.staggers.split(",")] if args.staggers else [None]
+    draws = {}
+    for arm in arms:
+        name = f"{arm.replace('/', '_')}.json"
+        found = [path for hw in args.hw for path in (hw / name, *sorted(hw.glob(f"draw*/{name}")))]
+        draws[arm] = [json.loads(path.read_text()) for path in found if path.is_file()]
+        if not draws[arm]:
             print(f"{arm}: no hardware measures, skipped", file=sys.stderr)
-            continue
-        sim = run_sim(args, fleet, arm, out / f"sim_{arm.replace('/', '_')}.json")
-        rows[arm] = (json.loads(hw_json.read_text()), sim)
+    wanted = [(arm, stagger) for arm in arms if draws[arm] for stagger in staggers]
+    with ThreadPoolExecutor(args.jobs) as pool:
+        runs = {(arm, stagger): pool.submit(
+                    run_sim, args, fleet, arm,
+                    out / f"sim_{arm.replace('/', '_')}{'' if stagger is None else f'-{stagger}'}"
+                          ".json", stagger)
+                for arm, stagger in wanted}  # fmt: skip
+        sims = {key: run.result() for key, run in runs.items()}
+    rows = {arm: (draws[arm], [sims[arm, stagger] for stagger in staggers])
+            for arm in arms if draws[arm]}  # fmt: skip
     print(table(rows))
     return 0
 
