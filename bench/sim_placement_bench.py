@@ -10,7 +10,7 @@ arm (router options added to the simulator target, e.g. `placement=load` or
 output tok/s: mean and (min-max) over sets and staggers.
 
 Run: nice -n 10 .venv/bin/python bench/sim_placement_bench.py --half tune [--sets 2]
-     [--staggers 0.25,0.5,1,2,3] [--arms 'placement=load;placement=footprint'] [--jobs 2]
+     [--staggers 0.25,0.5,1,2,3] [--arms 'rehome_below=0;rehome_below=0.7'] [--jobs 2]
 """
 
 from __future__ import annotations
@@ -74,7 +74,7 @@ def main() -> None:
     p.add_argument("--staggers", default="0.25,0.5,1,2,3")
     p.add_argument(
         "--arms",
-        default="placement=load;placement=footprint",
+        default="rehome_below=0;rehome_below=0.7",
         help="';'-separated router options, each an arm (k=v&k=v)",
     )
     p.add_argument("--jobs", type=int, default=2)
