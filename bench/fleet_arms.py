@@ -39,3 +39,8 @@ ARMS: dict[str, Arm] = {
         {"affinity": "none", "placement": "round_robin"},
     ),
 }
+
+
+def arm_slug(name: str) -> str:
+    """An arm's name as a file or folder name (`lenient/t2` -> `lenient_t2`)."""
+    return name.replace("/", "_")

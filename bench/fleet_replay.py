@@ -22,7 +22,7 @@ import urllib.request
 from pathlib import Path
 
 import yaml
-from fleet_arms import ARMS
+from fleet_arms import ARMS, arm_slug
 from fleet_sizing import kv_bytes_per_token, report_half, size_fleet
 from kvfleet.services.engine.config.engine_config import EngineConfig
 from kvfleet.services.engine.config.model_config import preset
@@ -349,7 +349,7 @@ def main() -> int:
                   flush=True)  # fmt: skip
             continue
         arm = ARMS[name]
-        slug = name.replace("/", "_")
+        slug = arm_slug(name)
         logs = args.out / slug
         logs.mkdir(exist_ok=True)
         engine_yaml = logs / "engine.yaml"

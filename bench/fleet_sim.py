@@ -24,7 +24,7 @@ import sys
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
-from fleet_arms import ARMS
+from fleet_arms import ARMS, arm_slug
 from fleet_replay import SHARED
 
 HERE = Path(__file__).resolve().parent
@@ -133,17 +133,19 @@ def main() -> int:
     staggers = [float(s) for s in args.staggers.split(",")] if args.staggers else [None]
     draws = {}
     for arm in arms:
-        name = f"{arm.replace('/', '_')}.json"
+        name = f"{arm_slug(arm)}.json"
         found = [path for hw in args.hw for path in (hw / name, *sorted(hw.glob(f"draw*/{name}")))]
         draws[arm] = [json.loads(path.read_text()) for path in found if path.is_file()]
         if not draws[arm]:
             print(f"{arm}: no hardware measures, skipped", file=sys.stderr)
     wanted = [(arm, stagger) for arm in arms if draws[arm] for stagger in staggers]
+
+    def sim_json(arm: str, stagger: float | None) -> Path:
+        return out / f"sim_{arm_slug(arm)}{'' if stagger is None else f'-{stagger}'}.json"
+
     with ThreadPoolExecutor(args.jobs) as pool:
-        runs = {(arm, stagger): pool.submit(
-                    run_sim, args, fleet, arm,
-                    out / f"sim_{arm.replace('/', '_')}{'' if stagger is None else f'-{stagger}'}"
-                          ".json", stagger)
+        runs = {(arm, stagger): pool.submit(run_sim, args, fleet, arm, sim_json(arm, stagger),
+                                            stagger)
                 for arm, stagger in wanted}  # fmt: skip
         sims = {key: run.result() for key, run in runs.items()}
     rows = {arm: (draws[arm], [sims[arm, stagger] for stagger in staggers])

@@ -136,17 +136,21 @@ def fit_solo(costs: CostModel, solo: list[tuple[dict, float]]) -> str:
             f"decode KV x{kv:.2f}")  # fmt: skip
 
 
-def bucket_table(title: str, rows: list[tuple[dict, float]], costs: CostModel) -> Table:
-    """Per kind and size of step: count, measured and modelled mean, their ratio; and all."""
+def buckets_of(rows: list[tuple[dict, float]], costs: CostModel) -> dict[str, Bucket]:
+    """Per kind and size of step (and "all"): count, measured and modelled seconds."""
     buckets: dict[str, Bucket] = {}
+    total = Bucket()
     for step, measured in rows:
-        bucket = buckets.setdefault(bucket_of(step), Bucket())
-        bucket.steps += 1
-        bucket.measured_s += measured
-        bucket.model_s += costs.step_seconds(work_of(step))
-    buckets["all"] = Bucket(sum(b.steps for b in buckets.values()),
-                            sum(b.measured_s for b in buckets.values()),
-                            sum(b.model_s for b in buckets.values()))  # fmt: skip
+        modelled = costs.step_seconds(work_of(step))
+        for bucket in (buckets.setdefault(bucket_of(step), Bucket()), total):
+            bucket.steps += 1
+            bucket.measured_s += measured
+            bucket.model_s += modelled
+    return {**buckets, "all": total}
+
+
+def bucket_table(title: str, buckets: dict[str, Bucket]) -> Table:
+    """The buckets' measured and modelled means and the ratio of their sums, "all" last."""
     table = Table(title=title)
     for column in ("steps", "kind and size", "measured ms", "model ms", "measured / model"):
         table.add_column(column, justify="left" if column == "kind and size" else "right")
@@ -170,10 +174,10 @@ def main() -> None:
     if not steps:
         raise SystemExit("no steps in the logs")
     console = Console(width=120)
-    every = [(step, step["s"]) for _, step in steps]
+    every = buckets_of([(step, step["s"]) for _, step in steps], costs)
     console.print(bucket_table(f"{len(steps)} steps of {len(args.logs)} logs, priced by "
-                               f"{args.sim.name}", every, costs))  # fmt: skip
-    modelled = sum(costs.step_seconds(work_of(step)) for step, _ in every)
+                               f"{args.sim.name}", every))  # fmt: skip
+    modelled = every["all"].model_s
     in_flight, wall = steps_in_flight(steps)
     chip = modelled - len(steps) * costs.step_overhead_s
     console.print(f"steps in flight while any runs: {in_flight:.2f}; the logs span {wall:.1f} s; "
@@ -182,7 +186,7 @@ def main() -> None:
     solo = solo_cycles(steps)
     if solo:
         console.print(bucket_table("solo steps: cycle (the step and its host work) against "
-                                   "the model", solo, costs))  # fmt: skip
+                                   "the model", buckets_of(solo, costs)))  # fmt: skip
         console.print(fit_solo(costs, solo))
 
 
