@@ -135,6 +135,7 @@ def save_tiny(arch: str, directory: Path, seed: int = 0, dtype=torch.float32, **
     model = transformers.AutoModelForCausalLM.from_config(
         config, attn_implementation="eager", dtype=dtype
     ).eval()
+    _norms_off_their_constant(model)
     if arch in AFTER_INIT:
         AFTER_INIT[arch](model)
     model.save_pretrained(directory, max_shard_size="40KB")
@@ -142,16 +143,24 @@ def save_tiny(arch: str, directory: Path, seed: int = 0, dtype=torch.float32, **
 
 
 @torch.no_grad()
-def _qwen3_next_weights(model) -> None:
-    """Norm weights away from their starting constant (the zero-centred ones start at 0, where
-    `weight` and `1 + weight` would be told apart only by a collapse), and slow decays: with
-    transformers' A in [0.01, 16] a head may forget within a few tokens, and a state restored
-    wrong beyond them would go unseen; here the heads remember tens to hundreds of tokens."""
+def _norms_off_their_constant(model) -> None:
+    """Norm weights away from the constant they start at (1, or 0 where the norm scales by
+    `1 + weight`): at the constant, a norm read from the wrong layer, or `weight` taken for
+    `1 + weight`, would go unseen."""
     gen = torch.Generator().manual_seed(0)
     for name, param in model.named_parameters():
         if name.endswith("norm.weight"):
             param.add_(0.3 * torch.randn(param.shape, generator=gen).to(param.dtype))
-        elif name.endswith("linear_attn.A_log"):
+
+
+@torch.no_grad()
+def _qwen3_next_weights(model) -> None:
+    """Slow decays: with transformers' A in [0.01, 16] a head may forget within a few tokens,
+    and a state restored wrong beyond them would go unseen; here the heads remember tens to
+    hundreds of tokens."""
+    gen = torch.Generator().manual_seed(0)
+    for name, param in model.named_parameters():
+        if name.endswith("linear_attn.A_log"):
             rates = torch.linspace(0.005, 0.2, param.numel())
             param.copy_(torch.log(rates[torch.randperm(param.numel(), generator=gen)]))
 

@@ -7,7 +7,7 @@ import pytest
 import torch
 from kvfleet.services.engine.compute.cuda_graphs import zero_pad_rows
 from kvfleet.services.engine.model import fused
-from kvfleet.services.engine.model.layers import rms_norm, silu_mul
+from kvfleet.services.engine.model.layers import add_rms_norm, rms_norm, silu_mul
 from kvfleet.services.engine.model.rope import apply_rope
 
 
@@ -22,6 +22,7 @@ def _cases():
     valid = torch.tensor([True, False, True, True, False])[:, None, None]
     return [
         (rms_norm, (torch.randn(5, 64, generator=g), torch.randn(64, generator=g), 1e-5)),
+        (add_rms_norm, (*torch.randn(2, 5, 64, generator=g), torch.randn(64, generator=g), 1e-5)),
         (silu_mul, (torch.randn(5, 32, generator=g), torch.randn(5, 32, generator=g))),
         (apply_rope, (x, rope)),
         (zero_pad_rows, (x, x + 1, valid)),

@@ -21,6 +21,7 @@ import torch
 from ..config.model_config import ModelConfig
 from .classes import model_class
 from .decoder import CausalLM
+from .layers import pack_projections
 from .registry import model_config_from_hf
 
 INDEX_FILE = "model.safetensors.index.json"
@@ -190,4 +191,4 @@ def load_checkpoint(
     if onto.type == "cuda" and onto.index is None:
         onto = torch.device("cuda", torch.cuda.current_device())
     fill_parameters(directory, config, params, lambda shard, key: shard.get_tensor(key), str(onto))
-    return model.eval().requires_grad_(False)
+    return pack_projections(model.eval().requires_grad_(False))

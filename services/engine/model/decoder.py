@@ -115,12 +115,19 @@ class CausalLM(nn.Module):
     ) -> torch.Tensor:
         hidden = self.model.embed_tokens(token_ids)
         rope = rope_angles(positions, self.config)
-        for index, layer in enumerate(self.model.layers):
-            q, k, v = layer.self_attn.qkv(layer.input_layernorm(hidden), rope)
+        layers = self.model.layers
+        normed = layers[0].input_layernorm(hidden)
+        # Each residual add runs with the norm that reads its sum (RMSNorm.add: one kernel).
+        for index, layer in enumerate(layers):
+            q, k, v = layer.self_attn.qkv(normed, rope)
             attn = attend(index, q, k, v, positions)
-            hidden = hidden + layer.self_attn.o_proj(attn.flatten(1))
-            hidden = hidden + layer.mlp(layer.post_attention_layernorm(hidden))
-        return self.model.norm(hidden)
+            hidden, normed = layer.post_attention_layernorm.add(
+                hidden, layer.self_attn.o_proj(attn.flatten(1))
+            )
+            last = index + 1 == len(layers)
+            after = self.model.norm if last else layers[index + 1].input_layernorm
+            hidden, normed = after.add(hidden, layer.mlp(normed))
+        return normed
 
     def _logits(self, hidden: torch.Tensor) -> torch.Tensor:
         return self.lm_head(hidden).float()

@@ -15,6 +15,7 @@ from ..config.model_config import ModelConfig
 from .fused import fusable
 from .gpt_oss_moe import GptOssMoE
 from .moe import SparseMoE
+from .packed import PackedLinear
 from .rope import apply_rope, rope_angles
 
 __all__ = ["AttentionProjections", "DecoderLayer", "RMSNorm", "SwiGLU", "apply_rope", "rope_angles"]
@@ -34,6 +35,10 @@ class RMSNorm(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return rms_norm(x, self.weight, self.eps)
 
+    def add(self, x: torch.Tensor, delta: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """(x + delta, this norm of it): a residual add and the norm after it, one kernel."""
+        return add_rms_norm(x, delta, self.weight, self.eps)
+
 
 @fusable
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
@@ -41,6 +46,15 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
     x32 = x.float()
     x32 = x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + eps)
     return weight * x32.to(x.dtype)
+
+
+@fusable
+def add_rms_norm(
+    x: torch.Tensor, delta: torch.Tensor, weight: torch.Tensor, eps: float
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """The residual stream after an add, and its RMSNorm (one fused kernel on CUDA)."""
+    total = x + delta
+    return total, rms_norm.unfused(total, weight, eps)
 
 
 class SwiGLU(nn.Module):
@@ -52,9 +66,19 @@ class SwiGLU(nn.Module):
         self.gate_proj = nn.Linear(h, i, bias=bias)
         self.up_proj = nn.Linear(h, i, bias=bias)
         self.down_proj = nn.Linear(i, h, bias=bias)
+        self.gate_up_proj: PackedLinear | None = None  # pack()
+
+    def pack(self) -> None:
+        """gate and up as one matmul (packed.py); once."""
+        if self.gate_up_proj is None:
+            self.gate_up_proj = PackedLinear([self.gate_proj, self.up_proj])
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.down_proj(silu_mul(self.gate_proj(x), self.up_proj(x)))
+        if self.gate_up_proj is not None:
+            gate, up = self.gate_up_proj(x).chunk(2, dim=-1)
+        else:
+            gate, up = self.gate_proj(x), self.up_proj(x)
+        return self.down_proj(silu_mul(gate, up))
 
 
 @fusable
@@ -81,15 +105,31 @@ class AttentionProjections(nn.Module):
         else:
             self.q_norm = self.k_norm = None
         self.sinks = nn.Parameter(torch.empty(config.num_heads)) if config.attention_sinks else None
+        self.qkv_proj: PackedLinear | None = None  # pack()
+
+    def pack(self) -> None:
+        """q, k and v as one matmul (packed.py); once."""
+        if self.qkv_proj is None:
+            self.qkv_proj = PackedLinear([self.q_proj, self.k_proj, self.v_proj])
 
     def qkv(
         self, x: torch.Tensor, rope: tuple[torch.Tensor, torch.Tensor] | None
     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """Rotated q `[T, H, D]`, rotated k and v `[T, KVH, D]` of tokens `x [T, hidden]`
         (not rotated when `rope` is None: a model without positional embeddings)."""
-        q = self.q_proj(x).view(-1, self.num_heads, self.head_dim)
-        k = self.k_proj(x).view(-1, self.num_kv_heads, self.head_dim)
-        v = self.v_proj(x).view(-1, self.num_kv_heads, self.head_dim)
+        heads, kv_heads, d = self.num_heads, self.num_kv_heads, self.head_dim
+        if self.qkv_proj is None:
+            q = self.q_proj(x).view(-1, heads, d)
+            k = self.k_proj(x).view(-1, kv_heads, d)
+            v = self.v_proj(x).view(-1, kv_heads, d)
+        else:
+            # q's and k's heads side by side, as the packed matmul writes them
+            qk, v = self.qkv_proj(x).split([(heads + kv_heads) * d, kv_heads * d], dim=-1)
+            qk, v = qk.view(-1, heads + kv_heads, d), v.view(-1, kv_heads, d)
+            if self.q_norm is None and rope is not None:
+                qk = apply_rope(qk, rope)  # one rotation for q and k together
+                return qk[:, :heads], qk[:, heads:], v
+            q, k = qk[:, :heads], qk[:, heads:]
         if self.q_norm is not None:
             q, k = self.q_norm(q), self.k_norm(k)
         if rope is None:
@@ -107,3 +147,12 @@ class DecoderLayer(nn.Module):
         self.post_attention_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
         moe = MOE_BLOCKS[config.experts_kind]
         self.mlp = moe(config) if config.is_moe_layer(layer) else SwiGLU(config)
+
+
+def pack_projections(model: nn.Module) -> nn.Module:
+    """Pack every layer's q/k/v and gate/up into one matmul each (packed.py), once the
+    weights are loaded and placed; returns `model`."""
+    for module in list(model.modules()):
+        if isinstance(module, (AttentionProjections, SwiGLU)):
+            module.pack()
+    return model

@@ -18,7 +18,7 @@ import torch
 from .decoder import CausalLM
 from .registry import ARCHITECTURES, model_config_from_hf
 from .tokenizer import byte_tokenizer_json
-from .weights import build_model
+from .weights import build_model, state_tensors
 
 CHATML_TOKENS = ("<|endoftext|>", "<|im_start|>", "<|im_end|>")
 # ChatML with tools, as Qwen2.5's template writes them: the tools, the <tool_call> syntax the
@@ -175,7 +175,7 @@ def tiny_hf_config(arch: str, dtype: str = "bfloat16") -> dict[str, Any]:
 def hf_state_dict(model: CausalLM) -> dict[str, torch.Tensor]:
     """The model's tensors under save_pretrained's names (tied head once, experts one by one)."""
     config = model.config
-    state = {k: v.detach().cpu().contiguous() for k, v in model.state_dict().items()}
+    state = state_tensors(model)
     if config.tie_embeddings:
         state.pop("lm_head.weight")
     if config.architecture == "GraniteMoeHybridForCausalLM":

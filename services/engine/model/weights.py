@@ -20,6 +20,7 @@ from ..config.model_config import ModelConfig
 from . import checkpoint
 from .classes import model_class
 from .decoder import CausalLM
+from .layers import pack_projections
 
 _MASK64 = (1 << 64) - 1
 _GOLDEN = 0x9E3779B97F4A7C15
@@ -96,7 +97,13 @@ def build_model(
     if config.ssm_layers:
         with torch.no_grad():
             model.reset_ssm_parameters()
-    return model.to(dtype).eval().requires_grad_(False)
+    return pack_projections(model.to(dtype).eval().requires_grad_(False))
+
+
+def state_tensors(model: CausalLM) -> dict[str, torch.Tensor]:
+    """The state dict on the CPU, each tensor a copy of its own: packed projections are views
+    of one weight (packed.py), and safetensors refuses tensors that share storage."""
+    return {k: v.detach().to("cpu", copy=True).contiguous() for k, v in model.state_dict().items()}
 
 
 def save_checkpoint(model: CausalLM, directory: str | Path) -> Path:
@@ -105,7 +112,7 @@ def save_checkpoint(model: CausalLM, directory: str | Path) -> Path:
 
     directory = Path(directory)
     directory.mkdir(parents=True, exist_ok=True)
-    state = {k: v.detach().contiguous().cpu() for k, v in model.state_dict().items()}
+    state = state_tensors(model)
     if model.config.tie_embeddings:
         state.pop("lm_head.weight", None)
     save_file(state, str(directory / WEIGHTS_FILE))

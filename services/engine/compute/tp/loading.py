@@ -18,6 +18,7 @@ import torch
 
 from ...model.checkpoint import checkpoint_dtype, config_from_dict, empty_model, fill_parameters
 from ...model.decoder import CausalLM
+from ...model.layers import pack_projections
 from .sharding import TPLayout, install_all_reduce, shard_config
 
 _COLUMN = re.compile(r"\.(q_proj|k_proj|v_proj|gate_proj|up_proj|w1|w3)\.(weight|bias)$")
@@ -81,4 +82,4 @@ def load_sharded_checkpoint(
     )
     model.full_config = full
     install_all_reduce(model, layout)
-    return model.eval().requires_grad_(False)
+    return pack_projections(model.eval().requires_grad_(False))

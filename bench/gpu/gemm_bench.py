@@ -1,0 +1,107 @@
+"""A decode step's matmuls alone: each projection of the 8b shape at decode batch sizes, as
+separate matmuls and packed (q/k/v as one, gate/up as one: model/packed.py), against the copy
+bandwidth measured in the same run.
+
+At decode a matmul reads its whole weight for a few rows, so "weight share" (the weight's bytes
+over the time, as a share of copy bandwidth) is how near it runs to its floor. Each row replays
+one CUDA graph that cycles through distinct copies of the weight (at least 512 MB of them), so
+no call finds its weight in L2 as a real step would not. With `--autotune`, inductor's
+max-autotune (Triton templates benchmarked against cuBLAS) times the same shapes too.
+
+Run on the device: python3 bench/gpu/gemm_bench.py [--batches 64,256] [--autotune]
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+
+import torch
+import torch.nn.functional as F
+
+sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
+from gpu_common import measure_ceilings, print_table, time_median
+
+# The 8b shape (Llama-3.1-8B): hidden 4096, 32 query and 8 KV heads of 128, MLP 14336.
+HIDDEN, Q, KV, MLP, VOCAB = 4096, 32 * 128, 8 * 128, 14336, 128256
+# (name, output rows of each packed part, input width): one layer's matmuls, then the head.
+LAYER = [
+    ("qkv", (Q, KV, KV), HIDDEN),
+    ("o", (HIDDEN,), Q),
+    ("gate_up", (MLP, MLP), HIDDEN),
+    ("down", (HIDDEN,), MLP),
+    ("lm_head", (VOCAB,), HIDDEN),
+]
+POOL_BYTES = 512 << 20
+
+
+def graphed_cycle(call, weights: list[torch.Tensor]):
+    """One CUDA graph of `call(w)` for every weight copy; returns (replay, calls per replay)."""
+    call(weights[0])
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        for w in weights:
+            call(w)
+    return graph.replay, len(weights)
+
+
+def copies(rows: int, cols: int, device) -> list[torch.Tensor]:
+    count = max(2, -(-POOL_BYTES // (rows * cols * 2)))
+    return [torch.randn(rows, cols, device=device, dtype=torch.bfloat16) for _ in range(count)]
+
+
+def time_matmul(x: torch.Tensor, rows: int, device, linear=F.linear) -> float:
+    """Seconds of one `linear(x, W)` with W `[rows, x.shape[1]]` read from HBM."""
+    replay, calls = graphed_cycle(lambda w: linear(x, w), copies(rows, x.shape[1], device))
+    return time_median(replay, device, warmup=2, reps=7) / calls
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--batches", default="64,256")
+    parser.add_argument("--autotune", action="store_true", help="inductor max-autotune too")
+    args = parser.parse_args()
+    device = torch.device("cuda")
+    bandwidth, _ = measure_ceilings(device, small=False)
+    print(f"copy bandwidth {bandwidth / 1e12:.3f} TB/s ({torch.cuda.get_device_name()})")
+    tuned = None
+    if args.autotune:
+        tuned = torch.compile(F.linear, mode="max-autotune-no-cudagraphs", dynamic=False)
+    rows = []
+    for batch in (int(b) for b in args.batches.split(",")):
+        layer_separate = layer_packed = 0.0
+        for name, parts, width in LAYER:
+            x = torch.randn(batch, width, device=device, dtype=torch.bfloat16)
+            separate = sum(time_matmul(x, part, device) for part in parts)
+            packed = time_matmul(x, sum(parts), device)
+            weight = sum(parts) * width * 2
+            shares = [weight / separate / bandwidth, weight / packed / bandwidth]
+            row = [batch, name, "x".join(map(str, parts)), width, separate * 1e6, shares[0],
+                   packed * 1e6, shares[1]]  # fmt: skip
+            if tuned is not None:
+                try:
+                    best = time_matmul(x, sum(parts), device, tuned)
+                    row += [best * 1e6, weight / best / bandwidth]
+                except Exception as exc:  # a template that does not build here: say so
+                    print(f"{name} b{batch} autotune: {type(exc).__name__}: {exc}")
+                    row += ["-", "-"]
+            rows.append(row)
+            print(rows[-1], flush=True)
+            if name != "lm_head":
+                layer_separate += separate
+                layer_packed += packed
+        floor = sum(sum(p) * w * 2 for n, p, w in LAYER if n != "lm_head") / bandwidth
+        print(f"batch {batch}: one layer's matmuls {layer_separate * 1e6:.1f} us separate, "
+              f"{layer_packed * 1e6:.1f} us packed, floor {floor * 1e6:.1f} us "
+              f"(x32 layers: {layer_separate * 32e3:.2f} / {layer_packed * 32e3:.2f} / "
+              f"{floor * 32e3:.2f} ms)")  # fmt: skip
+    header = ["batch", "matmul", "out rows", "in", "separate us", "share", "packed us", "share"]
+    if tuned is not None:
+        header += ["max-autotune us", "share"]
+    print_table("8b matmuls at decode: weight bytes over time, share of copy BW", header, rows)
+
+
+if __name__ == "__main__":
+    main()
