@@ -155,4 +155,8 @@ def pack_projections(model: nn.Module) -> nn.Module:
     for module in list(model.modules()):
         if isinstance(module, (AttentionProjections, SwiGLU)):
             module.pack()
+    if torch.cuda.is_available():
+        # The unpacked weights' memory goes back to the device for the KV pool, whose size
+        # was reckoned from the free memory before the weights and their size.
+        torch.cuda.empty_cache()
     return model
