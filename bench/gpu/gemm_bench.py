@@ -5,8 +5,9 @@ bandwidth measured in the same run.
 At decode a matmul reads its whole weight for a few rows, so "weight share" (the weight's bytes
 over the time, as a share of copy bandwidth) is how near it runs to its floor. Each row replays
 one CUDA graph that cycles through distinct copies of the weight (at least 512 MB of them), so
-no call finds its weight in L2 as a real step would not. With `--autotune`, inductor's
-max-autotune (Triton templates benchmarked against cuBLAS) times the same shapes too.
+no call finds its weight in L2 as a real step would not. The packed shapes are timed again
+with cuBLASLt preferred over cuBLAS (torch's `preferred_blas_library`), and with `--autotune`
+by inductor's max-autotune (Triton templates benchmarked against cuBLAS).
 
 Run on the device: python3 bench/gpu/gemm_bench.py [--batches 64,256] [--autotune]
 """
@@ -76,10 +77,13 @@ def main() -> None:
             x = torch.randn(batch, width, device=device, dtype=torch.bfloat16)
             separate = sum(time_matmul(x, part, device) for part in parts)
             packed = time_matmul(x, sum(parts), device)
+            torch.backends.cuda.preferred_blas_library("cublaslt")
+            lt = time_matmul(x, sum(parts), device)
+            torch.backends.cuda.preferred_blas_library("default")
             weight = sum(parts) * width * 2
-            shares = [weight / separate / bandwidth, weight / packed / bandwidth]
+            shares = [weight / t / bandwidth for t in (separate, packed, lt)]
             row = [batch, name, "x".join(map(str, parts)), width, separate * 1e6, shares[0],
-                   packed * 1e6, shares[1]]  # fmt: skip
+                   packed * 1e6, shares[1], lt * 1e6, shares[2]]  # fmt: skip
             if tuned is not None:
                 try:
                     best = time_matmul(x, sum(parts), device, tuned)
@@ -97,7 +101,8 @@ def main() -> None:
               f"{layer_packed * 1e6:.1f} us packed, floor {floor * 1e6:.1f} us "
               f"(x32 layers: {layer_separate * 32e3:.2f} / {layer_packed * 32e3:.2f} / "
               f"{floor * 32e3:.2f} ms)")  # fmt: skip
-    header = ["batch", "matmul", "out rows", "in", "separate us", "share", "packed us", "share"]
+    header = ["batch", "matmul", "out rows", "in", "separate us", "share", "packed us", "share",
+              "cuBLASLt us", "share"]  # fmt: skip
     if tuned is not None:
         header += ["max-autotune us", "share"]
     print_table("8b matmuls at decode: weight bytes over time, share of copy BW", header, rows)

@@ -54,6 +54,6 @@ def test_fusable_traces_as_one_graph(fn, args):
 def test_pad_rows_are_zero_and_real_rows_untouched():
     k = torch.randn(3, 2, 4)
     valid = torch.tensor([True, False, True])[:, None, None]
-    out_k, out_v = zero_pad_rows(k, k * 2, valid)
+    out_k, out_v = zero_pad_rows(k, k * 2, valid)  # stacked [2, T, ...]: unbinds as a pair
     assert torch.equal(out_k[1], torch.zeros(2, 4)) and torch.equal(out_v[1], torch.zeros(2, 4))
     assert torch.equal(out_k[[0, 2]], k[[0, 2]]) and torch.equal(out_v[[0, 2]], 2 * k[[0, 2]])

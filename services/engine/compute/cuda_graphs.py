@@ -81,7 +81,8 @@ class _PaddedWrites:
         return self._cache.kv_scales(layer)
 
     def write(self, layer: int, k: torch.Tensor, v: torch.Tensor, slots: torch.Tensor) -> None:
-        self._cache.write(layer, *zero_pad_rows(k, v, self._valid), slots)
+        # K and V leave the pad kernel stacked, so that one copy stores both.
+        self._cache.write_stacked(layer, zero_pad_rows(k, v, self._valid), slots)
 
     # A hybrid model's state pages (StateRows.keep makes the pad rows store zeros).
     def states(self, layer: int) -> torch.Tensor:
@@ -97,12 +98,11 @@ class _PaddedWrites:
 
 
 @fusable
-def zero_pad_rows(
-    k: torch.Tensor, v: torch.Tensor, valid: torch.Tensor
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """k and v with the rows where `valid [T, 1, 1]` is false set to zero."""
+def zero_pad_rows(k: torch.Tensor, v: torch.Tensor, valid: torch.Tensor) -> torch.Tensor:
+    """k and v stacked `[2, T, kv_heads, head_dim]`, the rows where `valid [T, 1, 1]` is
+    false set to zero."""
     zero = k.new_zeros(())
-    return torch.where(valid, k, zero), torch.where(valid, v, zero)
+    return torch.stack((torch.where(valid, k, zero), torch.where(valid, v, zero)))
 
 
 class _HostBuffers:

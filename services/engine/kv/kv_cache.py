@@ -119,6 +119,16 @@ class PagedKVCache:
             stored = quantize(x, scale).view(torch.uint8)
             pages.view(torch.uint8).view(flat_shape).index_copy_(0, slots, stored)
 
+    def write_stacked(self, layer: int, kv: torch.Tensor, slots: torch.Tensor) -> None:
+        """`write` of K and V stacked `[2, tokens, kv_heads, head_dim]`: one copy for both
+        (a layer's K and V pages are one tensor)."""
+        if self.scales is not None:
+            self.write(layer, kv[0], kv[1], slots)
+            return
+        group, i = self._slot[layer]
+        pages = self._storage[group][i]
+        pages.view(2, -1, *pages.shape[3:]).index_copy_(1, slots, kv.to(self.dtype))
+
     def check_integrity(self) -> None:
         """Raise if the null page was ever written or any page holds a non-finite value.
 
