@@ -139,7 +139,8 @@ def count_launches(step_fn, steps: int, kernels: dict | None = None) -> tuple[ob
     """(host kernel/graph launches per step, device kernels per step) over `steps` calls of
     `step_fn` under torch.profiler; ("-", "-") without CUDA. `kernels`, when given, receives
     ms per step: the device busy (kernels' union), the span from first kernel to last, each
-    kind's kernels (`kernel_kind`) and the top 5 kernels by name."""
+    kind's kernels (`kernel_kind`), the top 5 kernels by name, the top 12 "other" kernels, and
+    each kernel's calls per step."""
     if not torch.cuda.is_available():
         for _ in range(steps):
             step_fn()
@@ -155,6 +156,7 @@ def count_launches(step_fn, steps: int, kernels: dict | None = None) -> tuple[ob
     spans: list[tuple[float, float]] = []
     by_kind: dict[str, float] = {}
     by_name: dict[str, float] = {}
+    calls: dict[str, int] = {}
     for event in prof.events():
         name = event.name
         if name.startswith(("cudaLaunchKernel", "cuLaunchKernel", "cudaGraphLaunch")):
@@ -166,8 +168,10 @@ def count_launches(step_fn, steps: int, kernels: dict | None = None) -> tuple[ob
             kind = kernel_kind(name)
             by_kind[kind] = by_kind.get(kind, 0.0) + end - start
             by_name[name] = by_name.get(name, 0.0) + end - start
+            calls[name] = calls.get(name, 0) + 1
     if kernels is not None and spans:
         kernels.update(_kernel_summary(spans, by_kind, by_name, steps))
+        kernels["calls"] = {name: count / steps for name, count in calls.items()}
     return round(host / steps), round(device / steps)
 
 
@@ -183,8 +187,11 @@ def _kernel_summary(spans, by_kind, by_name, steps) -> dict:
             run_end = max(run_end, end)
     busy += run_end - run_start
     top = sorted(by_name.items(), key=lambda item: -item[1])[:5]
+    others = sorted(((n, us) for n, us in by_name.items() if kernel_kind(n) == "other"),
+                    key=lambda item: -item[1])[:12]  # fmt: skip
     per_step = 1e-3 / steps
     return {
+        "other_top": [(name, us * per_step) for name, us in others],
         "busy": busy * per_step,
         "span": (max(end for _, end in spans) - spans[0][0]) * per_step,
         **{kind: us * per_step for kind, us in by_kind.items()},

@@ -224,6 +224,7 @@ def main() -> None:
     seqs, lo, hi = (8, 10, 40) if args.small else (256, 100, 1024)
     started, rows, tput_rows, agree_rows, grid_rows = time.perf_counter(), [], [], [], []
     kernel_rows: list[list[object]] = []
+    other_rows: list[list[object]] = []
     grid = [tuple(int(n) for n in pair.split("/")) for pair in args.grid.split(",") if pair]
     grid_models = ["tiny"] if args.small else args.grid_models.split(",")
     for model in models:
@@ -269,6 +270,9 @@ def main() -> None:
             )
             rows.append([model, mode, batch, rate, share, inside, outside, *launches])
             kernel_rows.append(kernel_row(model, mode, batch, recorder.kernels))
+            calls = recorder.kernels.get("calls", {})
+            other_rows += [[model, mode, name[:80], ms, calls.get(name, 0)]
+                           for name, ms in recorder.kernels.get("other_top", [])]  # fmt: skip
             print(f"{model} decode_graphs={mode}: batch {batch} {rate:.0f} tok/s, "
                   f"{share:.2f} of roofline, launches/step {launches}", flush=True)  # fmt: skip
             tput_models = ["tiny"] if args.small else args.throughput_models.split(",")
@@ -308,6 +312,11 @@ def main() -> None:
          "attention ms", "other ms", "top kernels (ms)"],
         kernel_rows,
     )  # fmt: skip
+    print_table(
+        "the other kernels of those steps (ms and calls per step)",
+        ["model", "decode_graphs", "kernel", "ms", "calls"],
+        other_rows,
+    )
     print_table(
         f"throughput: {seqs} seqs, in/out uniform {lo}-{hi}, no stop tokens",
         [

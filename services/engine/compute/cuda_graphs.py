@@ -45,6 +45,7 @@ from ..config.model_config import STATE_GROUP
 from ..kv.kv_cache import PagedKVCache
 from ..kv.page_tables import NULL_ROW, PersistentPageTables
 from ..model.fused import fusable
+from .blas_choice import blas_for_rows
 
 log = logging.getLogger(__name__)
 
@@ -341,7 +342,8 @@ class DecodeRunner:
             state_rows=state_rows,
         )
         cache = _PaddedWrites(self.cache, valid)
-        logits = self.model(batch, cache, self.backend)
+        with blas_for_rows(padded, self.cache.device):
+            logits = self.model(batch, cache, self.backend)
         return logits, logits.argmax(dim=-1)
 
     def _capture(self, padded: int):
