@@ -23,7 +23,6 @@ from ..kv.kv_setup import build_kv, kv_cache_dtype, open_kv_tiers, tier_config
 from ..model import fused
 from ..model.weights import build_model, load_checkpoint
 from ..request.scheduled_chunk import ScheduledChunk
-from .blas_choice import blas_for_rows
 from .compute_sim import SimCompute
 from .compute_types import ComputeBackend, resolve_model_config
 from .cuda_graphs import DecodeRunner
@@ -145,9 +144,7 @@ class TorchCompute:
             inputs = [SequenceChunk(c.new_tokens, c.start, c.page_ids) for c in chunks]
             if self.tp.size > 1:
                 broadcast_chunks(inputs)
-            batch = ForwardBatch.build(inputs, self.cache)
-            with blas_for_rows(batch.token_ids.numel(), self.device):
-                logits = self.model(batch, self.cache, self.attention)
+            logits = self.model(ForwardBatch.build(inputs, self.cache), self.cache, self.attention)
         rows, plain = [], True
         for i, c in enumerate(chunks):
             if c.samples:

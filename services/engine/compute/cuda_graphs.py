@@ -45,7 +45,6 @@ from ..config.model_config import STATE_GROUP
 from ..kv.kv_cache import PagedKVCache
 from ..kv.page_tables import NULL_ROW, PersistentPageTables
 from ..model.fused import fusable
-from .blas_choice import blas_for_rows
 
 log = logging.getLogger(__name__)
 
@@ -342,8 +341,7 @@ class DecodeRunner:
             state_rows=state_rows,
         )
         cache = _PaddedWrites(self.cache, valid)
-        with blas_for_rows(padded, self.cache.device):
-            logits = self.model(batch, cache, self.backend)
+        logits = self.model(batch, cache, self.backend)
         return logits, logits.argmax(dim=-1)
 
     def _capture(self, padded: int):
