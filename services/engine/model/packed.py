@@ -2,8 +2,8 @@
 
 A decode step's matmuls read every weight once for a few rows, so their speed is the copy
 bandwidth each kernel reaches; a 1,024-row k or v projection of an 8b model reads 8 MB, too
-little to fill the GPU, and every launch leaves a tail. Packed, a layer runs three matmuls
-where it ran six.
+little to fill the GPU, and every launch leaves a tail. Packed, a layer's q/k/v and gate/up
+run as two matmuls where they ran five.
 
 The packed weight is the storage: each projection's parameters become views into it, so
 checkpoints keep their names (state_dict, saving, tensor-parallel shards) and in-place writes
