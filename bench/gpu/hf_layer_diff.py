@@ -5,7 +5,10 @@ forward order (max |diff|, and whether it is bit-identical). Prints one table.
     python bench/gpu/hf_layer_diff.py --models qwen3-1.7b      # on the GPU, bf16
     .venv/bin/python bench/gpu/hf_layer_diff.py --device cpu --dtype bfloat16 --small
 
-The backend is SDPA on both sides unless given (`--backend`, `--hf-attention`).
+The backend is SDPA on both sides unless given (`--backend`, `--hf-attention`). Our q/k/v and
+gate/up projections run packed (model/packed.py) and every norm after the first layer's input
+norm runs fused with its residual add (`RMSNorm.add`), so those modules fire no hooks: a
+departure there shows first at the layer's `o_proj` or `mlp`.
 """
 
 from __future__ import annotations
