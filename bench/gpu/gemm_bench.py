@@ -26,14 +26,14 @@ from gpu_common import measure_ceilings, print_table, time_median
 
 # The 8b shape (Llama-3.1-8B): hidden 4096, 32 query and 8 KV heads of 128, MLP 14336.
 HIDDEN, Q, KV, MLP, VOCAB = 4096, 32 * 128, 8 * 128, 14336, 128256
-# (name, output rows of each packed part, input width): one layer's matmuls, then the head.
+# (name, output rows of each packed part, input width): one layer's matmuls, and the head's.
 LAYER = [
     ("qkv", (Q, KV, KV), HIDDEN),
     ("o", (HIDDEN,), Q),
     ("gate_up", (MLP, MLP), HIDDEN),
     ("down", (HIDDEN,), MLP),
-    ("lm_head", (VOCAB,), HIDDEN),
 ]
+HEAD = ("lm_head", (VOCAB,), HIDDEN)
 POOL_BYTES = 512 << 20
 
 
@@ -73,13 +73,14 @@ def main() -> None:
     rows = []
     for batch in (int(b) for b in args.batches.split(",")):
         layer_separate = layer_packed = 0.0
-        for name, parts, width in LAYER:
+        for name, parts, width in [*LAYER, HEAD]:
             x = torch.randn(batch, width, device=device, dtype=torch.bfloat16)
             separate = sum(time_matmul(x, part, device) for part in parts)
             packed = time_matmul(x, sum(parts), device)
+            before = torch.backends.cuda.preferred_blas_library()
             torch.backends.cuda.preferred_blas_library("cublaslt")
             lt = time_matmul(x, sum(parts), device)
-            torch.backends.cuda.preferred_blas_library("default")
+            torch.backends.cuda.preferred_blas_library(before)
             weight = sum(parts) * width * 2
             shares = [weight / t / bandwidth for t in (separate, packed, lt)]
             row = [batch, name, "x".join(map(str, parts)), width, separate * 1e6, shares[0],
@@ -93,10 +94,10 @@ def main() -> None:
                     row += ["-", "-"]
             rows.append(row)
             print(rows[-1], flush=True)
-            if name != "lm_head":
+            if name != HEAD[0]:
                 layer_separate += separate
                 layer_packed += packed
-        floor = sum(sum(p) * w * 2 for n, p, w in LAYER if n != "lm_head") / bandwidth
+        floor = sum(sum(p) * w * 2 for _, p, w in LAYER) / bandwidth
         print(f"batch {batch}: one layer's matmuls {layer_separate * 1e6:.1f} us separate, "
               f"{layer_packed * 1e6:.1f} us packed, floor {floor * 1e6:.1f} us "
               f"(x32 layers: {layer_separate * 32e3:.2f} / {layer_packed * 32e3:.2f} / "

@@ -117,16 +117,16 @@ class CausalLM(nn.Module):
         rope = rope_angles(positions, self.config)
         layers = self.model.layers
         normed = layers[0].input_layernorm(hidden)
-        # Each residual add runs with the norm that reads its sum (RMSNorm.add: one kernel).
-        for index, layer in enumerate(layers):
+        # Each residual add runs with the norm that reads its sum (RMSNorm.add: one kernel):
+        # after a layer's MLP, the next layer's input norm, or the final norm.
+        next_norms = [layer.input_layernorm for layer in layers[1:]] + [self.model.norm]
+        for index, (layer, next_norm) in enumerate(zip(layers, next_norms, strict=True)):
             q, k, v = layer.self_attn.qkv(normed, rope)
             attn = attend(index, q, k, v, positions)
             hidden, normed = layer.post_attention_layernorm.add(
                 hidden, layer.self_attn.o_proj(attn.flatten(1))
             )
-            last = index + 1 == len(layers)
-            after = self.model.norm if last else layers[index + 1].input_layernorm
-            hidden, normed = after.add(hidden, layer.mlp(normed))
+            hidden, normed = next_norm.add(hidden, layer.mlp(normed))
         return normed
 
     def _logits(self, hidden: torch.Tensor) -> torch.Tensor:

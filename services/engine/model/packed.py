@@ -21,19 +21,19 @@ from torch import nn
 
 class PackedLinear(nn.Module):
     """`linears` of one input as one matmul; `forward` returns their outputs side by side, in
-    order, along the last dimension (`sizes` wide each)."""
+    order, along the last dimension (each `out_features` wide)."""
 
     def __init__(self, linears: list[nn.Linear]) -> None:
         super().__init__()
         biases = [linear.bias for linear in linears]
         if any(b is None for b in biases) and not all(b is None for b in biases):
             raise ValueError("packed projections must all have a bias or all have none")
-        self.sizes = [linear.out_features for linear in linears]
         with torch.no_grad():
             weight = torch.cat([linear.weight for linear in linears])
             bias = None if biases[0] is None else torch.cat(biases)
         start = 0
-        for linear, size in zip(linears, self.sizes, strict=True):
+        for linear in linears:
+            size = linear.out_features
             linear.weight.data = weight[start : start + size]
             if bias is not None:
                 linear.bias.data = bias[start : start + size]
