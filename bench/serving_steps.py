@@ -122,7 +122,7 @@ class StepRecorder:
 
 
 ATTENTION_KERNELS = ("flash", "fmha", "attention", "_partial_kernel", "_merge_kernel")
-MATMUL_KERNELS = ("gemm", "nvjet", "cutlass", "xmma", "splitk")
+MATMUL_KERNELS = ("gemm", "nvjet", "cutlass", "xmma", "splitk", "_matmul_kernel")
 
 
 def kernel_kind(name: str) -> str:

@@ -10,13 +10,18 @@ against the memory/compute roofline of the steps that actually ran, measured in 
 On the H200 (bench/gpu/decode.sh; runs without `pip install -e`):
     python3 bench/throughput_bench.py --models 8b,1b,qwen3-0.6b --modes off,auto
 Mode `rebuild` is `auto` with each decode step's page tables rebuilt from every sequence's
-whole tables (the path before persistent device tables), for a same-run A/B.
+whole tables (the path before persistent device tables), for a same-run A/B. Modes `cublaslt`
+and `triton-mm` are `auto` with another kernel for the matmuls: torch's cuBLASLt preferred over
+cuBLAS, or decode-sized matmuls on the Triton kernel (model/decode_matmul.py); `rope-store` is
+`auto` with RoPE and the KV write in one kernel (kv/rope_store.py), `kernels` both Triton
+kernels; `--kernel-agreement` also compares greedy tokens of `kernels` with `auto`'s.
 """
 
 from __future__ import annotations
 
 import argparse
 import gc
+import json
 import random
 import statistics
 import sys
@@ -38,16 +43,22 @@ from kvfleet.services.engine.config.engine_config import EngineConfig  # noqa: E
 from kvfleet.services.engine.config.model_config import PRESETS  # noqa: E402
 from kvfleet.services.engine.core.engine_core import EngineCore  # noqa: E402
 from kvfleet.services.engine.core.gc_heap import freeze_startup_heap, thaw_heap  # noqa: E402
-from kvfleet.services.engine.model import fused  # noqa: E402
+from kvfleet.services.engine.kv import rope_store  # noqa: E402
+from kvfleet.services.engine.model import decode_matmul, fused  # noqa: E402
 from kvfleet.services.engine.request.engine_request import GenerateCall  # noqa: E402
 
 # Rows of the comparison: (decode_graphs, fused elementwise ops, next step planned ahead).
 MODES = {"off": ("off", False, False), "graphs": ("auto", False, False),
          "no-ahead": ("auto", True, False), "auto": ("auto", True, True),
          "static": ("static", False, True), "rebuild": ("auto", True, True),
-         "flash": ("auto", True, True)}  # fmt: skip
+         "flash": ("auto", True, True), "cublaslt": ("auto", True, True),
+         "triton-mm": ("auto", True, True), "rope-store": ("auto", True, True),
+         "kernels": ("auto", True, True)}  # fmt: skip
 REBUILT_TABLES = {"rebuild"}  # modes whose decode steps rebuild page tables every step
 FLASH_DECODE = {"flash"}  # modes whose bf16 decode attention is flash-attn's, not Triton's
+BLAS_LT = {"cublaslt"}  # modes whose matmuls prefer cuBLASLt
+DECODE_MATMUL = {"triton-mm", "kernels"}  # modes whose decode-sized matmuls run Triton's
+ROPE_STORE = {"rope-store", "kernels"}  # modes that rotate and write K/V in one kernel
 TRT_LLM_GRID = "128/128,128/2048,1000/1000,2048/2048"
 PRESETS.setdefault("qwen3-0.6b", qwen3_0_6b_shape)  # the shape, with random weights
 
@@ -173,6 +184,43 @@ def throughput_case(
     return out_tokens / wall, recorder.floor_seconds() / wall, p50, p90, out_tokens
 
 
+def load_matmul_shapes(path: str) -> dict:
+    """{(cols, inner): MatmulShape} from gemm_bench.py's `--save-shapes` JSON."""
+    from kvfleet.services.engine.model.decode_matmul_kernel import MatmulShape
+
+    with open(path) as f:
+        entries = json.load(f)
+    return {(e.pop("cols"), e.pop("inner")): MatmulShape(**e) for e in entries}
+
+
+def use_kernels(mode: str) -> None:
+    """The kernels of `mode`: cuBLAS or cuBLASLt, and the Triton decode kernels or none."""
+    if torch.cuda.is_available():
+        torch.backends.cuda.preferred_blas_library("cublaslt" if mode in BLAS_LT else "cublas")
+    decode_matmul.enable(mode in DECODE_MATMUL)
+    rope_store.enable(mode in ROPE_STORE)
+
+
+def kernel_agreement_case(compute, base, recorder, vocab, batch=24, prompt=300, out=32, seed=1):
+    """Greedy tokens of decode graphs with the Triton decode kernels vs without, same
+    requests: (identical sequences, identical tokens) as shares (sums in another order may
+    flip a near tie, after which a sequence differs)."""
+    rng = random.Random(seed)
+    prompts = [tuple(rng.randrange(vocab) for _ in range(prompt + 7 * i)) for i in range(batch)]
+    outputs = {}
+    for mode in ("auto", "kernels"):
+        use_kernels(mode)
+        calls = [GenerateCall(f"m{mode}{i}", p, SamplingParams(max_tokens=out), f"m{i}")
+                 for i, p in enumerate(prompts)]  # fmt: skip
+        serve(compute, base.with_changes(max_batch_size=batch), calls, recorder)
+        outputs[mode] = recorder.tokens
+    use_kernels("auto")
+    same = [a == b for a, b in zip(outputs["auto"], outputs["kernels"], strict=True)]
+    tokens = [x == y for a, b in zip(outputs["auto"], outputs["kernels"], strict=True)
+              for x, y in zip(a, b, strict=True)]  # fmt: skip
+    return sum(same) / len(same), sum(tokens) / len(tokens)
+
+
 def agreement_case(compute, base, recorder, vocab, batch=24, prompt=300, out=32, seed=1):
     """Greedy tokens with decode graphs vs the eager step (both with the same fusion), same
     requests: (identical sequences, identical tokens) as shares."""
@@ -205,6 +253,10 @@ def main() -> None:
     parser.add_argument("--page-size", type=int, default=64)
     parser.add_argument("--host-profile", action="store_true", help="cProfile a few steps")
     parser.add_argument("--agreement-models", default="8b,qwen3-0.6b")
+    parser.add_argument("--decode-matmul-shapes", default="",
+                        help="JSON tilings from gemm_bench.py --save-shapes")  # fmt: skip
+    parser.add_argument("--kernel-agreement", action="store_true",
+                        help="greedy tokens, the Triton decode kernels vs none")  # fmt: skip
     parser.add_argument("--budget-s", type=float, default=1e9, help="skip cases started later")
     parser.add_argument(
         "--grid", default="", help=f"ISL/OSL pairs, e.g. TensorRT-LLM's {TRT_LLM_GRID}"
@@ -214,6 +266,8 @@ def main() -> None:
     parser.add_argument("--grid-batch", type=int, default=256, help="max batch in the grid")
     parser.add_argument("--grid-only", action="store_true", help="no decode case, only the grid")
     args = parser.parse_args()
+    if args.decode_matmul_shapes:
+        decode_matmul.use_shapes(load_matmul_shapes(args.decode_matmul_shapes))
     device = torch.device("cuda" if torch.cuda.is_available() and not args.small else "cpu")
     bandwidth, peak = measure_ceilings(device, args.small)
     print(f"device {device}, copy BW {bandwidth / 1e12:.3f} TB/s, matmul {peak / 1e12:.1f} TFLOP/s")
@@ -250,6 +304,7 @@ def main() -> None:
             config = base.with_changes(decode_graphs=graphs, max_batch_size=batch)
             rebuild = mode in REBUILT_TABLES
             attn_flash.use_bf16_decode_kernel(mode not in FLASH_DECODE)
+            use_kernels(mode)
             if grid and model in grid_models:
                 grid_config = base.with_changes(decode_graphs=graphs,
                                                 max_batch_size=args.grid_batch)  # fmt: skip
@@ -284,11 +339,18 @@ def main() -> None:
                 tput_rows.append([model, mode, *result])
                 print(f"{model} throughput decode_graphs={mode}: {result[0]:.0f} out tok/s, "
                       f"{result[1]:.2f} of roofline", flush=True)  # fmt: skip
+        use_kernels("auto")
         if model in args.agreement_models.split(",") or args.small:
             fused.enable(device.type == "cuda")
             seqs_same, tokens_same = agreement_case(compute, base, recorder, vocab)
-            agree_rows.append([model, seqs_same, tokens_same])
+            agree_rows.append([model, "graphs vs eager", seqs_same, tokens_same])
             print(f"{model} greedy graphs vs eager: {seqs_same:.1%} sequences, "
+                  f"{tokens_same:.1%} tokens identical", flush=True)  # fmt: skip
+        if args.kernel_agreement:
+            fused.enable(device.type == "cuda")
+            seqs_same, tokens_same = kernel_agreement_case(compute, base, recorder, vocab)
+            agree_rows.append([model, "Triton decode kernels vs none", seqs_same, tokens_same])
+            print(f"{model} greedy Triton decode kernels vs none: {seqs_same:.1%} sequences, "
                   f"{tokens_same:.1%} tokens identical", flush=True)  # fmt: skip
         del compute
     print_table(
@@ -340,8 +402,8 @@ def main() -> None:
             grid_rows,
         )  # fmt: skip
     print_table(
-        "greedy output, decode graphs vs eager step (same requests, fused ops in both)",
-        ["model", "identical sequences", "identical tokens"],
+        "greedy output, same requests (fused ops in both)",
+        ["model", "compared", "identical sequences", "identical tokens"],
         agree_rows,
     )
 

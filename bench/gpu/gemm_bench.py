@@ -7,14 +7,19 @@ over the time, as a share of copy bandwidth) is how near it runs to its floor. E
 one CUDA graph that cycles through distinct copies of the weight (at least 512 MB of them), so
 no call finds its weight in L2 as a real step would not. The packed shapes are timed again
 with cuBLASLt preferred over cuBLAS (torch's `preferred_blas_library`), and with `--autotune`
-by inductor's max-autotune (Triton templates benchmarked against cuBLAS).
+by inductor's max-autotune (Triton templates benchmarked against cuBLAS). `--triton` sweeps
+the tilings of kvfleet's own decode matmul kernel (model/decode_matmul_kernel.py) over every
+shape at batches of at most 64 rows, prints the best of each beside cuBLAS, and with
+`--save-shapes FILE` writes them as JSON for `throughput_bench.py --decode-matmul-shapes`.
 
-Run on the device: python3 bench/gpu/gemm_bench.py [--batches 64,256] [--autotune]
+Run on the device: python3 bench/gpu/gemm_bench.py [--batches 64,256] [--autotune] [--triton]
 """
 
 from __future__ import annotations
 
 import argparse
+import itertools
+import json
 import os
 import sys
 
@@ -22,7 +27,14 @@ import torch
 import torch.nn.functional as F
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
-from gpu_common import measure_ceilings, print_table, time_median
+from gpu_common import import_engine, measure_ceilings, print_table, time_median
+
+import_engine()  # the device machine runs this from the checkout, not installed
+from kvfleet.services.engine.model.decode_matmul_kernel import (  # noqa: E402
+    MatmulShape,
+    decode_matmul,
+    fits,
+)
 
 # The 8b shape (Llama-3.1-8B): hidden 4096, 32 query and 8 KV heads of 128, MLP 14336.
 HIDDEN, Q, KV, MLP, VOCAB = 4096, 32 * 128, 8 * 128, 14336, 128256
@@ -35,6 +47,11 @@ LAYER = [
 ]
 HEAD = ("lm_head", (VOCAB,), HIDDEN)
 POOL_BYTES = 512 << 20
+# The decode kernel's tilings swept by --triton: columns and inner elements per program step,
+# inner splits, pipeline stages (4 warps: the weight tile is the only large operand).
+SWEEP = [MatmulShape(block_n=n, block_k=k, split_k=split, num_stages=stages)
+         for n, k, split, stages in itertools.product((32, 64, 128), (128, 256), (1, 2, 4, 8),
+                                                      (3, 5))]  # fmt: skip
 
 
 def graphed_cycle(call, weights: list[torch.Tensor]):
@@ -59,10 +76,41 @@ def time_matmul(x: torch.Tensor, rows: int, device, linear=F.linear) -> float:
     return time_median(replay, device, warmup=2, reps=7) / calls
 
 
+def sweep_decode_kernel(batch: int, device, bandwidth: float) -> tuple[list, dict]:
+    """The best tiling of every shape at `batch` rows: (table rows, {(cols, inner): shape})."""
+    rows, best_shapes = [], {}
+    for name, parts, width in [*LAYER, HEAD]:
+        cols = sum(parts)
+        x = torch.randn(batch, width, device=device, dtype=torch.bfloat16)
+        cublas = time_matmul(x, cols, device)
+        best, best_s = None, float("inf")
+        for shape in SWEEP:
+            if not fits(shape, cols, width):
+                continue
+            try:
+                seconds = time_matmul(
+                    x, cols, device, lambda a, w, s=shape: decode_matmul(a, w, None, s)
+                )
+            except Exception as exc:  # a tiling that does not build here (shared memory)
+                print(f"{name} {shape}: {type(exc).__name__}: {str(exc)[:120]}")
+                continue
+            if seconds < best_s:
+                best, best_s = shape, seconds
+        weight = cols * width * 2
+        best_shapes[(cols, width)] = best
+        rows.append([batch, name, cols, width, cublas * 1e6, weight / cublas / bandwidth,
+                     best_s * 1e6, weight / best_s / bandwidth, best.block_n, best.block_k,
+                     best.split_k, best.num_stages])  # fmt: skip
+        print(rows[-1], flush=True)
+    return rows, best_shapes
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--batches", default="64,256")
     parser.add_argument("--autotune", action="store_true", help="inductor max-autotune too")
+    parser.add_argument("--triton", action="store_true", help="sweep the decode matmul kernel")
+    parser.add_argument("--save-shapes", default="", help="JSON of the best tilings (--triton)")
     args = parser.parse_args()
     device = torch.device("cuda")
     bandwidth, _ = measure_ceilings(device, small=False)
@@ -107,6 +155,27 @@ def main() -> None:
     if tuned is not None:
         header += ["max-autotune us", "share"]
     print_table("8b matmuls at decode: weight bytes over time, share of copy BW", header, rows)
+    if not args.triton:
+        return
+    swept, saved = [], {}
+    for batch in (int(b) for b in args.batches.split(",") if int(b) <= 64):
+        table, shapes = sweep_decode_kernel(batch, device, bandwidth)
+        swept += table
+        saved.update(shapes)  # the last batch's pick (the largest: the decode graphs' full one)
+        layer = sum(r[6] for r in table if r[1] != HEAD[0])
+        floor = sum(sum(p) * w * 2 for _, p, w in LAYER) / bandwidth
+        print(f"batch {batch}: one layer's matmuls on the decode kernel {layer:.1f} us "
+              f"(floor {floor * 1e6:.1f} us)")  # fmt: skip
+    print_table(
+        "the decode matmul kernel's best tiling against cuBLAS (packed shapes)",
+        ["batch", "matmul", "cols", "inner", "cuBLAS us", "share", "kernel us", "share",
+         "block n", "block k", "split k", "stages"],
+        swept,
+    )  # fmt: skip
+    if args.save_shapes:
+        with open(args.save_shapes, "w") as out:
+            json.dump([{"cols": c, "inner": i, **vars(shape)} for (c, i), shape in saved.items()],
+                      out, indent=1)  # fmt: skip
 
 
 if __name__ == "__main__":

@@ -84,6 +84,10 @@ class _PaddedWrites:
         # K and V leave the pad kernel stacked, so that one copy stores both.
         self._cache.write_stacked(layer, zero_pad_rows(k, v, self._valid), slots)
 
+    def write_rotating(self, layer: int, qkv, rope, slots, heads: int) -> torch.Tensor | None:
+        # Pad rows store nothing: the null page they point at stays zeros.
+        return self._cache.write_rotating(layer, qkv, rope, slots, heads, self._valid.view(-1))
+
     # A hybrid model's state pages (StateRows.keep makes the pad rows store zeros).
     def states(self, layer: int) -> torch.Tensor:
         return self._cache.states(layer)

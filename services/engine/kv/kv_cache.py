@@ -18,6 +18,7 @@ import torch
 from ....kvstore.block_pool import IntegrityError
 from ..config.model_config import ModelConfig
 from .kv_quant import KVScales, is_fp8, quantize
+from .rope_store import rotate_and_write
 
 
 class PagedKVCache:
@@ -128,6 +129,25 @@ class PagedKVCache:
         group, i = self._slot[layer]
         pages = self._storage[group][i]
         pages.view(2, -1, *pages.shape[3:]).index_copy_(1, slots, kv.to(self.dtype))
+
+    def write_rotating(
+        self,
+        layer: int,
+        qkv: torch.Tensor,
+        rope: tuple[torch.Tensor, torch.Tensor],
+        slots: torch.Tensor,
+        heads: int,
+        valid: torch.Tensor | None = None,
+    ) -> torch.Tensor | None:
+        """Rotate the packed `qkv`'s q and k heads, store k and v at `slots` (rows where `valid`
+        is set) and return q, in one kernel (rope_store.py); None where it does not take the
+        call, and nothing is written."""
+        if self.scales is not None:
+            return None
+        group, i = self._slot[layer]
+        pages = self._storage[group][i]
+        flat = pages.view(2, -1, *pages.shape[3:])
+        return rotate_and_write(flat, qkv, rope, slots, valid, heads)
 
     def check_integrity(self) -> None:
         """Raise if the null page was ever written or any page holds a non-finite value.

@@ -12,10 +12,12 @@ from ..attention.backends import AttentionBackend
 from ..attention.batch import ForwardBatch
 from ..config.model_config import ModelConfig
 from ..kv.kv_cache import PagedKVCache
-from .layers import DecoderLayer, RMSNorm
+from .decode_matmul import Linear
+from .layers import DecoderLayer, RMSNorm, StoreRotated
 from .rope import rope_angles
 
-# One layer's attention: (layer index, q, k, v, positions) -> output [T, H, D].
+# One layer's attention: (layer index, q, k, v, positions) -> output [T, H, D]; k and v are
+# None where the projection stored them already (StoreRotated).
 AttendFn = Callable[[int, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]
 
 
@@ -36,7 +38,7 @@ class CausalLM(nn.Module):
         super().__init__()
         self.config = config
         self.model = DecoderStack(config)
-        self.lm_head = nn.Linear(config.hidden_size, config.vocab_size, bias=False)
+        self.lm_head = Linear(config.hidden_size, config.vocab_size, bias=False)
         if config.tie_embeddings:
             self.lm_head.weight = self.model.embed_tokens.weight
 
@@ -56,7 +58,8 @@ class CausalLM(nn.Module):
 
         def attend(layer: int, q, k, v, _positions) -> torch.Tensor:
             group = cache.group_of(layer)
-            cache.write(layer, k, v, batch.slots[group])
+            if k is not None:  # else stored already, as it was rotated (store below)
+                cache.write(layer, k, v, batch.slots[group])
             k_pages, v_pages = cache.kv(layer)
             meta = batch.attention[group]
             window = self.config.layer_window(layer)
@@ -71,7 +74,11 @@ class CausalLM(nn.Module):
                 kv_scales=cache.kv_scales(layer),
             )
 
-        hidden = self._run_layers(batch.token_ids, batch.positions, attend)
+        def store(layer: int) -> StoreRotated:
+            slots = batch.slots[cache.group_of(layer)]
+            return lambda qkv, rope, heads: cache.write_rotating(layer, qkv, rope, slots, heads)
+
+        hidden = self._run_layers(batch.token_ids, batch.positions, attend, store)
         if not all_logits:
             hidden = hidden[batch.last_token_index]
         return self._logits(hidden)
@@ -111,7 +118,11 @@ class CausalLM(nn.Module):
         return self.model.layers[layer].self_attn.sinks
 
     def _run_layers(
-        self, token_ids: torch.Tensor, positions: torch.Tensor, attend: AttendFn
+        self,
+        token_ids: torch.Tensor,
+        positions: torch.Tensor,
+        attend: AttendFn,
+        store: Callable[[int], StoreRotated] | None = None,
     ) -> torch.Tensor:
         hidden = self.model.embed_tokens(token_ids)
         rope = rope_angles(positions, self.config)
@@ -121,7 +132,7 @@ class CausalLM(nn.Module):
         # after a layer's MLP, the next layer's input norm, or the final norm.
         next_norms = [layer.input_layernorm for layer in layers[1:]] + [self.model.norm]
         for index, (layer, next_norm) in enumerate(zip(layers, next_norms, strict=True)):
-            q, k, v = layer.self_attn.qkv(normed, rope)
+            q, k, v = layer.self_attn.qkv(normed, rope, store(index) if store else None)
             attn = attend(index, q, k, v, positions)
             hidden, normed = layer.post_attention_layernorm.add(
                 hidden, layer.self_attn.o_proj(attn.flatten(1))

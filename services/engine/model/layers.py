@@ -7,11 +7,14 @@ Parameter names follow the Hugging Face checkpoints (Llama, Qwen: `self_attn.q_p
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import torch
 import torch.nn.functional as F
 from torch import nn
 
 from ..config.model_config import ModelConfig
+from .decode_matmul import Linear
 from .fused import fusable
 from .gpt_oss_moe import GptOssMoE
 from .moe import SparseMoE
@@ -19,6 +22,10 @@ from .packed import PackedLinear
 from .rope import apply_rope, rope_angles
 
 __all__ = ["AttentionProjections", "DecoderLayer", "RMSNorm", "SwiGLU", "apply_rope", "rope_angles"]
+
+# (packed q/k/v [T, (H + 2 KVH) D], rope, heads) -> rotated q, its k and v stored; or None
+# where nothing was stored (kv/rope_store.py).
+StoreRotated = Callable[[torch.Tensor, tuple[torch.Tensor, torch.Tensor], int], torch.Tensor | None]
 
 # ModelConfig.experts_kind -> the MoE block of that flavour.
 MOE_BLOCKS: dict[str, type[nn.Module]] = {"swiglu": SparseMoE, "gpt_oss": GptOssMoE}
@@ -65,7 +72,7 @@ class SwiGLU(nn.Module):
         h, i, bias = config.hidden_size, size or config.intermediate_size, config.mlp_bias
         self.gate_proj = nn.Linear(h, i, bias=bias)
         self.up_proj = nn.Linear(h, i, bias=bias)
-        self.down_proj = nn.Linear(i, h, bias=bias)
+        self.down_proj = Linear(i, h, bias=bias)
         self.gate_up_proj: PackedLinear | None = None  # pack()
 
     def pack(self) -> None:
@@ -98,7 +105,7 @@ class AttentionProjections(nn.Module):
         self.q_proj = nn.Linear(h, config.num_heads * d, bias=config.qkv_bias)
         self.k_proj = nn.Linear(h, config.num_kv_heads * d, bias=config.qkv_bias)
         self.v_proj = nn.Linear(h, config.num_kv_heads * d, bias=config.qkv_bias)
-        self.o_proj = nn.Linear(config.num_heads * d, h, bias=config.o_bias)
+        self.o_proj = Linear(config.num_heads * d, h, bias=config.o_bias)
         if config.qk_norm:
             self.q_norm = RMSNorm(d, config.rms_norm_eps)
             self.k_norm = RMSNorm(d, config.rms_norm_eps)
@@ -113,18 +120,28 @@ class AttentionProjections(nn.Module):
             self.qkv_proj = PackedLinear([self.q_proj, self.k_proj, self.v_proj])
 
     def qkv(
-        self, x: torch.Tensor, rope: tuple[torch.Tensor, torch.Tensor] | None
-    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        self,
+        x: torch.Tensor,
+        rope: tuple[torch.Tensor, torch.Tensor] | None,
+        store: StoreRotated | None = None,
+    ) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor | None]:
         """Rotated q `[T, H, D]`, rotated k and v `[T, KVH, D]` of tokens `x [T, hidden]`
-        (not rotated when `rope` is None: a model without positional embeddings)."""
+        (not rotated when `rope` is None: a model without positional embeddings). With
+        `store`, which may rotate and store k and v itself (one kernel): q alone, k and v
+        None, where it did."""
         heads, kv_heads, d = self.num_heads, self.num_kv_heads, self.head_dim
         if self.qkv_proj is None:
             q = self.q_proj(x).view(-1, heads, d)
             k = self.k_proj(x).view(-1, kv_heads, d)
             v = self.v_proj(x).view(-1, kv_heads, d)
         else:
+            packed = self.qkv_proj(x)
+            if self.q_norm is None and rope is not None:
+                q = store(packed, rope, heads) if store is not None else None
+                if q is not None:
+                    return q, None, None
             # q's and k's heads side by side, as the packed matmul writes them
-            qk, v = self.qkv_proj(x).split([(heads + kv_heads) * d, kv_heads * d], dim=-1)
+            qk, v = packed.split([(heads + kv_heads) * d, kv_heads * d], dim=-1)
             qk, v = qk.view(-1, heads + kv_heads, d), v.view(-1, kv_heads, d)
             if self.q_norm is None and rope is not None:
                 qk = apply_rope(qk, rope)  # one rotation for q and k together

@@ -1,0 +1,112 @@
+"""Which kernel a projection's matmul runs: cuBLAS, or at decode sizes the Triton kernel of
+`decode_matmul_kernel.py` where it is switched on.
+
+`linear(x, w, bias)` is `F.linear` unless the switch is on and the call is one the kernel takes:
+at most `MAX_ROWS` rows, bf16/fp16, on CUDA (or any device under Triton's interpreter, for the
+tests), and a weight the chosen tiling divides. Every other call (prefill, CPU, fp32, odd
+shapes) is cuBLAS's as before. `Linear` is `nn.Linear` with that forward, so the checkpoint
+names stay.
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+from collections.abc import Callable
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+_state = {"on": False}
+# (cols, inner) -> tiling measured best for that weight (bench/gpu/gemm_bench.py --triton).
+_measured: dict[tuple[int, int], object] = {}
+MAX_ROWS = 64  # decode_matmul_kernel.MAX_ROWS (not imported here: Triton loads when needed)
+
+
+def enable(on: bool) -> None:
+    """Route decode-sized matmuls to the Triton kernel (True) or leave them all to cuBLAS."""
+    _state["on"] = on
+
+
+def enabled() -> bool:
+    return _state["on"]
+
+
+@functools.cache
+def _kernel(device_type: str) -> tuple[Callable, Callable, type] | None:
+    """(decode_matmul, fits, MatmulShape) for tensors on `device_type`; None where the kernel
+    cannot run (no Triton, or a CPU without the interpreter)."""
+    if device_type != "cuda" and os.environ.get("TRITON_INTERPRET") != "1":
+        return None
+    try:
+        from .decode_matmul_kernel import MatmulShape, decode_matmul, fits
+    except ImportError:
+        return None
+    return decode_matmul, fits, MatmulShape
+
+
+@functools.cache
+def _multiprocessors(device: torch.device) -> int:
+    if device.type != "cuda":
+        return 4
+    return torch.cuda.get_device_properties(device).multi_processor_count
+
+
+def use_shapes(shapes: dict[tuple[int, int], object]) -> None:
+    """Tilings measured for weights `(cols, inner)` (MatmulShape each), over `shape_for`'s rule."""
+    _measured.clear()
+    _measured.update(shapes)
+    shape_for.cache_clear()
+
+
+@functools.cache
+def shape_for(cols: int, inner: int, device: torch.device):
+    """The tiling of a weight `[cols, inner]`: a measured one where there is one, else 64
+    columns per program and the inner dimension split (up to 4 parts) until there are programs
+    for every multiprocessor twice over; None where no tiling divides `inner`."""
+    kernel = _kernel(device.type)
+    if kernel is None:
+        return None
+    _, fits, MatmulShape = kernel
+    measured = _measured.get((cols, inner))
+    if measured is not None and fits(measured, cols, inner):
+        return measured
+    blocks, wanted = -(-cols // 64), 2 * _multiprocessors(device)
+    for split in (1, 2, 4):
+        shape = MatmulShape(block_n=64, block_k=128, split_k=split)
+        if fits(shape, cols, inner) and (blocks * split >= wanted or split == 4):
+            return shape
+    shape = MatmulShape(block_n=64, block_k=128, split_k=1)
+    return shape if fits(shape, cols, inner) else None
+
+
+def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+    """`F.linear(x, weight, bias)`, through the decode kernel where it is on and takes the call."""
+    if not _state["on"] or not _takes(x, weight):
+        return F.linear(x, weight, bias)
+    shape = shape_for(weight.shape[0], weight.shape[1], x.device)
+    if shape is None:
+        return F.linear(x, weight, bias)
+    decode_matmul = _kernel(x.device.type)[0]
+    flat = x.reshape(-1, x.shape[-1])
+    return decode_matmul(flat, weight, bias, shape).view(*x.shape[:-1], weight.shape[0])
+
+
+def _takes(x: torch.Tensor, weight: torch.Tensor) -> bool:
+    rows = x.numel() // max(x.shape[-1], 1)
+    return (
+        0 < rows <= MAX_ROWS
+        and x.dtype in (torch.bfloat16, torch.float16)
+        and weight.dtype == x.dtype
+        and x.is_contiguous()
+        and weight.stride(-1) == 1
+        and _kernel(x.device.type) is not None
+    )
+
+
+class Linear(nn.Linear):
+    """`nn.Linear` whose forward is `linear` (the decode kernel where it is on)."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return linear(x, self.weight, self.bias)

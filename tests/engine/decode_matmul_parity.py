@@ -1,0 +1,71 @@
+"""Run under TRITON_INTERPRET=1 (tests/engine/test_decode_matmul.py starts it): the decode
+matmul kernel against fp32 math, at every row count it takes, split and unsplit, with a bias,
+a ragged last column block and a strided weight view; twice per split shape, since each call
+must leave the arrival counters ready for the next; and the dispatch of `linear`."""
+
+from __future__ import annotations
+
+import sys
+
+import torch
+import torch.nn.functional as F
+from kvfleet.services.engine.model import decode_matmul
+from kvfleet.services.engine.model.decode_matmul_kernel import MatmulShape
+from kvfleet.services.engine.model.decode_matmul_kernel import decode_matmul as kernel
+from kvfleet.services.engine.model.packed import PackedLinear
+
+
+def worst(got: torch.Tensor, x: torch.Tensor, w: torch.Tensor, bias) -> float:
+    want = x.float() @ w.float().T + (0 if bias is None else bias.float())
+    return float((got.float() - want).abs().max() / want.abs().max())
+
+
+def main() -> int:
+    gen = torch.Generator().manual_seed(0)
+    failures = []
+    cases = [  # rows, cols, inner, shape, bias
+        (1, 128, 256, MatmulShape(block_n=64, block_k=128), False),
+        (5, 100, 256, MatmulShape(block_n=64, block_k=64, split_k=2), True),
+        (16, 192, 512, MatmulShape(block_n=32, block_k=128, split_k=4), False),
+        (33, 64, 256, MatmulShape(block_n=64, block_k=64, split_k=4), True),
+        (64, 96, 128, MatmulShape(block_n=32, block_k=64, split_k=1), True),
+    ]
+    for rows, cols, inner, shape, with_bias in cases:
+        x = torch.randn(rows, inner, generator=gen).to(torch.bfloat16)
+        full = torch.randn(cols + 8, inner, generator=gen).to(torch.bfloat16)
+        w = full[8:]  # a view into a larger weight, as a packed projection's part is
+        bias = torch.randn(cols, generator=gen).to(torch.bfloat16) if with_bias else None
+        for call in range(2):
+            error = worst(kernel(x, w, bias, shape), x, w, bias)
+            print(f"rows {rows} cols {cols} inner {inner} {shape} call {call}: {error:.2e}")
+            if error > 2e-2:
+                failures.append((rows, cols, shape, call, error))
+    # linear: the kernel where it takes the call, F.linear everywhere else.
+    decode_matmul.enable(True)
+    w = torch.randn(256, 512, generator=gen).to(torch.bfloat16)
+    for rows in (3, 64, 65):
+        x = torch.randn(rows, 512, generator=gen).to(torch.bfloat16)
+        shape = decode_matmul.shape_for(256, 512, x.device)
+        want = kernel(x, w, None, shape) if rows <= 64 else F.linear(x, w)
+        same = torch.equal(decode_matmul.linear(x, w, None), want)
+        print(f"linear rows {rows}: {'kernel' if rows <= 64 else 'F.linear'}'s result: {same}")
+        if not same:
+            failures.append(("linear", rows))
+    parts = [torch.nn.Linear(512, n, bias=True).to(torch.bfloat16) for n in (128, 64, 64)]
+    packed = PackedLinear(parts)
+    x = torch.randn(2, 4, 512, generator=gen).to(torch.bfloat16)
+    with torch.no_grad():
+        got = packed(x)
+    want = torch.cat([F.linear(x.float(), p.weight.float(), p.bias.float()) for p in parts], -1)
+    error = float((got.float() - want.detach()).abs().max() / want.abs().max())
+    print(f"packed [2, 4, 512] -> {list(got.shape)}: {error:.2e}")
+    if got.shape != (2, 4, 256) or error > 2e-2:
+        failures.append(("packed", error))
+    if failures:
+        print("FAILED", failures)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

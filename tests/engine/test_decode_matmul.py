@@ -1,0 +1,43 @@
+"""The decode matmul kernel (model/decode_matmul_kernel.py) in Triton's interpreter on the CPU,
+against fp32 math; and that with the switch off every projection is cuBLAS's (F.linear)."""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+import torch.nn.functional as F
+from kvfleet.services.engine.model import decode_matmul
+
+# Found, not imported: Triton is imported only in the interpreted process below.
+needs_triton = pytest.mark.skipif(not importlib.util.find_spec("triton"), reason="no Triton")
+
+
+@needs_triton
+def test_the_decode_matmul_kernel_equals_fp32_math():
+    done = subprocess.run(
+        [sys.executable, "decode_matmul_parity.py"],
+        cwd=Path(__file__).parent,
+        env={**os.environ, "TRITON_INTERPRET": "1"},
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert done.returncode == 0, done.stdout + done.stderr[-4000:]
+
+
+def test_off_or_on_a_cpu_every_projection_is_f_linear():
+    x = torch.randn(4, 64, dtype=torch.bfloat16)
+    layer = decode_matmul.Linear(64, 32, bias=True).to(torch.bfloat16)
+    want = F.linear(x, layer.weight, layer.bias)
+    assert torch.equal(layer(x), want)
+    decode_matmul.enable(True)
+    try:  # no interpreter in this process: the CPU has no kernel to take the call
+        assert torch.equal(layer(x), want)
+    finally:
+        decode_matmul.enable(False)
