@@ -112,6 +112,9 @@ class Hardware:
     # any cache dtype); false: one program per (sequence, KV head) for a bf16 cache, as
     # flash-attn's paged decode ran in the fleet replays recorded before it.
     decode_split: bool = True
+    # Ranks sharing one chip (`fleet.ranks_per_chip`): chip time a step costs extra when it
+    # starts while another rank's step is on the chip (its context is switched in; 0: none).
+    chip_switch_ms: float = 0.0
 
     def __post_init__(self) -> None:
         for item in fields(self):
@@ -121,6 +124,7 @@ class Hardware:
                 "prefill_chunk_ms",
                 "decode_program_gb_s",
                 "decode_split",
+                "chip_switch_ms",
             )
             if value < 0 or (value == 0 and not may_be_zero):
                 raise SimConfigError(f"hardware.{item.name}: {value} must be > 0")

@@ -5,7 +5,9 @@ decode step waits behind other ranks' long prefill chunks. The chip is modelled 
 sharing: while k steps are in flight, each progresses at 1/k of the chip's speed, so a step
 alone takes its full-chip time and k identical steps together take k times as long. A step's
 host work (Python, launches: the cost model's step overhead) is each process's own and is
-not shared.
+not shared. A step that starts while another rank's step is on the chip costs `switch_s` more
+chip time (`hardware.chip_switch_ms`): its context has to be switched in, which a step alone
+does not pay (fitted on hardware step logs by bench/chip_sharing.py).
 """
 
 from __future__ import annotations
@@ -22,8 +24,9 @@ _DONE_S = 1e-12
 class SharedChip:
     """Steps in flight on one chip; the only writer of their remaining work."""
 
-    def __init__(self, clock: VirtualClock) -> None:
+    def __init__(self, clock: VirtualClock, switch_s: float = 0.0) -> None:
         self.clock = clock
+        self.switch_s = switch_s
         self._left: dict[int, float] = {}  # step -> seconds of full-chip work still to do
         self._done: dict[int, Callable[[], None]] = {}
         self._ids = itertools.count()
@@ -37,10 +40,11 @@ class SharedChip:
         return len(self._left)
 
     def run(self, chip_seconds: float, done: Callable[[], None]) -> None:
-        """Compute a step of `chip_seconds` (its time alone on the chip), then call `done`."""
+        """Compute a step of `chip_seconds` (its time alone on the chip), then call `done`;
+        a step that joins others on the chip costs `switch_s` more."""
         self._advance()
         key = next(self._ids)
-        self._left[key] = chip_seconds
+        self._left[key] = chip_seconds + (self.switch_s if self._left else 0.0)
         self._done[key] = done
         self._schedule()
 

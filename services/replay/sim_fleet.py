@@ -75,7 +75,7 @@ class SimFleet:
             chip = None
             if fleet.ranks_per_chip > 1:
                 if index % fleet.ranks_per_chip == 0:
-                    self.chips.append(SharedChip(self.clock))
+                    self.chips.append(SharedChip(self.clock, config.hardware.chip_switch_ms / 1e3))
                 chip = self.chips[-1]
             self.ranks[rank_id] = self._build_rank(rank_id, role, chip)
             info = RankInfo(rank_id, "sim", fleet.slots, role=role, block_size=fleet.block_size)

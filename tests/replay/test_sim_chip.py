@@ -10,10 +10,10 @@ from kvfleet.services.replay.sim_clock import VirtualClock
 from sim_workloads import growing_conversation, replay_sim
 
 
-async def chip_ends(steps: list[tuple[float, float]]) -> list[float]:
+async def chip_ends(steps: list[tuple[float, float]], switch_s: float = 0.0) -> list[float]:
     """Start each (at_s, chip_seconds) step on one chip; the virtual time each one ends."""
     clock = VirtualClock()
-    chip = SharedChip(clock)
+    chip = SharedChip(clock, switch_s)
     ends: list[float] = [0.0] * len(steps)
     finished = asyncio.Event()
 
@@ -47,6 +47,16 @@ async def test_steps_in_flight_share_the_chip_equally() -> None:
     assert two_alike == [pytest.approx(0.6), pytest.approx(0.6)]
 
 
+async def test_a_step_that_joins_a_busy_chip_pays_the_switch() -> None:
+    """If this fails, the switch cost is charged to a step that had the chip alone, or not to
+    one that joined another's: a decode of 0.1 s joining a 1 s chunk at 0.5 s does 0.15 s of
+    chip work, so it ends at 0.8 and the chunk at 1.15; steps one after the other pay none."""
+    ends = await chip_ends([(0.0, 1.0), (0.5, 0.1)], switch_s=0.05)
+    assert ends == [pytest.approx(1.15), pytest.approx(0.8)]
+    apart = await chip_ends([(0.0, 0.2), (0.5, 0.1)], switch_s=0.05)
+    assert apart == [pytest.approx(0.2), pytest.approx(0.6)]
+
+
 async def test_ranks_on_one_chip_take_longer_and_keep_their_reuse() -> None:
     """If this fails, `ranks_per_chip` does not couple the ranks' time, or it changes what the
     kvstore keeps (only time may move)."""
@@ -58,6 +68,7 @@ async def test_ranks_on_one_chip_take_longer_and_keep_their_reuse() -> None:
     apart, _ = await replay_sim(conversations, 4, **options)
     shared, target = await replay_sim(conversations, 4, ranks_per_chip=2, **options)
     assert len(target.fleet.chips) == 1
+    assert target.fleet.chips[0].switch_s == 0.0  # the packaged figures: no switch cost
     assert shared.measures.prefix_reuse == pytest.approx(apart.measures.prefix_reuse)
     first_token = lambda result: sorted(r.ttft_s for r in result.records)  # noqa: E731
     assert sum(first_token(shared)) > 1.5 * sum(first_token(apart))
