@@ -1,0 +1,205 @@
+"""How four ranks' steps share one GPU: the step logs replayed through the simulator's chip.
+
+Reads the step logs of a fleet replay (one folder per run, `steps-engine<i>.jsonl[.xz]` of
+its ranks, as bench/step_costs.py does) and replays each rank's busy runs (steps that follow
+one another at once) through `SharedChip` on virtual time, the simulator's own rule: each
+step's host work (the cost model's step overhead), then its chip time shared with the other
+ranks' steps in flight. A run starts when its log says (or when the rank's previous run ends);
+the cost model prices each step with the YAML's figures, the solo fit's, held fixed.
+
+The one figure fitted is `hardware.chip_switch_ms`: the chip time a step costs extra when it
+joins another rank's step on the chip. It is fitted on the shared decode steps (a decode step
+that other ranks' steps overlap for at least 5 % of its cycle): their summed replayed cycles
+must equal the logged ones, as a rank's time between tokens there is what the fleet's ITL and
+output rate are made of. A per-step cost shows in a 5-15 ms decode step; in a 300 ms prefill
+chunk it is lost in the model's own error. The table gives, per run folder, the fitted figure
+and what the replay then says of the steps it was not fitted on: shared prefill cycles, each
+rank's busy time, and the decode cycles' p90.
+
+Run: .venv/bin/python bench/chip_sharing.py --sim bench/gpu/sim_1b_h100_chip.yaml LOG...
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import bisect
+import statistics
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+from kvfleet.services.core.cost_model import CostModel
+from kvfleet.services.replay.sim_chip import SharedChip
+from kvfleet.services.replay.sim_clock import VirtualClock
+from kvfleet.services.replay.sim_config import load_sim_config
+from rich.console import Console
+from rich.table import Table
+from step_costs import IDLE_S, SOLO_SHARE, load_steps, work_of
+
+WARM_UP_S = 1.0  # a step this long that the model prices at under a tenth: capture, compile
+SWITCH_RANGE_S = (0.0, 0.003)  # where the fit looks for the switch cost
+FIT_ROUNDS = 14  # bisection halvings: 0.2 us
+
+
+@dataclass
+class Run:
+    """One rank's steps that follow one another at once."""
+
+    start: float
+    steps: list[dict] = field(default_factory=list)
+
+    @property
+    def end(self) -> float:
+        return self.steps[-1]["t"] + self.steps[-1]["s"]
+
+
+def busy_runs(steps: list[dict], costs: CostModel) -> list[Run]:
+    """A rank's runs, cut where it idled; warm-up steps are left out with their run."""
+    runs: list[Run] = []
+    current = None
+    for step in sorted(steps, key=lambda step: step["t"]):
+        if step["s"] > WARM_UP_S and costs.step_seconds(work_of(step)) < step["s"] / 10:
+            current = None
+            continue
+        if current is None or step["t"] > current.end + IDLE_S:
+            current = Run(step["t"])
+            runs.append(current)
+        current.steps.append(step)
+    return runs
+
+
+def shared_decodes(ranks: list[list[Run]]) -> dict[tuple[int, int, int], float]:
+    """(rank, run, step) -> logged cycle of each decode step that other ranks' steps overlap."""
+    spans = [sorted((s["t"], s["t"] + s["s"]) for run in runs for s in run.steps) for runs in ranks]
+    starts = [[a for a, _ in rank_spans] for rank_spans in spans]
+    out = {}
+    for r, runs in enumerate(ranks):
+        for i, run in enumerate(runs):
+            for j, (step, after) in enumerate(zip(run.steps, run.steps[1:], strict=False)):
+                if step["prefill"]:
+                    continue
+                a, b = step["t"], after["t"]
+                covered = 0.0
+                for o in range(len(ranks)):
+                    if o == r:
+                        continue
+                    k = max(0, bisect.bisect_left(starts[o], a) - 1)
+                    while k < len(spans[o]) and spans[o][k][0] < b:
+                        covered += max(0.0, min(b, spans[o][k][1]) - max(a, spans[o][k][0]))
+                        k += 1
+                if covered >= SOLO_SHARE * (b - a):
+                    out[r, i, j] = b - a
+    return out
+
+
+async def replay(ranks: list[list[Run]], costs: CostModel, switch_s: float) -> dict:
+    """(rank, run, step) -> replayed cycle; (rank, run) -> replayed run seconds."""
+    # virtual time from the first run: at epoch seconds a float cannot hold the chip's remainders
+    base = min(run.start for runs in ranks for run in runs)
+    clock = VirtualClock()
+    chip = SharedChip(clock, switch_s)
+    out: dict = {}
+    finished = asyncio.Event()
+    left = [len(runs) for runs in ranks]
+
+    def start_run(r: int, i: int) -> None:
+        out[r, i] = clock.now()
+        step(r, i, 0)
+
+    def step(r: int, i: int, j: int) -> None:
+        began = clock.now()
+        duration = costs.step_seconds(work_of(ranks[r][i].steps[j]))
+        host_s = min(costs.step_overhead_s, duration)  # as SimRank splits a step
+        ended: Callable[[], None] = lambda: step_done(r, i, j, began)  # noqa: E731
+        clock.call_at(began + host_s, lambda: chip.run(duration - host_s, ended))
+
+    def step_done(r: int, i: int, j: int, began: float) -> None:
+        out[r, i, j] = clock.now() - began
+        if j + 1 < len(ranks[r][i].steps):
+            step(r, i, j + 1)
+            return
+        out[r, i] = clock.now() - out[r, i]
+        left[r] -= 1
+        if i + 1 < len(ranks[r]):
+            at = max(clock.now(), ranks[r][i + 1].start - base)
+            clock.call_at(at, lambda: start_run(r, i + 1))
+        elif not any(left):
+            finished.set()
+
+    for r, runs in enumerate(ranks):
+        if runs:
+            clock.call_at(runs[0].start - base, lambda r=r: start_run(r, 0))
+    await finished.wait()
+    clock.close()
+    return out
+
+
+def fit_switch(ranks: list[list[Run]], costs: CostModel, shared: dict) -> tuple[float, dict]:
+    """The switch cost whose replay gives the shared decode steps their logged summed cycles."""
+    logged = sum(shared.values())
+    low, high = SWITCH_RANGE_S
+    for _ in range(FIT_ROUNDS):
+        middle = (low + high) / 2
+        out = asyncio.run(replay(ranks, costs, middle))
+        if sum(out[key] for key in shared) > logged:
+            high = middle
+        else:
+            low = middle
+    switch_s = (low + high) / 2
+    return switch_s, asyncio.run(replay(ranks, costs, switch_s))
+
+
+def measures(ranks: list[list[Run]], shared: dict, out: dict | None) -> list[float]:
+    """Shared decode mean and p90 ms, shared prefill mean ms, busy s: logged or replayed."""
+    prefills = [(r, i, j) for r, runs in enumerate(ranks) for i, run in enumerate(runs)
+                for j, step in enumerate(run.steps[:-1]) if step["prefill"]]  # fmt: skip
+    runs = [(r, i) for r, rank_runs in enumerate(ranks) for i in range(len(rank_runs))]
+    if out is None:
+        cycle = lambda r, i, j: ranks[r][i].steps[j + 1]["t"] - ranks[r][i].steps[j]["t"]  # noqa: E731
+        decode = [shared[key] for key in shared]
+        prefill = [cycle(*key) for key in prefills]
+        busy = sum(ranks[r][i].end - ranks[r][i].start for r, i in runs)
+    else:
+        decode = [out[key] for key in shared]
+        prefill = [out[key] for key in prefills]
+        busy = sum(out[key] for key in runs)
+    return [1e3 * statistics.mean(decode), 1e3 * float(np.percentile(decode, 90)),
+            1e3 * statistics.mean(prefill), busy]  # fmt: skip
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("logs", type=Path, nargs="+")
+    p.add_argument("--sim", type=Path, required=True, help="simulator YAML (model, hardware)")
+    p.add_argument("--page-size", type=int, default=16)
+    p.add_argument("--kv-dtype-bytes", type=int, default=None, help="1: an fp8 cache")
+    args = p.parse_args()
+    sim = load_sim_config(args.sim)
+    costs = CostModel.from_figures(sim.model, sim.hardware, args.page_size, args.kv_dtype_bytes)
+    folders: dict[Path, list[Path]] = {}
+    for log in args.logs:
+        folders.setdefault(log.parent, []).append(log)
+    table = Table(title="shared steps, logged / replayed with no switch cost / with the fit")
+    for column in ("run", "shared decodes", "switch ms", "decode mean ms", "decode p90 ms",
+                   "prefill mean ms", "busy s"):  # fmt: skip
+        table.add_column(column, justify="left" if column == "run" else "right")
+    fits = []
+    for folder, logs in folders.items():
+        ranks = [busy_runs([s for _, s in load_steps([log])], costs) for log in sorted(logs)]
+        shared = shared_decodes(ranks)
+        switch_s, fitted = fit_switch(ranks, costs, shared)
+        fits.append(1e3 * switch_s)
+        rows = zip(measures(ranks, shared, None),
+                   measures(ranks, shared, asyncio.run(replay(ranks, costs, 0.0))),
+                   measures(ranks, shared, fitted), strict=True)  # fmt: skip
+        table.add_row("/".join(folder.parts[-2:]), str(len(shared)), f"{1e3 * switch_s:.2f}",
+                      *(" / ".join(f"{v:.1f}" for v in row) for row in rows))  # fmt: skip
+    Console(width=140).print(table)
+    print(f"switch cost: mean {statistics.mean(fits):.2f} ms, {min(fits):.2f}-{max(fits):.2f} "
+          f"over {len(fits)} runs")  # fmt: skip
+
+
+if __name__ == "__main__":
+    main()
