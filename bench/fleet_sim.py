@@ -11,7 +11,7 @@ the simulator's runs, and the gap of the means.
 
 Run: .venv/bin/python bench/fleet_sim.py --hw DIR [DIR...] [--sim bench/gpu/sim_1b_h200_shared.yaml]
      [--sessions DIR] [--out DIR] [--arms defaults,lenient/t2] [--staggers 0.5,1,1.5,2]
-     [--jobs 2]
+     [--jobs 2] [--step-logs]
 """
 
 from __future__ import annotations
@@ -51,6 +51,9 @@ def parse_args() -> argparse.Namespace:
     p.add_argument("--arms", default=None, help="comma-separated (default: fleet.json's)")
     p.add_argument("--staggers", default=None, help="comma-separated (default: the fleet's)")
     p.add_argument("--jobs", type=int, default=1, help="simulator runs at once")
+    p.add_argument("--step-logs", action="store_true",
+                   help="each run's ranks log their steps in OUT/steps/<arm>-<stagger>/ "
+                        "(bench/step_mix.py)")  # fmt: skip
     return p.parse_args()
 
 
@@ -71,8 +74,11 @@ def run_sim(
     args: argparse.Namespace, fleet: dict, arm: str, out: Path, stagger: float | None = None
 ) -> dict:
     sessions = [args.sessions / Path(s).name for s in fleet["sessions"]]
+    target = sim_target(args.sim, fleet, arm)
+    if args.step_logs:
+        target += f"&step_log={out.parent / 'steps' / out.stem.removeprefix('sim_')}"
     command = [sys.executable, "-m", "kvfleet.services.cli", "replay", *map(str, sessions),
-               "--target", sim_target(args.sim, fleet, arm), "--arm", arm, "--json", str(out),
+               "--target", target, "--arm", arm, "--json", str(out),
                "--sessions", str(len(sessions)), "--time-scale", str(fleet["time_scale"]),
                "--stagger", str(fleet["stagger"] if stagger is None else stagger),
                "--max-model-len", str(fleet["max_model_len"]),

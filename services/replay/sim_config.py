@@ -66,6 +66,7 @@ class FleetOptions:
     migrate_kv: bool = False
     drain_rank: str = ""  # scale-in: this rank drains at `drain_at_s` (virtual seconds)
     drain_at_s: float = 0.0
+    step_log: str = ""  # a folder: every rank logs its steps there (sim_step_log.py)
 
     def __post_init__(self) -> None:
         positive = (

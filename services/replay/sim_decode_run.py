@@ -22,6 +22,7 @@ class DecodeRun:
     ends: list[float]
     steps: int
     event: ScheduledEvent | None = None
+    started_s: float = 0.0  # when the first step began (the rank's step log)
 
     @property
     def end_s(self) -> float:

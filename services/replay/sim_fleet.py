@@ -21,6 +21,7 @@ from __future__ import annotations
 import asyncio
 import itertools
 from collections.abc import Sequence
+from pathlib import Path
 
 from ...kvstore.events import KVEvent
 from ...kvstore.manager import KVCacheManager
@@ -39,6 +40,7 @@ from .sim_prefix_feed import PrefixFeed
 from .sim_rank import SimRank
 from .sim_request import SimRequest
 from .sim_sizing import rank_kvstore
+from .sim_step_log import SimStepLog
 
 # Heartbeat timeout of the simulated router: ranks never go silent here.
 _NEVER_SILENT_S = 1e12
@@ -105,6 +107,7 @@ class SimFleet:
                 self._on_kv_event(rank, event)
 
         manager = KVCacheManager(kv_config, listener=forward, tiers=tiers, clock=self.clock.now)
+        log = Path(fleet.step_log) / f"steps-{rank_id}.jsonl" if fleet.step_log else None
         rank = SimRank(
             rank_id,
             manager,
@@ -119,6 +122,7 @@ class SimFleet:
             self._on_reserved,
             self.page_bytes,
             chip,
+            SimStepLog(log) if log else None,
         )
         return rank
 
@@ -251,6 +255,12 @@ class SimFleet:
     def _on_kv_event(self, rank: SimRank, event: KVEvent) -> None:
         if self._reads_index:
             self._prefix_feed.on_event(rank.rank_id, rank.current, event)
+
+    def close_step_logs(self) -> None:
+        """Flush and close the ranks' step logs (the replay has ended)."""
+        for rank in self.ranks.values():
+            if rank.step_log is not None:
+                rank.step_log.close()
 
     # -- invariants ------------------------------------------------------------------------------
 

@@ -21,7 +21,7 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from ...kvstore.manager import KVCacheManager
-from ..core.cost_model import CostModel
+from ..core.cost_model import CostModel, StepWork
 from ..core.step_planner import StepPlanner
 from ..router.model import Role
 from .sim_chip import SharedChip
@@ -31,6 +31,7 @@ from .sim_handoff import HandoffSide, ReservedCallback
 from .sim_holds import HoldSide
 from .sim_request import SimRequest
 from .sim_step import Chunk, KVAdmission, step_work
+from .sim_step_log import SimStepLog
 
 FinishedCallback = Callable[[SimRequest], None]
 
@@ -53,6 +54,7 @@ class SimRank(HandoffSide, HoldSide, StepPlanner[SimRequest, Chunk]):
         on_reserved: ReservedCallback | None = None,
         page_bytes: dict[str, int] | None = None,
         chip: SharedChip | None = None,
+        step_log: SimStepLog | None = None,
     ) -> None:
         StepPlanner.__init__(self, manager, max_batch_size, token_budget)
         self.rank_id = rank_id
@@ -71,6 +73,7 @@ class SimRank(HandoffSide, HoldSide, StepPlanner[SimRequest, Chunk]):
         self._init_handoff(on_parked, on_reserved)
         self._init_holds()
         self.page_bytes = page_bytes or {}
+        self.step_log = step_log
 
     @property
     def released_conversations(self) -> int:
@@ -145,19 +148,22 @@ class SimRank(HandoffSide, HoldSide, StepPlanner[SimRequest, Chunk]):
         self.busy_s += duration
         if work.prefill_spans:
             self.prefill_busy_s += duration
+        started = self.clock.now()
         if self.chip is None:
-            self.clock.call_at(self.clock.now() + duration, lambda: self._end_step(chunks))
+            self.clock.call_at(started + duration, lambda: self._end_step(chunks, started, work))
             return
         # the step's host work is this process's own; only the rest waits for the chip
         host_s = min(self.costs.step_overhead_s, duration)
         chip = self.chip
         self.clock.call_at(
-            self.clock.now() + host_s,
-            lambda: chip.run(duration - host_s, lambda: self._end_step(chunks)),
+            started + host_s,
+            lambda: chip.run(duration - host_s, lambda: self._end_step(chunks, started, work)),
         )
 
-    def _end_step(self, chunks: list[Chunk]) -> None:
+    def _end_step(self, chunks: list[Chunk], started: float, work: StepWork) -> None:
         now = self.clock.now()
+        if self.step_log is not None:
+            self.step_log.step(started, now, work)
         for chunk in chunks:
             request = chunk.request
             if request.rank_id != self.rank_id or request not in self.running:
@@ -187,6 +193,7 @@ class SimRank(HandoffSide, HoldSide, StepPlanner[SimRequest, Chunk]):
         if run is None:
             return False
         run.event = self.clock.call_at(run.end_s, lambda: self._end_run(run))
+        run.started_s = now
         self._run = run
         self.steps += run.steps
         self.busy_s += run.end_s - now
@@ -206,6 +213,9 @@ class SimRank(HandoffSide, HoldSide, StepPlanner[SimRequest, Chunk]):
     def _end_run(self, run: DecodeRun) -> None:
         self._run = None
         times = run.ends[: run.steps]
+        if self.step_log is not None:
+            contexts = tuple(request.computed for request in run.requests)
+            self.step_log.decode_run(run.started_s, times, contexts)
         for request in run.requests:
             request.computed += run.steps
             request.generated += run.steps

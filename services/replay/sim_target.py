@@ -74,6 +74,7 @@ class SimTarget:
         """Stop the clock, then check the admission store and every rank's kvstore (raises
         when they don't add up)."""
         self.clock.close()
+        self.fleet.close_step_logs()
         self.fleet.check_integrity()
 
 

@@ -11,12 +11,12 @@ Written by the core thread only; off unless `EngineConfig.step_log_path` is set.
 
 from __future__ import annotations
 
-import json
 import time
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 from ...core.cost_model import StepWork
+from ...core.step_line import step_line
 from ..compute.step_work import OnboardedPages, step_work
 from ..request.scheduled_chunk import ScheduledChunk
 
@@ -37,11 +37,7 @@ class StepLog:
     def after(self, seconds: float) -> None:
         """The step begun last took `seconds`."""
         started, work = self._pending
-        line = {"t": round(started, 6), "s": round(seconds, 6),
-                "prefill": [list(span) for span in work.prefill_spans],
-                "decode": list(work.decode_contexts), "host_in": work.host_pages_in,
-                "disk_in": work.disk_pages_in}  # fmt: skip
-        self._file.write(json.dumps(line, separators=(",", ":")) + "\n")
+        self._file.write(step_line(started, seconds, work))
 
     def close(self) -> None:
         """Flush and close (the core has stopped stepping)."""

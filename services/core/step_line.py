@@ -1,0 +1,21 @@
+"""One line of a step log: a step's start, seconds and work (`StepWork`), as JSON.
+
+The engine's step log (services/engine/core/step_log.py) and the simulator's
+(services/replay/sim_step_log.py) write the same lines, so one reader (bench/step_costs.py,
+bench/step_mix.py) compares a fleet's steps with the simulator's.
+"""
+
+from __future__ import annotations
+
+import json
+
+from .cost_model import StepWork
+
+
+def step_line(started: float, seconds: float, work: StepWork) -> str:
+    """`t` (start), `s` (seconds), `prefill` spans, `decode` contexts, `host_in`, `disk_in`."""
+    line = {"t": round(started, 6), "s": round(seconds, 6),
+            "prefill": [list(span) for span in work.prefill_spans],
+            "decode": list(work.decode_contexts), "host_in": work.host_pages_in,
+            "disk_in": work.disk_pages_in}  # fmt: skip
+    return json.dumps(line, separators=(",", ":")) + "\n"

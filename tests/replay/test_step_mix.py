@@ -1,0 +1,43 @@
+"""bench/step_mix.py: a fleet's steps read back into replays, requests and slot-to-start gaps."""
+
+from __future__ import annotations
+
+import importlib.util
+import sys
+from pathlib import Path
+
+BENCH = Path(__file__).resolve().parents[2] / "bench"
+sys.path.insert(0, str(BENCH))  # step_mix imports step_costs as the bench scripts do
+spec = importlib.util.spec_from_file_location("step_mix", BENCH / "step_mix.py")
+step_mix = importlib.util.module_from_spec(spec)
+sys.modules["step_mix"] = step_mix  # its dataclasses look their module up
+spec.loader.exec_module(step_mix)
+
+
+def step(t: float, s: float, prefill=(), decode=()) -> dict:
+    return {"t": t, "s": s, "prefill": [list(p) for p in prefill], "decode": list(decode),
+            "host_in": 0, "disk_in": 0}  # fmt: skip
+
+
+def test_the_warm_up_is_left_out_and_a_long_idle_starts_another_replay() -> None:
+    """If this fails, the fleet's warm-up prompts count as replay work, or two arms appended
+    to one log read as one replay with a gap of minutes."""
+    steps = [step(0.0, 12.0, prefill=((0, 4000),)), step(12.0, 0.01, decode=(4001,)),
+             step(13.0, 0.05, prefill=((3984, 4000),)), step(14.0, 0.01, decode=(4001,)),
+             step(20.0, 0.04, prefill=((0, 8192),)), step(20.1, 0.01, decode=(8193,)),
+             step(500.0, 0.04, prefill=((0, 8192),))]  # fmt: skip
+    replays = step_mix.split_replays(steps)
+    assert [[s["t"] for s in replay] for replay in replays] == [[20.0, 20.1], [500.0]]
+
+
+def test_a_freed_slot_is_timed_to_the_next_new_request() -> None:
+    """If this fails, the slot-to-start gaps (what `hardware.dispatch_ms` is read from) count a
+    request's own next chunk or decode as a new request, or miss the slot its end freed."""
+    steps = [step(0.0, 0.1, prefill=((0, 100),)),  # fills slot 1
+             step(0.1, 0.1, prefill=((0, 200),), decode=(101,)),  # fills slot 2
+             step(0.2, 0.1, prefill=((200, 300),), decode=(102,)),  # its next chunk: no start
+             step(0.3, 0.1, decode=(103, 301)),
+             step(0.4, 0.1, decode=(302,)),  # 103 ended at 0.4: a slot is free
+             step(0.55, 0.1, prefill=((96, 500),), decode=(303,))]  # fmt: skip
+    starts = step_mix.slot_starts(steps)
+    assert [(round(gap, 6), end) for gap, end in starts] == [(0.15, 500)]
