@@ -115,6 +115,10 @@ class Hardware:
     # Ranks sharing one chip (`fleet.ranks_per_chip`): chip time a step costs extra when it
     # starts while another rank's step is on the chip (its context is switched in; 0: none).
     chip_switch_ms: float = 0.0
+    # Admission to the rank's queue: the host path each request takes (router pass, gRPC,
+    # the engine's add), a fixed part and one per 1,000 prompt tokens (replay/sim_dispatch.py).
+    dispatch_ms: float = 0.0
+    dispatch_ms_per_ktoken: float = 0.0
 
     def __post_init__(self) -> None:
         for item in fields(self):
@@ -125,6 +129,8 @@ class Hardware:
                 "decode_program_gb_s",
                 "decode_split",
                 "chip_switch_ms",
+                "dispatch_ms",
+                "dispatch_ms_per_ktoken",
             )
             if value < 0 or (value == 0 and not may_be_zero):
                 raise SimConfigError(f"hardware.{item.name}: {value} must be > 0")

@@ -34,6 +34,7 @@ from ..router.store import LocalStore, StoreIntegrityError
 from .sim_chip import SharedChip
 from .sim_clock import ScheduledEvent, VirtualClock
 from .sim_config import FleetOptions, SimConfig
+from .sim_dispatch import dispatch_seconds
 from .sim_handoff import HandoffStats, Reservation, page_bytes_of
 from .sim_moves import FleetMoves
 from .sim_prefix_feed import PrefixFeed
@@ -163,7 +164,7 @@ class SimFleet:
         for admission in self._run_pass(self.queue, ""):
             request = self._requests[admission.request.request_id]
             self.moves.placed(request, admission.rank.rank_id)
-            self.ranks[admission.rank.rank_id].submit(request)
+            self._dispatch(self.ranks[admission.rank.rank_id], request)
         self.moves.waiting(self._requests[p.request_id] for p in self.queue.waiting())
         if len(self.generation_queue):
             for admission in self._run_pass(self.generation_queue, "generation "):
@@ -176,6 +177,14 @@ class SimFleet:
             self._tick = self.clock.call_at(
                 self.clock.now() + self.config.fleet.tick_seconds, self._on_tick
             )
+
+    def _dispatch(self, rank: SimRank, request: SimRequest) -> None:
+        """Hand an admitted request to its rank after the fleet's host path (its slot is held)."""
+        delay = dispatch_seconds(self.config.hardware, request.prompt_len)
+        if delay <= 0:
+            rank.submit(request)
+            return
+        self.clock.call_at(self.clock.now() + delay, lambda: rank.submit(request))
 
     def _run_pass(self, queue: AdmissionQueue, label: str) -> list[Admission]:
         result = queue.run_pass()
