@@ -21,7 +21,6 @@ Run: .venv/bin/python bench/chip_sharing.py --sim bench/gpu/sim_1b_h100_chip.yam
 
 from __future__ import annotations
 
-import argparse
 import asyncio
 import bisect
 import statistics
@@ -33,10 +32,9 @@ import numpy as np
 from kvfleet.services.core.cost_model import CostModel
 from kvfleet.services.replay.sim_chip import SharedChip
 from kvfleet.services.replay.sim_clock import VirtualClock
-from kvfleet.services.replay.sim_config import load_sim_config
 from rich.console import Console
 from rich.table import Table
-from step_costs import IDLE_S, SOLO_SHARE, load_steps, work_of
+from step_costs import IDLE_S, SOLO_SHARE, load_steps, logs_and_costs, work_of
 
 WARM_UP_S = 1.0  # a step this long that the model prices at under a tenth: capture, compile
 SWITCH_RANGE_S = (0.0, 0.003)  # where the fit looks for the switch cost
@@ -170,14 +168,7 @@ def measures(ranks: list[list[Run]], shared: dict, out: dict | None) -> list[flo
 
 
 def main() -> None:
-    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    p.add_argument("logs", type=Path, nargs="+")
-    p.add_argument("--sim", type=Path, required=True, help="simulator YAML (model, hardware)")
-    p.add_argument("--page-size", type=int, default=16)
-    p.add_argument("--kv-dtype-bytes", type=int, default=None, help="1: an fp8 cache")
-    args = p.parse_args()
-    sim = load_sim_config(args.sim)
-    costs = CostModel.from_figures(sim.model, sim.hardware, args.page_size, args.kv_dtype_bytes)
+    args, costs = logs_and_costs(__doc__.split("\n")[0])
     folders: dict[Path, list[Path]] = {}
     for log in args.logs:
         folders.setdefault(log.parent, []).append(log)

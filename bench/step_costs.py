@@ -161,8 +161,10 @@ def bucket_table(title: str, buckets: dict[str, Bucket]) -> Table:
     return table
 
 
-def main() -> None:
-    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+def logs_and_costs(description: str) -> tuple[argparse.Namespace, CostModel]:
+    """The command line of a tool that prices step logs (LOG... --sim YAML [--page-size]
+    [--kv-dtype-bytes]): its arguments and the simulator's cost model."""
+    p = argparse.ArgumentParser(description=description)
     p.add_argument("logs", type=Path, nargs="+")
     p.add_argument("--sim", type=Path, required=True, help="simulator YAML (model, hardware)")
     p.add_argument("--page-size", type=int, default=16)
@@ -170,6 +172,11 @@ def main() -> None:
     args = p.parse_args()
     sim = load_sim_config(args.sim)
     costs = CostModel.from_figures(sim.model, sim.hardware, args.page_size, args.kv_dtype_bytes)
+    return args, costs
+
+
+def main() -> None:
+    args, costs = logs_and_costs(__doc__.split("\n")[0])
     steps = load_steps(args.logs)
     if not steps:
         raise SystemExit("no steps in the logs")

@@ -3,31 +3,15 @@ against fp32 math; and that with the switch off every projection is cuBLAS's (F.
 
 from __future__ import annotations
 
-import importlib.util
-import os
-import subprocess
-import sys
-from pathlib import Path
-
-import pytest
 import torch
 import torch.nn.functional as F
 from kvfleet.services.engine.model import decode_matmul
-
-# Found, not imported: Triton is imported only in the interpreted process below.
-needs_triton = pytest.mark.skipif(not importlib.util.find_spec("triton"), reason="no Triton")
+from triton_interpreter import interpreted, needs_triton
 
 
 @needs_triton
 def test_the_decode_matmul_kernel_equals_fp32_math():
-    done = subprocess.run(
-        [sys.executable, "decode_matmul_parity.py"],
-        cwd=Path(__file__).parent,
-        env={**os.environ, "TRITON_INTERPRET": "1"},
-        capture_output=True,
-        text=True,
-        timeout=600,
-    )
+    done = interpreted("decode_matmul_parity.py")
     assert done.returncode == 0, done.stdout + done.stderr[-4000:]
 
 

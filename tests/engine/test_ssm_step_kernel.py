@@ -5,33 +5,18 @@ with the kernels serving every SSM layer's decode."""
 
 from __future__ import annotations
 
-import importlib.util
-import os
-import subprocess
-import sys
-from pathlib import Path
+from triton_interpreter import interpreted, needs_triton
 
-import pytest
-
-# Found, not imported: Triton is imported only in the interpreted processes below.
-pytestmark = pytest.mark.skipif(not importlib.util.find_spec("triton"), reason="no Triton")
-HERE = Path(__file__).parent
-
-
-def _interpreted(*args: str) -> subprocess.CompletedProcess:
-    env = {**os.environ, "TRITON_INTERPRET": "1"}
-    return subprocess.run(
-        [sys.executable, *args], cwd=HERE, env=env, capture_output=True, text=True, timeout=600
-    )
+pytestmark = needs_triton
 
 
 def test_the_in_place_kernels_equal_the_torch_step_and_its_scatter():
-    done = _interpreted("ssm_kernel_parity.py")
+    done = interpreted("ssm_kernel_parity.py")
     assert done.returncode == 0, done.stdout + done.stderr
 
 
 def test_batched_decode_serves_the_same_tokens_through_the_kernels():
-    done = _interpreted(
+    done = interpreted(
         "-m", "pytest", "test_hybrid_decode.py", "-q", "-p", "no:cacheprovider", "-x"
     )
     assert done.returncode == 0, done.stdout[-4000:] + done.stderr[-4000:]
