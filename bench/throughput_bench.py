@@ -325,6 +325,7 @@ def main() -> None:
             )
             rows.append([model, mode, batch, rate, share, inside, outside, *launches])
             kernel_rows.append(kernel_row(model, mode, batch, recorder.kernels))
+            print(f"{model} {mode} device ms per step: {kernel_rows[-1][3:8]}", flush=True)
             calls = recorder.kernels.get("calls", {})
             other_rows += [[model, mode, name[:80], ms, calls.get(name, 0)]
                            for name, ms in recorder.kernels.get("other_top", [])]  # fmt: skip
