@@ -1,11 +1,14 @@
 """Run under TRITON_INTERPRET=1 (tests/engine/test_decode_matmul.py starts it): the decode
 matmul kernel against fp32 math, at every row count it takes, split and unsplit, with a bias,
 a ragged last column block and a strided weight view; twice per split shape, since each call
-must leave the arrival counters ready for the next; and the dispatch of `linear`."""
+must leave the arrival counters ready for the next; the dispatch of `linear`; and the tiling
+rule against the sweep's picks on the H100."""
 
 from __future__ import annotations
 
+import json
 import sys
+from pathlib import Path
 
 import torch
 import torch.nn.functional as F
@@ -14,15 +17,36 @@ from kvfleet.services.engine.model.decode_matmul_kernel import MatmulShape
 from kvfleet.services.engine.model.decode_matmul_kernel import decode_matmul as kernel
 from kvfleet.services.engine.model.packed import PackedLinear
 
+REPO = Path(__file__).resolve().parents[2]
+
 
 def worst(got: torch.Tensor, x: torch.Tensor, w: torch.Tensor, bias) -> float:
     want = x.float() @ w.float().T + (0 if bias is None else bias.float())
     return float((got.float() - want).abs().max() / want.abs().max())
 
 
+def check_shape_rule(failures: list) -> None:
+    """`shape_for`'s rule gives the tilings the H100 sweep picked for the 8b's shapes."""
+    swept = json.loads((REPO / "bench/gpu/decode_matmul_shapes_h100.json").read_text())
+    multiprocessors = decode_matmul._multiprocessors
+    decode_matmul._multiprocessors = lambda device: 132  # the H100 SXM's
+    decode_matmul.shape_for.cache_clear()
+    try:
+        for entry in swept:
+            cols, inner = entry.pop("cols"), entry.pop("inner")
+            got = decode_matmul.shape_for(cols, inner, torch.device("cpu"))
+            print(f"shape_for({cols}, {inner}): {got}")
+            if got != MatmulShape(**entry):
+                failures.append(("shape_for", cols, inner, got, entry))
+    finally:
+        decode_matmul._multiprocessors = multiprocessors
+        decode_matmul.shape_for.cache_clear()
+
+
 def main() -> int:
     gen = torch.Generator().manual_seed(0)
     failures = []
+    check_shape_rule(failures)
     cases = [  # rows, cols, inner, shape, bias
         (1, 128, 256, MatmulShape(block_n=64, block_k=128), False),
         (5, 100, 256, MatmulShape(block_n=64, block_k=64, split_k=2), True),

@@ -62,9 +62,13 @@ def use_shapes(shapes: dict[tuple[int, int], object]) -> None:
 
 @functools.cache
 def shape_for(cols: int, inner: int, device: torch.device):
-    """The tiling of a weight `[cols, inner]`: a measured one where there is one, else 64
-    columns per program and the inner dimension split (up to 4 parts) until there are programs
-    for every multiprocessor twice over; None where no tiling divides `inner`."""
+    """The tiling of a weight `[cols, inner]`: a measured one where there is one, else the
+    picks of the tiling sweep at 64 rows on an H100 (bench/gpu/gemm_bench.py --triton, the 8b's
+    five shapes), as a rule: 64 columns a program and 128 inner elements a step; 128 columns
+    where there would be 8 programs a multiprocessor or more (the LM head); the inner
+    dimension split in two only where it is long (8k or more) and the column blocks leave
+    multiprocessors idle; 3 pipeline stages for the wide shapes, 5 for the narrow. None where
+    no tiling divides `inner`."""
     kernel = _kernel(device.type)
     if kernel is None:
         return None
@@ -72,12 +76,17 @@ def shape_for(cols: int, inner: int, device: torch.device):
     measured = _measured.get((cols, inner))
     if measured is not None and fits(measured, cols, inner):
         return measured
-    blocks, wanted = -(-cols // 64), 2 * _multiprocessors(device)
-    for split in (1, 2, 4):
-        shape = MatmulShape(block_n=64, block_k=128, split_k=split)
-        if fits(shape, cols, inner) and (blocks * split >= wanted or split == 4):
-            return shape
-    shape = MatmulShape(block_n=64, block_k=128, split_k=1)
+    sms, blocks = _multiprocessors(device), -(-cols // 64)
+    wide = blocks >= 8 * sms
+    shape = MatmulShape(
+        block_n=128 if wide else 64,
+        block_k=128,
+        split_k=2 if blocks < sms and inner >= 8192 else 1,
+        num_stages=3 if wide or blocks >= 2 * sms else 5,
+    )
+    if fits(shape, cols, inner):
+        return shape
+    shape = MatmulShape(block_n=shape.block_n, block_k=128, num_stages=shape.num_stages)
     return shape if fits(shape, cols, inner) else None
 
 
