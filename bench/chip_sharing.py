@@ -16,11 +16,17 @@ chunk it is lost in the model's own error. The table gives, per run folder, the 
 and what the replay then says of the steps it was not fitted on: shared prefill cycles, each
 rank's busy time, and the decode cycles' p90.
 
+With `--slices MS:KERNELS...` it replays instead with the chip run by time slices
+(`hardware.chip_slice_ms`, `chip_prefill_kernels`; no switch cost) and prints, per run folder
+and per slice setting, the shared decode cycles' mean, p90 and p99, the shared prefill cycles'
+mean and the busy time, logged and replayed, with the switch-cost fit beside them.
+
 Run: .venv/bin/python bench/chip_sharing.py --sim bench/gpu/sim_1b_h100_chip.yaml LOG...
 """
 
 from __future__ import annotations
 
+import argparse
 import asyncio
 import bisect
 import statistics
@@ -92,12 +98,17 @@ def shared_decodes(ranks: list[list[Run]]) -> dict[tuple[int, int, int], float]:
     return out
 
 
-async def replay(ranks: list[list[Run]], costs: CostModel, switch_s: float) -> dict:
-    """(rank, run, step) -> replayed cycle; (rank, run) -> replayed run seconds."""
+async def replay(
+    ranks: list[list[Run]], costs: CostModel, switch_s: float, slice_s: float = 0.0,
+    kernels: int = 0,
+) -> dict:  # fmt: skip
+    """(rank, run, step) -> replayed cycle; (rank, run) -> replayed run seconds. `slice_s`: the
+    chip's time slices (0: processor sharing); `kernels`: a prefill step's chip time is that
+    many kernels, which a slice does not cut (0: cut anywhere)."""
     # virtual time from the first run: at epoch seconds a float cannot hold the chip's remainders
     base = min(run.start for runs in ranks for run in runs)
     clock = VirtualClock()
-    chip = SharedChip(clock, switch_s)
+    chip = SharedChip(clock, switch_s, slice_s)
     out: dict = {}
     finished = asyncio.Event()
     left = [len(runs) for runs in ranks]
@@ -110,8 +121,10 @@ async def replay(ranks: list[list[Run]], costs: CostModel, switch_s: float) -> d
         began = clock.now()
         duration = costs.step_seconds(work_of(ranks[r][i].steps[j]))
         host_s = min(costs.step_overhead_s, duration)  # as SimRank splits a step
+        chip_s = duration - host_s
+        kernel_s = chip_s / kernels if kernels and ranks[r][i].steps[j]["prefill"] else 0.0
         ended: Callable[[], None] = lambda: step_done(r, i, j, began)  # noqa: E731
-        clock.call_at(began + host_s, lambda: chip.run(duration - host_s, ended))
+        clock.call_at(began + host_s, lambda: chip.run(chip_s, ended, kernel_s))
 
     def step_done(r: int, i: int, j: int, began: float) -> None:
         out[r, i, j] = clock.now() - began
@@ -134,19 +147,21 @@ async def replay(ranks: list[list[Run]], costs: CostModel, switch_s: float) -> d
     return out
 
 
-def fit_switch(ranks: list[list[Run]], costs: CostModel, shared: dict) -> tuple[float, dict]:
+def fit_switch(
+    ranks: list[list[Run]], costs: CostModel, shared: dict, slice_s: float = 0.0, kernels: int = 0
+) -> tuple[float, dict]:
     """The switch cost whose replay gives the shared decode steps their logged summed cycles."""
     logged = sum(shared.values())
     low, high = SWITCH_RANGE_S
     for _ in range(FIT_ROUNDS):
         middle = (low + high) / 2
-        out = asyncio.run(replay(ranks, costs, middle))
+        out = asyncio.run(replay(ranks, costs, middle, slice_s, kernels))
         if sum(out[key] for key in shared) > logged:
             high = middle
         else:
             low = middle
     switch_s = (low + high) / 2
-    return switch_s, asyncio.run(replay(ranks, costs, switch_s))
+    return switch_s, asyncio.run(replay(ranks, costs, switch_s, slice_s, kernels))
 
 
 def measures(ranks: list[list[Run]], shared: dict, out: dict | None) -> list[float]:
@@ -167,11 +182,47 @@ def measures(ranks: list[list[Run]], shared: dict, out: dict | None) -> list[flo
             1e3 * statistics.mean(prefill), busy]  # fmt: skip
 
 
+def spread(ranks: list[list[Run]], shared: dict, out: dict | None) -> list[float]:
+    """Shared decode mean, p90 and p99 ms, shared prefill mean ms, busy s: logged or replayed."""
+    mean, p90, prefill, busy = measures(ranks, shared, out)
+    decode = list(shared.values()) if out is None else [out[key] for key in shared]
+    return [mean, p90, 1e3 * float(np.percentile(decode, 99)), prefill, busy]
+
+
+def slice_table(folders: dict[Path, list[Path]], costs: CostModel, slices: list[str]) -> None:
+    """Each folder replayed with time slices (MS:KERNELS), against the log and the switch fit."""
+    table = Table(title="shared steps, logged / replayed (time slices: no switch cost)")
+    for column in ("run", "chip", "decode mean ms", "decode p90 ms", "decode p99 ms",
+                   "prefill mean ms", "busy s"):  # fmt: skip
+        table.add_column(column, justify="left" if column in ("run", "chip") else "right")
+    for folder, logs in folders.items():
+        ranks = [busy_runs([s for _, s in load_steps([log])], costs) for log in sorted(logs)]
+        shared = shared_decodes(ranks)
+        logged = spread(ranks, shared, None)
+        switch_s, fitted = fit_switch(ranks, costs, shared)
+        models = [(f"switch {1e3 * switch_s:.2f} ms", fitted)]
+        for setting in slices:
+            slice_ms, kernels = setting.split(":")
+            out = asyncio.run(replay(ranks, costs, 0.0, float(slice_ms) / 1e3, int(kernels)))
+            models.append((f"slices {slice_ms} ms, {kernels} kernels", out))
+        for name, out in models:
+            table.add_row("/".join(folder.parts[-2:]), name,
+                          *(f"{a:.1f} / {b:.1f}" for a, b in zip(logged, spread(ranks, shared, out),
+                                                                  strict=True)))  # fmt: skip
+    Console(width=160).print(table)
+
+
 def main() -> None:
-    args, costs = logs_and_costs(__doc__.split("\n")[0])
+    def more(p: argparse.ArgumentParser) -> None:
+        p.add_argument("--slices", nargs="+", metavar="MS:KERNELS", help="time-slice settings")
+
+    args, costs = logs_and_costs(__doc__.split("\n")[0], more)
     folders: dict[Path, list[Path]] = {}
     for log in args.logs:
         folders.setdefault(log.parent, []).append(log)
+    if args.slices:
+        slice_table(folders, costs, args.slices)
+        return
     table = Table(title="shared steps, logged / replayed with no switch cost / with the fit")
     for column in ("run", "shared decodes", "switch ms", "decode mean ms", "decode p90 ms",
                    "prefill mean ms", "busy s"):  # fmt: skip

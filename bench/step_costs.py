@@ -28,6 +28,7 @@ import bisect
 import itertools
 import json
 import lzma
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -161,10 +162,14 @@ def bucket_table(title: str, buckets: dict[str, Bucket]) -> Table:
     return table
 
 
-def logs_and_costs(description: str) -> tuple[argparse.Namespace, CostModel]:
+def logs_and_costs(
+    description: str, more: Callable[[argparse.ArgumentParser], None] | None = None
+) -> tuple[argparse.Namespace, CostModel]:
     """The command line of a tool that prices step logs (LOG... --sim YAML [--page-size]
-    [--kv-dtype-bytes]): its arguments and the simulator's cost model."""
+    [--kv-dtype-bytes], and what `more` adds): its arguments and the simulator's cost model."""
     p = argparse.ArgumentParser(description=description)
+    if more is not None:
+        more(p)
     p.add_argument("logs", type=Path, nargs="+")
     p.add_argument("--sim", type=Path, required=True, help="simulator YAML (model, hardware)")
     p.add_argument("--page-size", type=int, default=16)

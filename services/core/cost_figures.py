@@ -115,6 +115,11 @@ class Hardware:
     # Ranks sharing one chip (`fleet.ranks_per_chip`): chip time a step costs extra when it
     # starts while another rank's step is on the chip (its context is switched in; 0: none).
     chip_switch_ms: float = 0.0
+    # > 0: the shared chip runs one step at a time in round-robin slices of this long, as the
+    # GPU's time-slice scheduler does (0: processor sharing); a prefill step's chip time is
+    # `chip_prefill_kernels` kernels that a slice does not cut (0: cut anywhere).
+    chip_slice_ms: float = 0.0
+    chip_prefill_kernels: int = 0
     # Admission to the rank's queue: the host path each request takes (router pass, gRPC,
     # the engine's add), a fixed part and one per 1,000 prompt tokens (replay/sim_dispatch.py).
     dispatch_ms: float = 0.0
@@ -129,6 +134,8 @@ class Hardware:
                 "decode_program_gb_s",
                 "decode_split",
                 "chip_switch_ms",
+                "chip_slice_ms",
+                "chip_prefill_kernels",
                 "dispatch_ms",
                 "dispatch_ms_per_ktoken",
             )

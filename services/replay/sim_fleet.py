@@ -78,7 +78,11 @@ class SimFleet:
             chip = None
             if fleet.ranks_per_chip > 1:
                 if index % fleet.ranks_per_chip == 0:
-                    self.chips.append(SharedChip(self.clock, config.hardware.chip_switch_ms / 1e3))
+                    hardware = config.hardware
+                    self.chips.append(SharedChip(
+                        self.clock, hardware.chip_switch_ms / 1e3, hardware.chip_slice_ms / 1e3,
+                        hardware.chip_prefill_kernels,
+                    ))  # fmt: skip
                 chip = self.chips[-1]
             self.ranks[rank_id] = self._build_rank(rank_id, role, chip)
             info = RankInfo(rank_id, "sim", fleet.slots, role=role, block_size=fleet.block_size)

@@ -155,9 +155,15 @@ class SimRank(HandoffSide, HoldSide, StepPlanner[SimRequest, Chunk]):
         # the step's host work is this process's own; only the rest waits for the chip
         host_s = min(self.costs.step_overhead_s, duration)
         chip = self.chip
+        chip_s = duration - host_s
+        kernels = chip.prefill_kernels if work.prefill_spans else 0
         self.clock.call_at(
             started + host_s,
-            lambda: chip.run(duration - host_s, lambda: self._end_step(chunks, started, work)),
+            lambda: chip.run(
+                chip_s,
+                lambda: self._end_step(chunks, started, work),
+                chip_s / kernels if kernels else 0.0,
+            ),
         )
 
     def _end_step(self, chunks: list[Chunk], started: float, work: StepWork) -> None:

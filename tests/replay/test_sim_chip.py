@@ -10,23 +10,27 @@ from kvfleet.services.replay.sim_clock import VirtualClock
 from sim_workloads import growing_conversation, replay_sim
 
 
-async def chip_ends(steps: list[tuple[float, float]], switch_s: float = 0.0) -> list[float]:
-    """Start each (at_s, chip_seconds) step on one chip; the virtual time each one ends."""
+async def chip_ends(
+    steps: list[tuple[float, float]] | list[tuple[float, float, float]],
+    switch_s: float = 0.0,
+    slice_s: float = 0.0,
+) -> list[float]:
+    """Start each (at_s, chip_seconds[, kernel_s]) step on one chip; when each one ends."""
     clock = VirtualClock()
-    chip = SharedChip(clock, switch_s)
+    chip = SharedChip(clock, switch_s, slice_s)
     ends: list[float] = [0.0] * len(steps)
     finished = asyncio.Event()
 
-    def start(index: int, seconds: float) -> None:
+    def start(index: int, seconds: float, kernel_s: float) -> None:
         def done() -> None:
             ends[index] = clock.now()
             if all(ends):
                 finished.set()
 
-        chip.run(seconds, done)
+        chip.run(seconds, done, kernel_s)
 
-    for index, (at_s, seconds) in enumerate(steps):
-        clock.call_at(at_s, lambda i=index, s=seconds: start(i, s))
+    for index, (at_s, seconds, *kernel) in enumerate(steps):
+        clock.call_at(at_s, lambda i=index, s=seconds, k=kernel: start(i, s, k[0] if k else 0.0))
     await finished.wait()
     clock.close()
     return ends
@@ -55,6 +59,30 @@ async def test_a_step_that_joins_a_busy_chip_pays_the_switch() -> None:
     assert ends == [pytest.approx(1.15), pytest.approx(0.8)]
     apart = await chip_ends([(0.0, 0.2), (0.5, 0.1)], switch_s=0.05)
     assert apart == [pytest.approx(0.2), pytest.approx(0.6)]
+
+
+async def test_time_slices_run_one_step_at_a_time_and_do_not_cut_a_kernel() -> None:
+    """If this fails, the time-sliced chip does not run steps in turn as the GPU's scheduler
+    does: with 0.2 s slices a 0.1 s decode arriving at 0.5 s in a 1 s chunk waits for the
+    chunk's slice to end (0.6), then runs alone at full speed (0.7), and the chunk ends late by
+    exactly its work (1.1); with 0.35 s kernels the slice ends at the kernel's end (0.7), so
+    the decode ends at 0.8; two steps that arrive together take turns (0.3 s each, 0.1 s slices:
+    0.5 and 0.6), and each hand-over costs the step that gets the chip the switch."""
+    assert await chip_ends([(0.0, 1.0), (0.5, 0.1)], slice_s=0.2) == [
+        pytest.approx(1.1),
+        pytest.approx(0.7),
+    ]
+    assert await chip_ends([(0.0, 1.0, 0.35), (0.5, 0.1)], slice_s=0.2) == [
+        pytest.approx(1.1),
+        pytest.approx(0.8),
+    ]
+    assert await chip_ends([(0.0, 0.3), (0.0, 0.3)], slice_s=0.1) == [
+        pytest.approx(0.5),
+        pytest.approx(0.6),
+    ]
+    # hand-overs at 0.6 (to the decode) and 0.7 (back to the chunk): 0.05 each
+    switched = await chip_ends([(0.0, 1.0), (0.5, 0.1)], switch_s=0.05, slice_s=0.2)
+    assert switched == [pytest.approx(1.2), pytest.approx(0.75)]
 
 
 async def test_ranks_on_one_chip_take_longer_and_keep_their_reuse() -> None:
