@@ -38,6 +38,7 @@ import numpy as np
 from kvfleet.services.core.cost_model import CostModel
 from kvfleet.services.replay.sim_chip import SharedChip
 from kvfleet.services.replay.sim_clock import VirtualClock
+from kvfleet.services.replay.sim_sliced_chip import SlicedChip
 from rich.console import Console
 from rich.table import Table
 from step_costs import IDLE_S, SOLO_SHARE, load_steps, logs_and_costs, work_of
@@ -108,7 +109,7 @@ async def replay(
     # virtual time from the first run: at epoch seconds a float cannot hold the chip's remainders
     base = min(run.start for runs in ranks for run in runs)
     clock = VirtualClock()
-    chip = SharedChip(clock, switch_s, slice_s)
+    chip = SlicedChip(clock, slice_s, switch_s=switch_s) if slice_s else SharedChip(clock, switch_s)
     out: dict = {}
     finished = asyncio.Event()
     left = [len(runs) for runs in ranks]

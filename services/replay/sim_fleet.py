@@ -31,7 +31,7 @@ from ..router.handoff import GENERATION_PIN_SUFFIX
 from ..router.model import Admission, PendingRequest, RankInfo, RankLoad, Role
 from ..router.prefix_index import PrefixIndex
 from ..router.store import LocalStore, StoreIntegrityError
-from .sim_chip import SharedChip
+from .sim_chip import Chip, make_chip
 from .sim_clock import ScheduledEvent, VirtualClock
 from .sim_config import FleetOptions, SimConfig
 from .sim_dispatch import dispatch_seconds
@@ -73,16 +73,12 @@ class SimFleet:
             self.store, admission, self.clock.now, self.prefix_index, roles=GENERATION_ROLES
         )
         self.ranks: dict[str, SimRank] = {}
-        self.chips: list[SharedChip] = []
+        self.chips: list[Chip] = []
         for index, (rank_id, role) in enumerate(rank_roles(fleet)):
             chip = None
             if fleet.ranks_per_chip > 1:
                 if index % fleet.ranks_per_chip == 0:
-                    hardware = config.hardware
-                    self.chips.append(SharedChip(
-                        self.clock, hardware.chip_switch_ms / 1e3, hardware.chip_slice_ms / 1e3,
-                        hardware.chip_prefill_kernels,
-                    ))  # fmt: skip
+                    self.chips.append(make_chip(self.clock, config.hardware))
                 chip = self.chips[-1]
             self.ranks[rank_id] = self._build_rank(rank_id, role, chip)
             info = RankInfo(rank_id, "sim", fleet.slots, role=role, block_size=fleet.block_size)
@@ -102,7 +98,7 @@ class SimFleet:
 
     # -- building --------------------------------------------------------------------------------
 
-    def _build_rank(self, rank_id: str, role: Role, chip: SharedChip | None) -> SimRank:
+    def _build_rank(self, rank_id: str, role: Role, chip: Chip | None) -> SimRank:
         fleet = self.config.fleet
         kv_config, tiers = rank_kvstore(fleet, self.config.model)
         rank: SimRank | None = None

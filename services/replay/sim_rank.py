@@ -11,9 +11,9 @@ generation rank receives hand-offs (`sim_handoff.HandoffSide`).
 
 Only the kvstore's bookkeeping runs here; the step's duration comes from `CostModel`, and the
 step's results apply at its end on the virtual clock (`sim_decode_run.py` batches decode-only
-steps into one event). Ranks that share one accelerator compute their steps on a `SharedChip`
-(each step's chip work slowed by the others in flight; no decode runs, whose steps would
-interleave with the other ranks').
+steps into one event). Ranks that share one accelerator compute their steps on one chip
+(`SharedChip`, or `SlicedChip` by time slices: each step's chip work slowed by the others in
+flight; no decode runs, whose steps would interleave with the other ranks').
 """
 
 from __future__ import annotations
@@ -24,7 +24,7 @@ from ...kvstore.manager import KVCacheManager
 from ..core.cost_model import CostModel, StepWork
 from ..core.step_planner import StepPlanner
 from ..router.model import Role
-from .sim_chip import SharedChip
+from .sim_chip import Chip
 from .sim_clock import VirtualClock
 from .sim_decode_run import DecodeRun, plan_decode_run
 from .sim_handoff import HandoffSide, ReservedCallback
@@ -53,7 +53,7 @@ class SimRank(HandoffSide, HoldSide, StepPlanner[SimRequest, Chunk]):
         on_parked: FinishedCallback | None = None,
         on_reserved: ReservedCallback | None = None,
         page_bytes: dict[str, int] | None = None,
-        chip: SharedChip | None = None,
+        chip: Chip | None = None,
         step_log: SimStepLog | None = None,
     ) -> None:
         StepPlanner.__init__(self, manager, max_batch_size, token_budget)

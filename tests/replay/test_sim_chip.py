@@ -7,6 +7,7 @@ import asyncio
 import pytest
 from kvfleet.services.replay.sim_chip import SharedChip
 from kvfleet.services.replay.sim_clock import VirtualClock
+from kvfleet.services.replay.sim_sliced_chip import SlicedChip
 from sim_workloads import growing_conversation, replay_sim
 
 
@@ -17,7 +18,7 @@ async def chip_ends(
 ) -> list[float]:
     """Start each (at_s, chip_seconds[, kernel_s]) step on one chip; when each one ends."""
     clock = VirtualClock()
-    chip = SharedChip(clock, switch_s, slice_s)
+    chip = SlicedChip(clock, slice_s, switch_s=switch_s) if slice_s else SharedChip(clock, switch_s)
     ends: list[float] = [0.0] * len(steps)
     finished = asyncio.Event()
 
