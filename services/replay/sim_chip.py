@@ -13,44 +13,28 @@ does not pay (fitted on hardware step logs by bench/chip_sharing.py). `SlicedChi
 
 from __future__ import annotations
 
-import itertools
 from collections.abc import Callable
 
 from ..core.cost_figures import Hardware
-from .sim_clock import ScheduledEvent, VirtualClock
+from .sim_chip_steps import DONE_S, ChipSteps
+from .sim_clock import VirtualClock
 from .sim_sliced_chip import SlicedChip
 
-# Seconds of chip work below which a step counts as done (float remainder of the sharing).
-_DONE_S = 1e-12
 
-
-class SharedChip:
-    """Steps in flight on one chip; the only writer of their remaining work."""
+class SharedChip(ChipSteps):
+    """Steps in flight on one chip, sharing it equally; the only writer of their remaining work."""
 
     prefill_kernels = 0  # a step's kernels do not matter here: every step progresses at once
 
     def __init__(self, clock: VirtualClock, switch_s: float = 0.0) -> None:
-        self.clock = clock
+        super().__init__(clock)
         self.switch_s = switch_s
-        self._left: dict[int, float] = {}  # step -> seconds of full-chip work still to do
-        self._done: dict[int, Callable[[], None]] = {}
-        self._ids = itertools.count()
-        self._updated_s = clock.now()
-        self._event: ScheduledEvent | None = None
-        self.busy_s = 0.0  # time with at least one step in flight
-
-    @property
-    def in_flight(self) -> int:
-        """Steps on the chip now."""
-        return len(self._left)
 
     def run(self, chip_seconds: float, done: Callable[[], None], kernel_s: float = 0.0) -> None:
         """Compute a step of `chip_seconds` (its time alone on the chip), then call `done`;
         a step that joins others on the chip costs `switch_s` more (`kernel_s`: SlicedChip's)."""
         self._advance()
-        key = next(self._ids)
-        self._left[key] = chip_seconds + (self.switch_s if self._left else 0.0)
-        self._done[key] = done
+        self._add(chip_seconds + (self.switch_s if self._left else 0.0), done)
         self._schedule()
 
     def _advance(self) -> None:
@@ -65,9 +49,7 @@ class SharedChip:
 
     def _schedule(self) -> None:
         """One clock event: when the step with the least work left ends at the current share."""
-        if self._event is not None:
-            self._event.cancel()
-            self._event = None
+        self._cancel_event()
         if self._left:
             soonest = max(min(self._left.values()), 0.0)
             when = self.clock.now() + soonest * len(self._left)
@@ -76,7 +58,7 @@ class SharedChip:
     def _finish_due(self) -> None:
         self._event = None
         self._advance()
-        due = [key for key, left in self._left.items() if left <= _DONE_S]
+        due = [key for key, left in self._left.items() if left <= DONE_S]
         callbacks = [self._done.pop(key) for key in due]
         for key in due:
             del self._left[key]

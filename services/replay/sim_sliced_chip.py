@@ -12,51 +12,36 @@ logs by bench/chip_sharing.py --slices); `SharedChip` (sim_chip.py) is the defau
 
 from __future__ import annotations
 
-import itertools
 from collections import deque
 from collections.abc import Callable
 
-from .sim_clock import ScheduledEvent, VirtualClock
-
-# Seconds of chip work below which a step counts as done (float remainder of the sharing).
-_DONE_S = 1e-12
+from .sim_chip_steps import DONE_S, ChipSteps
+from .sim_clock import VirtualClock
 
 
-class SlicedChip:
+class SlicedChip(ChipSteps):
     """Steps in flight on one chip, run in turn; the only writer of their remaining work."""
 
     def __init__(
         self, clock: VirtualClock, slice_s: float, prefill_kernels: int = 0, switch_s: float = 0.0
     ) -> None:
-        self.clock = clock
+        super().__init__(clock)
         self.slice_s = slice_s
         self.switch_s = switch_s
         self.prefill_kernels = prefill_kernels  # a prefill step's chip time in that many kernels
         self._order: deque[int] = deque()  # steps in turn; the first has the chip
         self._kernel: dict[int, float] = {}  # step -> its kernels' chip seconds (0: cut anywhere)
         self._total: dict[int, float] = {}  # step -> its chip seconds
-        self._left: dict[int, float] = {}  # step -> seconds of full-chip work still to do
-        self._done: dict[int, Callable[[], None]] = {}
         self._got_s = 0.0  # when the first step got the chip
         self._switch_due = 0.0  # hand-over time the first step has still to pay
         self._slice_due = float("inf")  # when the first step's slice ends
-        self._ids = itertools.count()
-        self._updated_s = clock.now()
-        self._event: ScheduledEvent | None = None
-        self.busy_s = 0.0  # time with at least one step in flight
-
-    @property
-    def in_flight(self) -> int:
-        """Steps on the chip now."""
-        return len(self._left)
 
     def run(self, chip_seconds: float, done: Callable[[], None], kernel_s: float = 0.0) -> None:
         """Compute a step of `chip_seconds` (its time alone on the chip) made of kernels of
         `kernel_s` (0: cut anywhere), then call `done`."""
         self._advance()
-        key = next(self._ids)
-        self._done[key] = done
-        self._left[key] = self._total[key] = chip_seconds
+        key = self._add(chip_seconds, done)
+        self._total[key] = chip_seconds
         self._kernel[key] = kernel_s
         self._order.append(key)
         if len(self._order) == 1:
@@ -77,7 +62,7 @@ class SlicedChip:
         """When the first step's slice ends (its current one, renewed while it ran alone),
         moved to the end of the kernel it is then in."""
         now = self.clock.now()
-        turns = max(1, -(-(now - self._got_s - _DONE_S) // self.slice_s))
+        turns = max(1, -(-(now - self._got_s - DONE_S) // self.slice_s))
         end = max(now, self._got_s + turns * self.slice_s)
         first = self._order[0]
         kernel = self._kernel[first]
@@ -86,15 +71,13 @@ class SlicedChip:
                 self._total[first] - self._left[first] + max(0.0, end - now - self._switch_due)
             )
             into = done_then % kernel
-            if into > _DONE_S and kernel - into > _DONE_S:
+            if into > DONE_S and kernel - into > DONE_S:
                 end += kernel - into
         return end
 
     def _schedule(self) -> None:
         """One clock event: when the first step ends or, while others wait, its slice does."""
-        if self._event is not None:
-            self._event.cancel()
-            self._event = None
+        self._cancel_event()
         if self._left:
             when = self.clock.now() + self._switch_due + max(self._left[self._order[0]], 0.0)
             self._slice_due = self._slice_end() if len(self._order) > 1 else float("inf")
@@ -107,12 +90,12 @@ class SlicedChip:
         now = self.clock.now()
         first = self._order[0]
         callbacks = []
-        if self._switch_due <= _DONE_S and self._left[first] <= _DONE_S:
+        if self._switch_due <= DONE_S and self._left[first] <= DONE_S:
             self._order.popleft()
             for table in (self._left, self._total, self._kernel):
                 del table[first]
             callbacks.append(self._done.pop(first))
-        elif len(self._order) > 1 and now >= self._slice_due - _DONE_S:
+        elif len(self._order) > 1 and now >= self._slice_due - DONE_S:
             self._order.rotate(-1)
         if self._order and self._order[0] != first:
             self._got_s = now
