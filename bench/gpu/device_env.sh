@@ -1,7 +1,9 @@
 # Sourced on the device machine from the checkout's root, after call 1 unpacked part1 into
-# /tmp/fa: unpacks part2 (.gpu/part2.tar.xz), installs the wheels in .whl (grpc, protobuf,
-# blake3: the image lacks them) into /tmp/site, and exports the paths and flash-attn's kernel
-# cache (.gpu/fa_cache.tar from an earlier run saves the JIT). `save_fa_cache` writes it to $OUT.
+# /tmp/fa: unpacks part2 (.gpu/part2.tar.xz), installs the wheels in .whl (the image lacks them:
+# EngineCore's imports need grpcio, grpcio-health-checking, grpcio-reflection, grpcio-tools,
+# protobuf, blake3 and llguidance, at pyproject's versions, downloaded for cp312 manylinux)
+# into /tmp/site, and exports the paths and flash-attn's kernel cache (.gpu/fa_cache.tar from
+# an earlier run saves the JIT). `save_fa_cache` writes it to $OUT.
 if [ ! -d /tmp/fa/flash_attn ]; then echo "fresh machine: run call 1 (unpack part1) first"; exit 2; fi
 tar -C /tmp/fa -xJf .gpu/part2.tar.xz || exit 2
 if compgen -G ".whl/*.whl" >/dev/null; then
