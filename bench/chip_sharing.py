@@ -41,7 +41,7 @@ from kvfleet.services.replay.sim_clock import VirtualClock
 from kvfleet.services.replay.sim_sliced_chip import SlicedChip
 from rich.console import Console
 from rich.table import Table
-from step_costs import IDLE_S, SOLO_SHARE, load_steps, logs_and_costs, work_of
+from step_costs import IDLE_S, SOLO_SHARE, logs_and_costs, steps_of, work_of
 
 WARM_UP_S = 1.0  # a step this long that the model prices at under a tenth: capture, compile
 SWITCH_RANGE_S = (0.0, 0.003)  # where the fit looks for the switch cost
@@ -197,7 +197,7 @@ def slice_table(folders: dict[Path, list[Path]], costs: CostModel, slices: list[
                    "prefill mean ms", "busy s"):  # fmt: skip
         table.add_column(column, justify="left" if column in ("run", "chip") else "right")
     for folder, logs in folders.items():
-        ranks = [busy_runs([s for _, s in load_steps([log])], costs) for log in sorted(logs)]
+        ranks = [busy_runs(steps_of(log), costs) for log in sorted(logs)]
         shared = shared_decodes(ranks)
         logged = spread(ranks, shared, None)
         switch_s, fitted = fit_switch(ranks, costs, shared)
@@ -230,7 +230,7 @@ def main() -> None:
         table.add_column(column, justify="left" if column == "run" else "right")
     fits = []
     for folder, logs in folders.items():
-        ranks = [busy_runs([s for _, s in load_steps([log])], costs) for log in sorted(logs)]
+        ranks = [busy_runs(steps_of(log), costs) for log in sorted(logs)]
         shared = shared_decodes(ranks)
         switch_s, fitted = fit_switch(ranks, costs, shared)
         fits.append(1e3 * switch_s)

@@ -56,10 +56,14 @@ def read_log(path: Path) -> str:
     return lzma.decompress(path.read_bytes()).decode() if path.suffix == ".xz" else path.read_text()
 
 
+def steps_of(path: Path) -> list[dict]:
+    """Every step one log holds, in order."""
+    return [json.loads(line) for line in read_log(path).splitlines() if line.strip()]
+
+
 def load_steps(paths: list[Path]) -> list[tuple[str, dict]]:
     """(log name, step) for every line of every log."""
-    return [(path.name.split(".")[0], json.loads(line)) for path in paths
-            for line in read_log(path).splitlines() if line.strip()]  # fmt: skip
+    return [(path.name.split(".")[0], step) for path in paths for step in steps_of(path)]
 
 
 def work_of(step: dict) -> StepWork:

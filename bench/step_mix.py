@@ -34,7 +34,7 @@ from pathlib import Path
 import numpy as np
 from kvfleet.services.core.cost_model import CostModel
 from kvfleet.services.replay.sim_config import load_sim_config
-from step_costs import IDLE_S, read_log, work_of
+from step_costs import IDLE_S, steps_of, work_of
 
 REPLAY_GAP_S = 120.0  # a rank idle this long: the log's next steps are another replay
 WARM_UP_ENDS = (4000, 6000)  # fleet_replay.py's warm-up prompts end there (two at once, or
@@ -159,8 +159,7 @@ def starts_table(folders: list[Path]) -> None:
     buckets: dict[int, list[float]] = defaultdict(list)
     for folder in folders:
         for log in sorted(folder.glob("steps-*.jsonl*")):
-            lines = [json.loads(line) for line in read_log(log).splitlines() if line.strip()]
-            for replay in split_replays(lines):
+            for replay in split_replays(steps_of(log)):
                 for seconds, prompt in slot_starts(replay):
                     buckets[prompt // STARTS_BUCKET].append(seconds)
     print("| prompt tokens | starts | p10 ms | p25 ms | p50 ms |")
@@ -180,8 +179,7 @@ def starts_table(folders: list[Path]) -> None:
 def folder_mixes(folder: Path, costs: CostModel | None = None) -> list[Mix]:
     """The mixes of the replays one folder's rank logs hold, in time order."""
     logs = sorted(folder.glob("steps-*.jsonl*"))
-    per_rank = [split_replays([json.loads(line) for line in read_log(log).splitlines()
-                               if line.strip()]) for log in logs]  # fmt: skip
+    per_rank = [split_replays(steps_of(log)) for log in logs]
     count = max(len(replays) for replays in per_rank)
     if any(len(replays) != count for replays in per_rank):
         raise SystemExit(f"{folder}: ranks hold {[len(r) for r in per_rank]} replays")

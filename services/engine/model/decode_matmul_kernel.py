@@ -22,7 +22,6 @@ import torch
 import triton
 import triton.language as tl
 
-MAX_ROWS = 64  # more rows read the weight often enough for cuBLAS's tiles to pay
 COUNTERS = 1 << 16  # arrival counters per device: column blocks of one split call at most
 
 
@@ -112,8 +111,9 @@ def fits(shape: MatmulShape, cols: int, inner: int) -> bool:
 def decode_matmul(
     x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None, shape: MatmulShape
 ) -> torch.Tensor:
-    """`x [rows, inner] @ w [cols, inner].T + bias`, rows <= MAX_ROWS, in x's dtype
-    (fp32 sums); `fits(shape, cols, inner)` must hold and both must be contiguous in inner."""
+    """`x [rows, inner] @ w [cols, inner].T + bias` for rows up to `decode_matmul.MAX_ROWS`, in
+    x's dtype (fp32 sums); `fits(shape, cols, inner)` must hold and both must be contiguous in
+    inner."""
     rows, inner = x.shape
     cols = w.shape[0]
     block_m = max(16, triton.next_power_of_2(rows))

@@ -11,6 +11,7 @@ from ..attention.attn_reference import dense_attention
 from ..attention.backends import AttentionBackend
 from ..attention.batch import ForwardBatch
 from ..config.model_config import ModelConfig
+from ..kv import rope_store
 from ..kv.kv_cache import PagedKVCache
 from .decode_matmul import Linear
 from .layers import DecoderLayer, RMSNorm, StoreRotated
@@ -78,7 +79,9 @@ class CausalLM(nn.Module):
             slots = batch.slots[cache.group_of(layer)]
             return lambda qkv, rope, heads: cache.write_rotating(layer, qkv, rope, slots, heads)
 
-        hidden = self._run_layers(batch.token_ids, batch.positions, attend, store)
+        # Switched off, no layer is offered the one-kernel write (one check, not one a layer).
+        stores = store if rope_store.enabled() else None
+        hidden = self._run_layers(batch.token_ids, batch.positions, attend, stores)
         if not all_logits:
             hidden = hidden[batch.last_token_index]
         return self._logits(hidden)
