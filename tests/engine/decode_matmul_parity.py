@@ -28,8 +28,8 @@ def worst(got: torch.Tensor, x: torch.Tensor, w: torch.Tensor, bias) -> float:
 def check_shape_rule(failures: list) -> None:
     """`shape_for`'s rule gives the tilings the H100 sweep picked for the 8b's shapes."""
     swept = json.loads((REPO / "bench/gpu/decode_matmul_shapes_h100.json").read_text())
-    multiprocessors = decode_matmul._multiprocessors
-    decode_matmul._multiprocessors = lambda device: 132  # the H100 SXM's
+    multiprocessors = decode_matmul.multiprocessors
+    decode_matmul.multiprocessors = lambda device: 132  # the H100 SXM's
     decode_matmul.shape_for.cache_clear()
     try:
         for entry in swept:
@@ -39,7 +39,7 @@ def check_shape_rule(failures: list) -> None:
             if got != MatmulShape(**entry):
                 failures.append(("shape_for", cols, inner, got, entry))
     finally:
-        decode_matmul._multiprocessors = multiprocessors
+        decode_matmul.multiprocessors = multiprocessors
         decode_matmul.shape_for.cache_clear()
 
 

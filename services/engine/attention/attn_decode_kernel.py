@@ -21,12 +21,12 @@ bf16 arithmetic (on the GPU, bf16 products with fp32 sums, as flash-attn's).
 from __future__ import annotations
 
 import dataclasses
-import functools
 
 import torch
 import triton
 import triton.language as tl
 
+from ..config.triton_device import multiprocessors
 from .batch import AttentionMetadata
 
 KEYS_PER_BLOCK = 64  # keys per inner step (4 pages of 16 tokens)
@@ -197,13 +197,6 @@ def _merge_kernel(
     tl.store(lse + seq * heads + head, log_sum)
 
 
-@functools.cache
-def _multiprocessors(device: torch.device) -> int:
-    if device.type != "cuda":
-        return 4
-    return torch.cuda.get_device_properties(device).multi_processor_count
-
-
 def splits_for(
     batch: int,
     kv_heads: int,
@@ -215,7 +208,7 @@ def splits_for(
     """Parts per sequence: enough programs to fill the GPU twice over, at least a block of
     keys each; a function of shapes only (decode graphs replay it)."""
     programs = batch * kv_heads
-    wanted = -(-2 * _multiprocessors(device) // max(programs, 1))
+    wanted = -(-2 * multiprocessors(device) // max(programs, 1))
     blocks = -(-max_pages * page_size // keys_per_block)
     return max(1, min(wanted, blocks, MAX_SPLITS))
 

@@ -19,11 +19,11 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-import os
 from collections.abc import Callable
 
 import torch
 
+from ..config.triton_device import multiprocessors, triton_runs_on
 from ..kv.kv_quant import dequantize
 from .batch import AttentionMetadata
 
@@ -58,18 +58,13 @@ def paged_decode_kernel(device_type: str) -> Callable | None:
     """The Triton paged decode kernel (fp8 or bf16 pages) for tensors on `device_type`: CUDA,
     or any device under Triton's interpreter (tests); None without Triton (imported only here,
     when needed)."""
-    if device_type != "cuda" and os.environ.get("TRITON_INTERPRET") != "1":
+    if not triton_runs_on(device_type):
         return None
     try:
         from .attn_decode_kernel import decode_attention
     except ImportError:
         return None
     return decode_attention
-
-
-@functools.cache
-def _multiprocessors(device_index: int) -> int:
-    return torch.cuda.get_device_properties(device_index).multi_processor_count
 
 
 def flash_supports(device: torch.device) -> bool:
@@ -189,7 +184,7 @@ class FlashAttention:
             return max(1, min(self.kv_splits, max_pages))
         # One thread block per (sequence, KV head) without a split: split only an underfilled GPU.
         blocks = len(meta.query_lens) * k_pages.shape[2]
-        sms = _multiprocessors(q.device.index or 0)
+        sms = multiprocessors(q.device)
         if blocks >= sms:
             return 1
         return max(1, min(-(-sms // blocks), max_pages, 16))

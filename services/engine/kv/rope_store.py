@@ -9,10 +9,11 @@ a head size whose half is not a power of two.
 from __future__ import annotations
 
 import functools
-import os
 from collections.abc import Callable
 
 import torch
+
+from ..config.triton_device import triton_runs_on
 
 _state = {"on": False}
 
@@ -28,7 +29,7 @@ def enabled() -> bool:
 
 @functools.cache
 def _kernel(device_type: str) -> Callable | None:
-    if device_type != "cuda" and os.environ.get("TRITON_INTERPRET") != "1":
+    if not triton_runs_on(device_type):
         return None
     try:
         from .rope_store_kernel import rope_store

@@ -11,12 +11,13 @@ names stay.
 from __future__ import annotations
 
 import functools
-import os
 from collections.abc import Callable
 
 import torch
 import torch.nn.functional as F
 from torch import nn
+
+from ..config.triton_device import multiprocessors, triton_runs_on
 
 _state = {"on": False}
 # (cols, inner) -> tiling measured best for that weight (bench/gpu/gemm_bench.py --triton).
@@ -33,20 +34,13 @@ def enable(on: bool) -> None:
 def _kernel(device_type: str) -> tuple[Callable, Callable, type] | None:
     """(decode_matmul, fits, MatmulShape) for tensors on `device_type`; None where the kernel
     cannot run (no Triton, or a CPU without the interpreter)."""
-    if device_type != "cuda" and os.environ.get("TRITON_INTERPRET") != "1":
+    if not triton_runs_on(device_type):
         return None
     try:
         from .decode_matmul_kernel import MatmulShape, decode_matmul, fits
     except ImportError:
         return None
     return decode_matmul, fits, MatmulShape
-
-
-@functools.cache
-def _multiprocessors(device: torch.device) -> int:
-    if device.type != "cuda":
-        return 4
-    return torch.cuda.get_device_properties(device).multi_processor_count
 
 
 def use_shapes(shapes: dict[tuple[int, int], object]) -> None:
@@ -72,7 +66,7 @@ def shape_for(cols: int, inner: int, device: torch.device):
     measured = _measured.get((cols, inner))
     if measured is not None and fits(measured, cols, inner):
         return measured
-    sms, blocks = _multiprocessors(device), -(-cols // 64)
+    sms, blocks = multiprocessors(device), -(-cols // 64)
     wide = blocks >= 8 * sms
     shape = MatmulShape(
         block_n=128 if wide else 64,

@@ -21,7 +21,6 @@ states instead of the gather, update and scatter); `use_kernel(False)` keeps the
 from __future__ import annotations
 
 import functools
-import os
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
@@ -29,6 +28,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from ..config.triton_device import triton_runs_on
 from .fused import fusable
 
 if TYPE_CHECKING:
@@ -46,7 +46,7 @@ def use_kernel(on: bool) -> None:
 def in_place_step(device_type: str) -> Callable | None:
     """The Triton step for tensors on `device_type`: CUDA, or any device under Triton's
     interpreter (tests); None without Triton (Triton is imported only here, when needed)."""
-    if device_type != "cuda" and os.environ.get("TRITON_INTERPRET") != "1":
+    if not triton_runs_on(device_type):
         return None
     try:
         from .ssm_step_kernel import state_update_in_place
