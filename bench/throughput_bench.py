@@ -14,7 +14,8 @@ whole tables (the path before persistent device tables), for a same-run A/B. Mod
 and `triton-mm` are `auto` with another kernel for the matmuls: torch's cuBLASLt preferred over
 cuBLAS, or decode-sized matmuls on the Triton kernel (model/decode_matmul.py); `rope-store` is
 `auto` with RoPE and the KV write in one kernel (kv/rope_store.py), `kernels` both Triton
-kernels; `--kernel-agreement` also compares greedy tokens of `kernels` with `auto`'s.
+kernels (the gate/up matmul applying the activation; `kernels-ungated` without that);
+`--kernel-agreement` also compares greedy tokens of `kernels` with `auto`'s.
 """
 
 from __future__ import annotations
@@ -53,12 +54,13 @@ MODES = {"off": ("off", False, False), "graphs": ("auto", False, False),
          "static": ("static", False, True), "rebuild": ("auto", True, True),
          "flash": ("auto", True, True), "cublaslt": ("auto", True, True),
          "triton-mm": ("auto", True, True), "rope-store": ("auto", True, True),
-         "kernels": ("auto", True, True)}  # fmt: skip
+         "kernels": ("auto", True, True), "kernels-ungated": ("auto", True, True)}  # fmt: skip
 REBUILT_TABLES = {"rebuild"}  # modes whose decode steps rebuild page tables every step
 FLASH_DECODE = {"flash"}  # modes whose bf16 decode attention is flash-attn's, not Triton's
 BLAS_LT = {"cublaslt"}  # modes whose matmuls prefer cuBLASLt
-DECODE_MATMUL = {"triton-mm", "kernels"}  # modes whose decode-sized matmuls run Triton's
-ROPE_STORE = {"rope-store", "kernels"}  # modes that rotate and write K/V in one kernel
+DECODE_MATMUL = {"triton-mm", "kernels", "kernels-ungated"}  # decode-sized matmuls on Triton's
+UNGATED = {"kernels-ungated"}  # ... with the MLP's activation a kernel of its own, as cuBLAS's
+ROPE_STORE = {"rope-store", "kernels", "kernels-ungated"}  # RoPE and the K/V write in one kernel
 TRT_LLM_GRID = "128/128,128/2048,1000/1000,2048/2048"
 PRESETS.setdefault("qwen3-0.6b", qwen3_0_6b_shape)  # the shape, with random weights
 
@@ -197,7 +199,7 @@ def use_kernels(mode: str) -> None:
     """The kernels of `mode`: cuBLAS or cuBLASLt, and the Triton decode kernels or none."""
     if torch.cuda.is_available():
         torch.backends.cuda.preferred_blas_library("cublaslt" if mode in BLAS_LT else "cublas")
-    decode_matmul.enable(mode in DECODE_MATMUL)
+    decode_matmul.enable(mode in DECODE_MATMUL, silu_gated=mode not in UNGATED)
     rope_store.enable(mode in ROPE_STORE)
 
 

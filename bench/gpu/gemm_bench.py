@@ -46,6 +46,8 @@ LAYER = [
     ("down", (HIDDEN,), MLP),
 ]
 HEAD = ("lm_head", (VOCAB,), HIDDEN)
+# gate/up with its activation in the kernel (cuBLAS's column: the bare matmul, no activation)
+GATED = ("gate_up+silu", (MLP, MLP), HIDDEN)
 POOL_BYTES = 512 << 20
 # The decode kernel's tilings swept by --triton: columns and inner elements per program step,
 # inner splits, pipeline stages (4 warps: the weight tile is the only large operand).
@@ -79,25 +81,27 @@ def time_matmul(x: torch.Tensor, rows: int, device, linear=F.linear) -> float:
 def sweep_decode_kernel(batch: int, device, bandwidth: float) -> tuple[list, dict]:
     """The best tiling of every shape at `batch` rows: (table rows, {(cols, inner): shape})."""
     rows, best_shapes = [], {}
-    for name, parts, width in [*LAYER, HEAD]:
-        cols = sum(parts)
+    for name, parts, width in [GATED, *LAYER, HEAD]:
+        cols, gated = sum(parts), name == GATED[0]
         x = torch.randn(batch, width, device=device, dtype=torch.bfloat16)
         cublas = time_matmul(x, cols, device)
         best, best_s = None, float("inf")
         for shape in SWEEP:
-            if not fits(shape, cols, width):
+            if not fits(shape, cols // 2 if gated else cols, width):
                 continue
             try:
                 seconds = time_matmul(
-                    x, cols, device, lambda a, w, s=shape: decode_matmul(a, w, None, s)
-                )
+                    x, cols, device,
+                    lambda a, w, s=shape, g=gated: decode_matmul(a, w, None, s, silu_gated=g),
+                )  # fmt: skip
             except Exception as exc:  # a tiling that does not build here (shared memory)
                 print(f"{name} {shape}: {type(exc).__name__}: {str(exc)[:120]}")
                 continue
             if seconds < best_s:
                 best, best_s = shape, seconds
         weight = cols * width * 2
-        best_shapes[(cols, width)] = best
+        if not gated:  # the gated call takes the packed matmul's tiling
+            best_shapes[(cols, width)] = best
         rows.append([batch, name, cols, width, cublas * 1e6, weight / cublas / bandwidth,
                      best_s * 1e6, weight / best_s / bandwidth, best.block_n, best.block_k,
                      best.split_k, best.num_stages])  # fmt: skip
@@ -162,7 +166,7 @@ def main() -> None:
         table, shapes = sweep_decode_kernel(batch, device, bandwidth)
         swept += table
         saved.update(shapes)  # the last batch's pick (the largest: the decode graphs' full one)
-        layer = sum(r[6] for r in table if r[1] != HEAD[0])
+        layer = sum(r[6] for r in table if r[1] not in (HEAD[0], GATED[0]))
         floor = sum(sum(p) * w * 2 for _, p, w in LAYER) / bandwidth
         print(f"batch {batch}: one layer's matmuls on the decode kernel {layer:.1f} us "
               f"(floor {floor * 1e6:.1f} us)")  # fmt: skip

@@ -23,7 +23,7 @@ case "${1:-}" in
   engine)
     shapes=bench/gpu/decode_matmul_shapes.json
     timeout "${ENGINE_TIMEOUT_S:-540}" python3 bench/throughput_bench.py --models 8b \
-      --modes "${MODES:-auto,kernels,triton-mm,cublaslt}" --decode 8b:64 --page-size 128 --kv-pages 8b:4600 \
+      --modes "${MODES:-auto,kernels,kernels-ungated,triton-mm,rope-store,cublaslt}" --decode 8b:64 --page-size 128 --kv-pages 8b:4600 \
       --throughput-models none --agreement-models none --kernel-agreement \
       $( [ -f "$shapes" ] && echo --decode-matmul-shapes "$shapes" ) 2>&1 | tee "$out/engine.log"
     ;;

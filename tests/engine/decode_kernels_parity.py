@@ -36,13 +36,14 @@ CONFIG = dataclasses.replace(
     window_size=48,
 )
 PAGE = 16
-calls = {"matmul": 0, "rope_store": 0}
+calls = {"matmul": 0, "gated": 0, "rope_store": 0}
 
 
 def counted(name: str, fn):
-    def call(*args):
+    def call(*args, **kwargs):
         calls[name] += 1
-        return fn(*args)
+        calls["gated"] += bool(kwargs.get("silu_gated"))
+        return fn(*args, **kwargs)
 
     return call
 
@@ -91,9 +92,11 @@ def check_model(failures: list) -> None:
     error = float((logits - base_logits).abs().max() / base_logits.abs().max())
     print(f"decode step, kernels on vs off: logits {error:.2e}, tokens {tokens.tolist()} "
           f"vs {base_tokens.tolist()}")  # fmt: skip
-    # a step: 4 matmuls a layer and the head; a RoPE + write a layer (the prefill takes none)
+    # a step: 4 matmuls a layer (gate/up with its activation) and the head; a RoPE + write a
+    # layer (the prefill takes none)
     print(f"kernel calls: {calls}")
-    expected = {"matmul": 4 * CONFIG.num_layers + 1, "rope_store": CONFIG.num_layers + 1}
+    layers = CONFIG.num_layers
+    expected = {"matmul": 4 * layers + 1, "gated": layers, "rope_store": layers + 1}
     if calls != expected:
         failures.append(("kernel calls", dict(calls)))
     if error > 3e-2 or tokens.tolist() != base_tokens.tolist():

@@ -19,15 +19,17 @@ from torch import nn
 
 from ..config.triton_device import multiprocessors, triton_runs_on
 
-_state = {"on": False}
+_state = {"on": False, "silu_gated": True}
 # (cols, inner) -> tiling measured best for that weight (bench/gpu/gemm_bench.py --triton).
 _measured: dict[tuple[int, int], object] = {}
 MAX_ROWS = 64  # more rows read the weight often enough for cuBLAS's tiles to pay
 
 
-def enable(on: bool) -> None:
-    """Route decode-sized matmuls to the Triton kernel (True) or leave them all to cuBLAS."""
+def enable(on: bool, silu_gated: bool = True) -> None:
+    """Route decode-sized matmuls to the Triton kernel (True) or leave them all to cuBLAS;
+    `silu_gated`: with it on, the packed gate/up matmul also applies the activation."""
     _state["on"] = on
+    _state["silu_gated"] = silu_gated
 
 
 @functools.cache
@@ -90,6 +92,24 @@ def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> 
     decode_matmul = _kernel(x.device.type)[0]
     flat = x.reshape(-1, x.shape[-1])
     return decode_matmul(flat, weight, bias, shape).view(*x.shape[:-1], weight.shape[0])
+
+
+def silu_gated_linear(
+    x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None
+) -> torch.Tensor | None:
+    """`silu(gate) * up` of the packed gate/up projection `weight` (gate rows, then up rows) in
+    one kernel, where the switch is on and the kernel takes the call; None where it does not
+    (the caller runs the matmul and the activation)."""
+    if not (_state["on"] and _state["silu_gated"]) or not _takes(x, weight):
+        return None
+    half = weight.shape[0] // 2
+    shape = shape_for(weight.shape[0], weight.shape[1], x.device)
+    if shape is None or not _kernel(x.device.type)[1](shape, half, weight.shape[1]):
+        return None
+    decode_matmul = _kernel(x.device.type)[0]
+    flat = x.reshape(-1, x.shape[-1])
+    out = decode_matmul(flat, weight, bias, shape, silu_gated=True)
+    return out.view(*x.shape[:-1], half)
 
 
 def _takes(x: torch.Tensor, weight: torch.Tensor) -> bool:

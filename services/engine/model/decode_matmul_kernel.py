@@ -9,6 +9,8 @@ of `tl.dot` and the rows the narrow one (padded to 16, the dot's least), so any 
 64 runs the same tiling. Split parts write fp32 partial sums; the last part of a column block to
 finish (an arrival counter, reset by it for the next call) adds them in part order, so results
 do not depend on arrival order. Shapes only decide the grid: a captured CUDA graph replays it.
+Gated (`silu_gated`), a program streams a gate tile and its up tile and stores
+`silu(gate) * up`: the MLP's activation costs no kernel and no round trip of its own.
 
 On a CPU tensor the kernel runs in Triton's interpreter when `TRITON_INTERPRET=1` was set before
 Triton was imported (tests only).
@@ -55,6 +57,7 @@ def _matmul_kernel(
     BLOCK_K: tl.constexpr,
     SPLIT_K: tl.constexpr,
     HAS_BIAS: tl.constexpr,
+    GATED: tl.constexpr,
     DOT: tl.constexpr,
 ):
     block, part = tl.program_id(0), tl.program_id(1)
@@ -65,26 +68,46 @@ def _matmul_kernel(
     per_part = inner // SPLIT_K  # the caller checks that BLOCK_K * SPLIT_K divides inner
     start = part * per_part
     acc = tl.zeros((BLOCK_N, BLOCK_M), dtype=tl.float32)
+    up = tl.zeros((BLOCK_N, BLOCK_M), dtype=tl.float32)  # GATED: the up half's sums
     for k0 in range(start, start + per_part, BLOCK_K):
-        w_tile = tl.load(w + n[:, None] * w_stride + (k0 + k)[None, :], mask=n_ok[:, None])
         x_tile = tl.load(x + m[None, :] * x_stride + (k0 + k)[:, None], mask=m_ok[None, :])
+        w_tile = tl.load(w + n[:, None] * w_stride + (k0 + k)[None, :], mask=n_ok[:, None])
         acc = tl.dot(w_tile.to(DOT), x_tile.to(DOT), acc)
+        if GATED:  # the up row of each gate row sits `cols` rows further down the weight
+            u_tile = tl.load(w + (n + cols)[:, None] * w_stride + (k0 + k)[None, :],
+                             mask=n_ok[:, None])  # fmt: skip
+            up = tl.dot(u_tile.to(DOT), x_tile.to(DOT), up)
     if SPLIT_K > 1:
-        ws = partial + (n[:, None] * BLOCK_M + m[None, :])  # partial [SPLIT_K, cols, BLOCK_M]
-        tl.store(ws + part * cols * BLOCK_M, acc, mask=n_ok[:, None])
+        # partial [SPLIT_K, cols * (2 if GATED else 1), BLOCK_M]: gate sums, then up sums
+        halves = 2 if GATED else 1
+        ws = partial + (n[:, None] * BLOCK_M + m[None, :])
+        tl.store(ws + part * halves * cols * BLOCK_M, acc, mask=n_ok[:, None])
+        if GATED:
+            tl.store(ws + (part * 2 + 1) * cols * BLOCK_M, up, mask=n_ok[:, None])
         tl.debug_barrier()  # every thread's partial sums are stored before the arrival
         arrived = tl.atomic_add(counters + block, 1, sem="acq_rel")
         last = arrived == SPLIT_K - 1
         if last:
             acc = tl.zeros((BLOCK_N, BLOCK_M), dtype=tl.float32)
+            up = tl.zeros((BLOCK_N, BLOCK_M), dtype=tl.float32)
             for s in tl.static_range(SPLIT_K):  # in part order: the sum is deterministic
-                acc += tl.load(ws + s * cols * BLOCK_M, mask=n_ok[:, None], cache_modifier=".cg")
+                at = ws + s * halves * cols * BLOCK_M
+                acc += tl.load(at, mask=n_ok[:, None], cache_modifier=".cg")
+                if GATED:
+                    up += tl.load(at + cols * BLOCK_M, mask=n_ok[:, None], cache_modifier=".cg")
             tl.store(counters + block, 0)  # ready for the next call (a graph's replay)
     else:
         last = True
     if last:
         if HAS_BIAS:
             acc += tl.load(bias + n, mask=n_ok).to(tl.float32)[:, None]
+            if GATED:
+                up += tl.load(bias + cols + n, mask=n_ok).to(tl.float32)[:, None]
+        if GATED:
+            # silu(gate) * up of the halves rounded to the output's dtype, as the unfused path
+            # computes it from the packed matmul's output
+            gate = acc.to(y.dtype.element_ty).to(tl.float32)
+            acc = gate * tl.sigmoid(gate) * up.to(y.dtype.element_ty).to(tl.float32)
         out = y + m[None, :] * y_stride + n[:, None]
         tl.store(out, acc.to(y.dtype.element_ty), mask=n_ok[:, None] & m_ok[None, :])
 
@@ -109,19 +132,28 @@ def fits(shape: MatmulShape, cols: int, inner: int) -> bool:
 
 
 def decode_matmul(
-    x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None, shape: MatmulShape
+    x: torch.Tensor,
+    w: torch.Tensor,
+    bias: torch.Tensor | None,
+    shape: MatmulShape,
+    silu_gated: bool = False,
 ) -> torch.Tensor:
     """`x [rows, inner] @ w [cols, inner].T + bias` for rows up to `decode_matmul.MAX_ROWS`, in
     x's dtype (fp32 sums); `fits(shape, cols, inner)` must hold and both must be contiguous in
-    inner."""
+    inner. `silu_gated`: w (and bias) hold gate rows then as many up rows, and the result is
+    `silu(gate) * up`, `[rows, cols / 2]`: the packed gate/up projection and its activation in
+    one kernel."""
     rows, inner = x.shape
-    cols = w.shape[0]
+    cols = w.shape[0] // 2 if silu_gated else w.shape[0]
     block_m = max(16, triton.next_power_of_2(rows))
     y = torch.empty(rows, cols, dtype=x.dtype, device=x.device)
     blocks = triton.cdiv(cols, shape.block_n)
     partial = counters = y  # unused without a split
     if shape.split_k > 1:
-        partial = torch.empty(shape.split_k, cols, block_m, dtype=torch.float32, device=x.device)
+        halves = 2 if silu_gated else 1
+        partial = torch.empty(
+            shape.split_k * halves, cols, block_m, dtype=torch.float32, device=x.device
+        )
         counters = _counters_of(x.device)
     _matmul_kernel[(blocks, shape.split_k)](
         x,
@@ -141,6 +173,7 @@ def decode_matmul(
         BLOCK_K=shape.block_k,
         SPLIT_K=shape.split_k,
         HAS_BIAS=bias is not None,
+        GATED=silu_gated,
         # NOTE: Triton's interpreter has no bf16 arithmetic: fp32 products on the CPU.
         DOT=tl.float32 if x.device.type == "cpu" else _DOT_TYPES[x.dtype],
         num_warps=shape.num_warps,

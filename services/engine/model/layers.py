@@ -14,6 +14,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from ..config.model_config import ModelConfig
+from . import decode_matmul
 from .decode_matmul import Linear
 from .fused import fusable
 from .gpt_oss_moe import GptOssMoE
@@ -82,7 +83,11 @@ class SwiGLU(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if self.gate_up_proj is not None:
-            gate, up = self.gate_up_proj(x).chunk(2, dim=-1)
+            packed = self.gate_up_proj
+            activated = decode_matmul.silu_gated_linear(x, packed.weight, packed.bias)
+            if activated is not None:
+                return self.down_proj(activated)
+            gate, up = packed(x).chunk(2, dim=-1)
         else:
             gate, up = self.gate_proj(x), self.up_proj(x)
         return self.down_proj(silu_mul(gate, up))
