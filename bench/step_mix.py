@@ -16,10 +16,18 @@ Requests and slots are read from the steps (a request's chunks follow on, its de
 one a step; SLOTS per rank). The lower quartile per 16k tokens, fitted by a line, is what the
 simulator's `hardware.dispatch_ms` and `dispatch_ms_per_ktoken` are (replay/sim_dispatch.py).
 
+`--admissions` prints how the rank's timeline goes when a new request is admitted while another
+sequence decodes: the seconds from the slot that freed (the step where the other request ended)
+to the rank's last step before the admitting step, in which the rank keeps decoding (the path
+to the rank: `hardware.dispatch_ms`), and the pause before the admitting step, in which it
+runs no step (the engine's add and admission: `hardware.admit_ms`, and
+`admit_ms_per_host_page` from the pauses with pages onboarded from the host tier).
+
 With `--sim YAML` each step is also priced by the simulator's cost model (seconds alone on the
 chip, host overhead included), so two runs' work compares apart from how it was timed.
 
 Run: .venv/bin/python bench/step_mix.py FOLDER... [--sim YAML] [--json OUT] [--starts]
+     [--admissions]
 """
 
 from __future__ import annotations
@@ -176,6 +184,63 @@ def starts_table(folders: list[Path]) -> None:
     print(f"p25 line: {1e3 * fixed:.1f} ms + {1e6 * slope:.3f} ms per 1,000 prompt tokens")
 
 
+def admissions_while_decoding(steps: list[dict]) -> list[tuple[float, float | None, int]]:
+    """(pause, path, host pages) of each step of one rank's replay that starts one new
+    request's first chunk while another sequence decodes: the pause is from the previous step's
+    end to its start; the path, from the end of the step where a second sequence last decoded
+    (its slot freed) to the previous step's end, when only one sequence decoded in between
+    (None otherwise); host pages, the step's pages onboarded from the host tier."""
+    out: list[tuple[float, float | None, int]] = []
+    open_ends: set[int] = set()
+    for i, step in enumerate(steps):
+        new = [span for span in step["prefill"] if span[0] not in open_ends]
+        open_ends |= {end for _, end in step["prefill"]}
+        previous = steps[i - 1] if i else None
+        if len(new) != 1 or not step["decode"] or previous is None:
+            continue
+        if previous["prefill"] or not previous["decode"]:
+            continue
+        previous_end = previous["t"] + previous["s"]
+        j = i - 1
+        while j >= 0 and not steps[j]["prefill"] and len(steps[j]["decode"]) == 1:
+            j -= 1
+        freed = steps[j] if j < i - 1 and j >= 0 else None
+        path = None
+        if freed is not None and not freed["prefill"] and len(freed["decode"]) == 2:
+            path = previous_end - freed["t"] - freed["s"]
+        out.append((step["t"] - previous_end, path, step["host_in"]))
+    return out
+
+
+def admissions_table(folders: list[Path]) -> None:
+    """The path and the pause of admissions while another sequence decodes, over every log."""
+    rows = [
+        row
+        for folder in folders
+        for log in sorted(folder.glob("steps-*.jsonl*"))
+        for replay in split_replays(steps_of(log))
+        for row in admissions_while_decoding(replay)
+    ]
+    paths = [path for _, path, _ in rows if path is not None]
+    cold = [pause for pause, _, pages in rows if pages == 0]
+    onboarded = [(pause, pages) for pause, _, pages in rows if pages > 0]
+    print(f"admissions while another sequence decodes: {len(rows)}")
+    if paths:
+        q25, q50, q75 = np.percentile(paths, [25, 50, 75])
+        print(f"path (freed slot to the last step before): {len(paths)}, p25/p50/p75 "
+              f"{1e3 * q25:.0f}/{1e3 * q50:.0f}/{1e3 * q75:.0f} ms")  # fmt: skip
+    if cold:
+        q25, q50, q75 = np.percentile(cold, [25, 50, 75])
+        print(f"pause, nothing onboarded: {len(cold)}, p25/p50/p75 "
+              f"{1e3 * q25:.0f}/{1e3 * q50:.0f}/{1e3 * q75:.0f} ms")  # fmt: skip
+    if onboarded and cold:
+        fixed = statistics.median(cold)
+        pages = sum(p for _, p in onboarded)
+        per_page = (sum(pause for pause, _ in onboarded) - fixed * len(onboarded)) / pages
+        print(f"pause, host pages onboarded: {len(onboarded)} ({pages:,} pages), "
+              f"{1e3 * per_page:.3f} ms per page beyond the fixed part")  # fmt: skip
+
+
 def folder_mixes(folder: Path, costs: CostModel | None = None) -> list[Mix]:
     """The mixes of the replays one folder's rank logs hold, in time order."""
     logs = sorted(folder.glob("steps-*.jsonl*"))
@@ -216,9 +281,13 @@ def main() -> None:
     p.add_argument("--sim", type=Path, default=None, help="price the steps with this YAML")
     p.add_argument("--page-size", type=int, default=16)
     p.add_argument("--starts", action="store_true", help="slot-to-start seconds by prompt")
+    p.add_argument("--admissions", action="store_true", help="admission path and pause")
     args = p.parse_args()
     if args.starts:
         starts_table(args.folders)
+        return
+    if args.admissions:
+        admissions_table(args.folders)
         return
     costs = None
     if args.sim:

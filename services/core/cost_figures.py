@@ -124,6 +124,12 @@ class Hardware:
     # the engine's add), a fixed part and one per 1,000 prompt tokens (replay/sim_dispatch.py).
     dispatch_ms: float = 0.0
     dispatch_ms_per_ktoken: float = 0.0
+    # The engine's add and admission of a request on its core thread (the prompt matched, pages
+    # taken, the host tier's pages onboarded): the rank runs no step meanwhile, so its other
+    # sequences' decodes wait; a fixed part per admitted request and one per page onboarded
+    # from the host tier (replay/sim_dispatch.py).
+    admit_ms: float = 0.0
+    admit_ms_per_host_page: float = 0.0
 
     def __post_init__(self) -> None:
         for item in fields(self):
@@ -138,6 +144,8 @@ class Hardware:
                 "chip_prefill_kernels",
                 "dispatch_ms",
                 "dispatch_ms_per_ktoken",
+                "admit_ms",
+                "admit_ms_per_host_page",
             )
             if value < 0 or (value == 0 and not may_be_zero):
                 raise SimConfigError(f"hardware.{item.name}: {value} must be > 0")

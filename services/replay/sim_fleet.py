@@ -124,6 +124,7 @@ class SimFleet:
             self.page_bytes,
             chip,
             SimStepLog(log) if log else None,
+            self.config.hardware,
         )
         return rank
 

@@ -21,12 +21,14 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from ...kvstore.manager import KVCacheManager
+from ..core.cost_figures import Hardware
 from ..core.cost_model import CostModel, StepWork
 from ..core.step_planner import StepPlanner
 from ..router.model import Role
 from .sim_chip import Chip
 from .sim_clock import VirtualClock
 from .sim_decode_run import DecodeRun, plan_decode_run
+from .sim_dispatch import admission_seconds
 from .sim_handoff import HandoffSide, ReservedCallback
 from .sim_holds import HoldSide
 from .sim_request import SimRequest
@@ -55,6 +57,7 @@ class SimRank(HandoffSide, HoldSide, StepPlanner[SimRequest, Chunk]):
         page_bytes: dict[str, int] | None = None,
         chip: Chip | None = None,
         step_log: SimStepLog | None = None,
+        hardware: Hardware | None = None,
     ) -> None:
         StepPlanner.__init__(self, manager, max_batch_size, token_budget)
         self.rank_id = rank_id
@@ -74,6 +77,7 @@ class SimRank(HandoffSide, HoldSide, StepPlanner[SimRequest, Chunk]):
         self._init_holds()
         self.page_bytes = page_bytes or {}
         self.step_log = step_log
+        self.hardware = hardware  # its admission figures (sim_dispatch.admission_seconds)
 
     @property
     def released_conversations(self) -> int:
@@ -134,6 +138,7 @@ class SimRank(HandoffSide, HoldSide, StepPlanner[SimRequest, Chunk]):
         self._reserve_received()
         if self._start_decode_run():
             return
+        waiting = {id(request) for request in self.waiting}
         chunks = self.plan_step()
         # NOTE: pages held by hand-offs come back without a step here, and wake the rank then.
         while not chunks and not self.idle and not self.pages_coming_back and not self.pulling:
@@ -143,12 +148,14 @@ class SimRank(HandoffSide, HoldSide, StepPlanner[SimRequest, Chunk]):
             self._busy = False
             return
         work = step_work(chunks)
+        # the admissions' host work comes first: the step, and every running sequence, waits
+        admit_s = self._admission_seconds([c for c in chunks if id(c.request) in waiting])
         duration = self.costs.step_seconds(work)
         self.steps += 1
-        self.busy_s += duration
+        self.busy_s += admit_s + duration
         if work.prefill_spans:
-            self.prefill_busy_s += duration
-        started = self.clock.now()
+            self.prefill_busy_s += admit_s + duration
+        started = self.clock.now() + admit_s  # the step log's start, as the engine logs it
         if self.chip is None:
             self.clock.call_at(started + duration, lambda: self._end_step(chunks, started, work))
             return
@@ -165,6 +172,13 @@ class SimRank(HandoffSide, HoldSide, StepPlanner[SimRequest, Chunk]):
                 chip_s / kernels if kernels else 0.0,
             ),
         )
+
+    def _admission_seconds(self, admitted: list[Chunk]) -> float:
+        """The engine's add and admission of this step's admitted requests (0 with no figures)."""
+        if self.hardware is None or not admitted:
+            return 0.0
+        host_pages = sum(chunk.host_pages_in for chunk in admitted)
+        return admission_seconds(self.hardware, len(admitted), host_pages)
 
     def _end_step(self, chunks: list[Chunk], started: float, work: StepWork) -> None:
         now = self.clock.now()

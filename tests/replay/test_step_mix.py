@@ -41,3 +41,22 @@ def test_a_freed_slot_is_timed_to_the_next_new_request() -> None:
              step(0.55, 0.1, prefill=((96, 500),), decode=(303,))]  # fmt: skip
     starts = step_mix.slot_starts(steps)
     assert [(round(gap, 6), end) for gap, end in starts] == [(0.15, 500)]
+
+
+def test_an_admission_while_decoding_splits_into_the_path_and_the_pause() -> None:
+    """If this fails, the admission figures (`hardware.dispatch_ms`, `admit_ms`,
+    `admit_ms_per_host_page`) are read from the wrong stretch: the path runs from the end of
+    the step where the other request last decoded to the rank's last step before the admitting
+    one; the pause, from that step's end to the admitting step's start."""
+    admitting = step(0.50, 0.3, prefill=((96, 500),), decode=(303,))
+    admitting["host_in"] = 40
+    steps = [step(0.0, 0.1, prefill=((0, 300),)),
+             step(0.1, 0.01, decode=(100, 301)),  # the other request's last decode
+             step(0.12, 0.01, decode=(302,)),
+             step(0.14, 0.01, decode=(303,)),  # the rank's last step before the pause
+             admitting,
+             step(0.8, 0.01, decode=(304, 501))]  # fmt: skip
+    rows = step_mix.admissions_while_decoding(steps)
+    assert [(round(pause, 6), round(path, 6), pages) for pause, path, pages in rows] == [
+        (0.35, 0.04, 40)
+    ]
