@@ -26,7 +26,7 @@ case "${1:-}" in
     shapes=bench/gpu/decode_matmul_shapes.json
     timeout "${ENGINE_TIMEOUT_S:-540}" python3 bench/throughput_bench.py --models 8b \
       --modes "${MODES:-auto,kernels,kernels-ungated,rope-store,triton-mm,cublaslt}" --decode 8b:64 --page-size 128 --kv-pages 8b:"${KV_PAGES:-4600}" \
-      --throughput-models none --agreement-models none --kernel-agreement --budget-s "${BUDGET_S:-400}" \
+      --throughput-models none --agreement-models none --kernel-agreement "${AGREE:-kernels,cublaslt}" --budget-s "${BUDGET_S:-400}" \
       $( [ -f "$shapes" ] && echo --decode-matmul-shapes "$shapes" ) 2>&1 | tee "$out/engine.log"
     ;;
   *) echo "usage: matmul_round.sh sweep|engine"; exit 2 ;;
