@@ -25,3 +25,15 @@ def test_off_or_on_a_cpu_every_projection_is_f_linear():
         assert torch.equal(layer(x), want)
     finally:
         decode_matmul.enable(False)
+
+
+@needs_triton
+def test_a_tiling_keeps_only_the_stages_shared_memory_holds():
+    from kvfleet.services.engine.model.decode_matmul_kernel import MatmulShape, stages_within
+
+    hopper = 232448  # the H100's and H200's shared memory a block may opt into
+    narrow = MatmulShape(block_n=64, block_k=128, num_stages=5)
+    assert stages_within(narrow, 64, 1, hopper) == 5  # 32 KB a stage
+    assert stages_within(narrow, 64, 2, hopper) == 4  # gated: 48 KB a stage, 240 KB at 5
+    assert stages_within(narrow, 16, 2, hopper) == 5  # few rows: 36 KB a stage
+    assert stages_within(MatmulShape(block_n=256, block_k=256, num_stages=3), 64, 2, hopper) == 1
