@@ -10,12 +10,13 @@ against the memory/compute roofline of the steps that actually ran, measured in 
 On the H200 (bench/gpu/decode.sh; runs without `pip install -e`):
     python3 bench/throughput_bench.py --models 8b,1b,qwen3-0.6b --modes off,auto
 Mode `rebuild` is `auto` with each decode step's page tables rebuilt from every sequence's
-whole tables (the path before persistent device tables), for a same-run A/B. Modes `cublaslt`
-and `triton-mm` are `auto` with another kernel for the matmuls: torch's cuBLASLt preferred over
-cuBLAS, or decode-sized matmuls on the Triton kernel (model/decode_matmul.py); `rope-store` is
-`auto` with RoPE and the KV write in one kernel (kv/rope_store.py), `kernels` both Triton
-kernels (the gate/up matmul applying the activation; `kernels-ungated` without that);
-`--kernel-agreement MODES` also compares greedy tokens of those modes with `auto`'s.
+whole tables (the path before persistent device tables), for a same-run A/B. `auto` runs the
+Triton decode kernels as shipped (model/decode_matmul.py: matmuls of at most 64 rows, the
+gate/up one applying the activation; kv/rope_store.py: RoPE with the K/V write); `cublas` runs
+neither (the path before them), `cublaslt` neither with torch's cuBLASLt preferred over cuBLAS,
+`triton-mm` the matmuls only, `rope-store` the RoPE write only, `kernels-ungated` both with the
+activation a kernel of its own. `--kernel-agreement MODES` also compares greedy tokens of those
+modes with `auto`'s.
 """
 
 from __future__ import annotations
@@ -54,13 +55,14 @@ MODES = {"off": ("off", False, False), "graphs": ("auto", False, False),
          "static": ("static", False, True), "rebuild": ("auto", True, True),
          "flash": ("auto", True, True), "cublaslt": ("auto", True, True),
          "triton-mm": ("auto", True, True), "rope-store": ("auto", True, True),
-         "kernels": ("auto", True, True), "kernels-ungated": ("auto", True, True)}  # fmt: skip
+         "cublas": ("auto", True, True), "kernels-ungated": ("auto", True, True)}  # fmt: skip
 REBUILT_TABLES = {"rebuild"}  # modes whose decode steps rebuild page tables every step
 FLASH_DECODE = {"flash"}  # modes whose bf16 decode attention is flash-attn's, not Triton's
 BLAS_LT = {"cublaslt"}  # modes whose matmuls prefer cuBLASLt
-DECODE_MATMUL = {"triton-mm", "kernels", "kernels-ungated"}  # decode-sized matmuls on Triton's
-UNGATED = {"kernels-ungated"}  # ... with the MLP's activation a kernel of its own, as cuBLAS's
-ROPE_STORE = {"rope-store", "kernels", "kernels-ungated"}  # RoPE and the K/V write in one kernel
+# The Triton decode kernels (shipped on CUDA with fused_ops) each mode leaves off:
+NO_DECODE_MATMUL = {"cublas", "cublaslt", "rope-store"}  # matmuls all cuBLAS's
+UNGATED = {"kernels-ungated"}  # the MLP's activation a kernel of its own
+NO_ROPE_STORE = {"cublas", "cublaslt", "triton-mm"}  # RoPE, then the K/V write
 TRT_LLM_GRID = "128/128,128/2048,1000/1000,2048/2048"
 PRESETS.setdefault("qwen3-0.6b", qwen3_0_6b_shape)  # the shape, with random weights
 
@@ -199,8 +201,9 @@ def use_kernels(mode: str) -> None:
     """The kernels of `mode`: cuBLAS or cuBLASLt, and the Triton decode kernels or none."""
     if torch.cuda.is_available():
         torch.backends.cuda.preferred_blas_library("cublaslt" if mode in BLAS_LT else "cublas")
-    decode_matmul.enable(mode in DECODE_MATMUL, silu_gated=mode not in UNGATED)
-    rope_store.enable(mode in ROPE_STORE)
+    cuda = torch.cuda.is_available()
+    decode_matmul.enable(cuda and mode not in NO_DECODE_MATMUL, silu_gated=mode not in UNGATED)
+    rope_store.enable(cuda and mode not in NO_ROPE_STORE)
 
 
 def kernel_agreement_case(compute, base, recorder, vocab, other="kernels", batch=24, prompt=300,

@@ -8,11 +8,11 @@
 #       writes $OUT/gemm.log and $OUT/shapes.json (the best tiling of each shape)
 #   call 3, carry [".gpuwt"] with shapes.json copied to .gpuwt/bench/gpu/decode_matmul_shapes.json:
 #       cd .gpuwt && bash bench/gpu/matmul_round.sh engine
-#       8b at batch 64 through EngineCore as shipped, with both Triton decode kernels (the
-#       matmuls and RoPE + KV write; gated or not), the matmuls alone, the RoPE write alone and
-#       cuBLASLt (MODES overrides), in one run, and the
-#       kernels' greedy tokens against none; writes $OUT/engine.log. KV_PAGES=2800 on an
-#       80 GB card (the default 4,600 is the H200's)
+#       8b at batch 64 through EngineCore as shipped (both Triton decode kernels: the matmuls
+#       with the gated activation, RoPE + KV write), with neither (cublas), the activation apart,
+#       the RoPE write alone, the matmuls alone and cuBLASLt (MODES overrides), in one run, and
+#       greedy tokens of cublas and cublaslt against the shipped path; writes $OUT/engine.log.
+#       KV_PAGES=2800 on an 80 GB card (the default 4,600 is the H200's)
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 source bench/gpu/device_env.sh
@@ -25,8 +25,8 @@ case "${1:-}" in
   engine)
     shapes=bench/gpu/decode_matmul_shapes.json
     timeout "${ENGINE_TIMEOUT_S:-540}" python3 bench/throughput_bench.py --models 8b \
-      --modes "${MODES:-auto,kernels,kernels-ungated,rope-store,triton-mm,cublaslt}" --decode 8b:64 --page-size 128 --kv-pages 8b:"${KV_PAGES:-4600}" \
-      --throughput-models none --agreement-models none --kernel-agreement "${AGREE:-kernels,cublaslt}" --budget-s "${BUDGET_S:-400}" \
+      --modes "${MODES:-auto,cublas,kernels-ungated,rope-store,triton-mm,cublaslt}" --decode 8b:64 --page-size 128 --kv-pages 8b:"${KV_PAGES:-4600}" \
+      --throughput-models none --agreement-models none --kernel-agreement "${AGREE:-cublas,cublaslt}" --budget-s "${BUDGET_S:-400}" \
       $( [ -f "$shapes" ] && echo --decode-matmul-shapes "$shapes" ) 2>&1 | tee "$out/engine.log"
     ;;
   *) echo "usage: matmul_round.sh sweep|engine"; exit 2 ;;

@@ -37,3 +37,32 @@ def test_a_tiling_keeps_only_the_stages_shared_memory_holds():
     assert stages_within(narrow, 64, 2, hopper) == 4  # gated: 48 KB a stage, 240 KB at 5
     assert stages_within(narrow, 16, 2, hopper) == 5  # few rows: 36 KB a stage
     assert stages_within(MatmulShape(block_n=256, block_k=256, num_stages=3), 64, 2, hopper) == 1
+
+
+@needs_triton
+def test_a_tiling_the_device_cannot_build_falls_back_to_cublas(monkeypatch):
+    from kvfleet.services.engine.model.decode_matmul_kernel import MatmulShape, fits
+
+    class OutOfResources(Exception):  # what Triton raises at a launch the device cannot hold
+        pass
+
+    tried = []
+
+    def refused(*args, silu_gated):
+        tried.append(silu_gated)
+        raise OutOfResources("out of resource: shared memory")
+
+    monkeypatch.setattr(decode_matmul, "_kernel", lambda device_type: (refused, fits, MatmulShape))
+    monkeypatch.setattr(decode_matmul, "_refused", set())
+    decode_matmul.shape_for.cache_clear()
+    decode_matmul.enable(True)
+    try:
+        x = torch.randn(4, 256, dtype=torch.bfloat16)
+        w = torch.randn(128, 256, dtype=torch.bfloat16)
+        for _ in range(2):
+            assert torch.equal(decode_matmul.linear(x, w, None), F.linear(x, w))
+            assert decode_matmul.silu_gated_linear(x, w, None) is None
+        assert tried == [False, True]  # one try per weight and form; cuBLAS's from then on
+    finally:
+        decode_matmul.enable(False)
+        decode_matmul.shape_for.cache_clear()

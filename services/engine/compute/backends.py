@@ -15,12 +15,13 @@ from ....kvstore.tiers.stack import KVTiers
 from ..attention.backends import make_backend
 from ..attention.batch import ForwardBatch, SequenceChunk
 from ..config.engine_config import EngineConfig
+from ..kv import rope_store
 from ..kv.device_kv_cache import DeviceKVCache
 from ..kv.kv_budget import kv_budget, probe_device_memory
 from ..kv.kv_calibration import calibrate_kv_scales
 from ..kv.kv_quant import KVScales, is_fp8
 from ..kv.kv_setup import build_kv, kv_cache_dtype, open_kv_tiers, tier_config
-from ..model import fused
+from ..model import decode_matmul, fused
 from ..model.weights import build_model, load_checkpoint
 from ..request.scheduled_chunk import ScheduledChunk
 from .compute_sim import SimCompute
@@ -43,7 +44,12 @@ class TorchCompute:
     def __init__(self, config: EngineConfig) -> None:
         torch.set_num_threads(config.torch_threads)
         self.device = resolve_device(config.device)
-        fused.enable(config.fused_ops and self.device.type == "cuda")
+        # fused_ops on CUDA: compiled elementwise kernels, and the Triton decode kernels (the
+        # matmuls of at most 64 rows with the MLP's activation, RoPE with the K/V write)
+        fast = config.fused_ops and self.device.type == "cuda"
+        fused.enable(fast)
+        decode_matmul.enable(fast)
+        rope_store.enable(fast)
         memory = probe_device_memory(self.device)  # before the weights take their share
         self.model_config = resolve_model_config(config)
         chosen = None if config.dtype == "auto" else getattr(torch, config.dtype)

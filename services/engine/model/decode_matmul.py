@@ -11,6 +11,7 @@ names stay.
 from __future__ import annotations
 
 import functools
+import logging
 from collections.abc import Callable
 
 import torch
@@ -19,9 +20,12 @@ from torch import nn
 
 from ..config.triton_device import multiprocessors, triton_runs_on
 
+log = logging.getLogger(__name__)
+
 _state = {"on": False, "silu_gated": True}
 # (cols, inner) -> tiling measured best for that weight (bench/gpu/gemm_bench.py --triton).
 _measured: dict[tuple[int, int], object] = {}
+_refused: set[tuple] = set()  # (cols, inner, gated, device) the device could not build
 MAX_ROWS = 64  # more rows read the weight often enough for cuBLAS's tiles to pay
 
 
@@ -87,11 +91,8 @@ def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> 
     if not _state["on"] or not _takes(x, weight):
         return F.linear(x, weight, bias)
     shape = shape_for(weight.shape[0], weight.shape[1], x.device)
-    if shape is None:
-        return F.linear(x, weight, bias)
-    decode_matmul = _kernel(x.device.type)[0]
-    flat = x.reshape(-1, x.shape[-1])
-    return decode_matmul(flat, weight, bias, shape).view(*x.shape[:-1], weight.shape[0])
+    out = None if shape is None else _launch(x, weight, bias, shape, False)
+    return F.linear(x, weight, bias) if out is None else out
 
 
 def silu_gated_linear(
@@ -102,14 +103,29 @@ def silu_gated_linear(
     (the caller runs the matmul and the activation)."""
     if not (_state["on"] and _state["silu_gated"]) or not _takes(x, weight):
         return None
-    half = weight.shape[0] // 2
     shape = shape_for(weight.shape[0], weight.shape[1], x.device)
-    if shape is None or not _kernel(x.device.type)[1](shape, half, weight.shape[1]):
+    if shape is None or not _kernel(x.device.type)[1](shape, weight.shape[0] // 2, weight.shape[1]):
         return None
-    decode_matmul = _kernel(x.device.type)[0]
+    return _launch(x, weight, bias, shape, True)
+
+
+def _launch(x, weight, bias, shape, gated: bool) -> torch.Tensor | None:
+    """The kernel's result; None, and cuBLAS for this weight from then on, where the device
+    cannot build the tiling (Triton's OutOfResources: shared memory, registers), which a decode
+    graph's eager warm-up meets before its capture."""
+    key = (weight.shape[0], weight.shape[1], gated, x.device)
+    if key in _refused:
+        return None
     flat = x.reshape(-1, x.shape[-1])
-    out = decode_matmul(flat, weight, bias, shape, silu_gated=True)
-    return out.view(*x.shape[:-1], half)
+    try:
+        out = _kernel(x.device.type)[0](flat, weight, bias, shape, silu_gated=gated)
+    except Exception as error:
+        if type(error).__name__ != "OutOfResources":
+            raise
+        log.warning("decode matmul %s: %s; cuBLAS takes this weight", key[:3], error)
+        _refused.add(key)
+        return None
+    return out.view(*x.shape[:-1], out.shape[-1])
 
 
 def _takes(x: torch.Tensor, weight: torch.Tensor) -> bool:
