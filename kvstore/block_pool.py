@@ -64,6 +64,9 @@ class BlockPool:
         self._index: dict[int, int] = {}
         self._free: deque[int] = deque(range(1, num_pages))
         self._evictable: OrderedDict[int, None] = OrderedDict()
+        # Bumped whenever the hash index changes (a commit, a forgotten page): a match of
+        # this pool is still current while it stays the same.
+        self.index_version = 0
 
     # -- reads ---------------------------------------------------------------------------------
 
@@ -166,6 +169,7 @@ class BlockPool:
             return False
         self._page_hash[page] = block_hash
         self._index[block_hash] = page
+        self.index_version += 1
         self._listener(KVEvent(KVEventKind.STORED, self.life_cycle, block_hash))
         return True
 
@@ -185,6 +189,7 @@ class BlockPool:
             return
         self._page_hash[page] = None
         del self._index[block_hash]
+        self.index_version += 1
         self._listener(KVEvent(KVEventKind.REMOVED, self.life_cycle, block_hash))
 
     # -- invariants ----------------------------------------------------------------------------

@@ -8,7 +8,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from .hashing import SequenceHashes
-from .results import RequestProgress
+from .results import PrefixMatch, RequestProgress
 
 
 @dataclass
@@ -37,6 +37,9 @@ class RequestState:
     commit_blocks: dict[str, frozenset[int]] = field(default_factory=dict)
     keep: dict[str, frozenset[int]] = field(default_factory=dict)
     contents_known: int = 0  # blocks whose contents the tiers were given (disk file checks)
+    # The last match and what it was read from (`KVCacheManager.match`): still current while
+    # the indexes it read are unchanged.
+    last_match: tuple[tuple[int, ...], PrefixMatch] | None = None
 
     @classmethod
     def for_prompt(

@@ -128,6 +128,13 @@ class KVTiers:
         capacities = [*self.host.capacity.values(), *self.disk.index.capacity.values()]
         return any(capacities) or isinstance(self.disk.files, DiskFiles)
 
+    def index_version(self) -> tuple[int, int] | None:
+        """Changes whenever `locate` may answer differently; None where it cannot tell (a
+        shared disk folder's files come and go with other ranks)."""
+        if isinstance(self.disk.files, DiskFiles):
+            return None
+        return self.host.version, self.disk.index.version
+
     def locate(self, life_cycle: str, block_hash: int) -> str | None:
         """HOST or DISK for a block not on the device, else None (no mutation)."""
         if self.host.lookup(life_cycle, block_hash) is not None:
