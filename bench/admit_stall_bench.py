@@ -127,7 +127,7 @@ PHASES = [
     # (owner path, attribute, name); inclusive, nested names indented
     ("core", "_run_commands", "add (commands)"),
     ("manager", "add_request", "  kvstore: hash prompt"),
-    ("block_tokens", "extend", "  KV events: hash prompt, keep tokens"),
+    ("block_tokens", "extend", "  KV events: track the prompt's blocks"),
     ("scheduler", "schedule", "schedule (admission)"),
     ("manager", "match", "  prefix match (each call)"),
     ("manager", "admit", "  admit"),

@@ -87,6 +87,11 @@ class SequenceHashes:
         """Ids of the full blocks, in token order (read-only by convention)."""
         return self._hashes
 
+    def block_tokens(self, index: int) -> tuple[int, ...]:
+        """The token ids of full block `index`."""
+        block_bytes = self.block_size * TOKEN_BYTES
+        return struct.unpack_from(f"<{self.block_size}I", self._buffer, index * block_bytes)
+
     def contents(self, index: int) -> bytes:
         """`block_contents` of full block `index` (what its disk file is checked against)."""
         block_bytes = self.block_size * TOKEN_BYTES

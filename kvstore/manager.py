@@ -172,6 +172,11 @@ class KVCacheManager:
         retention changed)."""
         return self._conversations.page_count()
 
+    def sequence_hashes(self, request_id: str) -> SequenceHashes | None:
+        """The request's tokens and block ids (read only), or None for a request not tracked."""
+        state = self._requests.get(request_id)
+        return None if state is None else state.sequence
+
     def request_ids(self) -> tuple[str, ...]:
         """Requests being tracked."""
         return tuple(self._requests)

@@ -75,11 +75,12 @@ class EngineCore:
         self.clock = clock
         self._sink = kv_event_sink
         self._events: list[KVEvent] = []
-        self._block_tokens = BlockTokens(config.page_size)
         # The compute backend allocates the device KV with its host and disk tiers.
         self.manager = KVCacheManager(
             self.compute.store_config, self._events.append, self.compute.open_tiers(), clock
         )
+        # Stored events name their blocks' tokens from the kvstore's records (hashed once).
+        self._block_tokens = BlockTokens(config.page_size, self.manager.sequence_hashes)
         follow = getattr(self.compute, "follow_page_tables", None)
         if follow is not None:  # decode steps read persistent device page tables
             follow(self.manager.watch_page_tables)
