@@ -108,7 +108,7 @@ def pages_fit(
     """True if every required pool has room for its `new_pages` and the match's onboarded
     blocks (matched pages evictable now count against the room: a ref takes them)."""
     for name, pool in required_pools:
-        revived = sum(1 for page in match.pages[name] if pool.is_evictable(page))
+        revived = sum(map(pool.evictable_now, match.pages[name]))
         needed = new_pages[name] + match.num_lower(name)
         if needed > pool.num_available() - revived:
             return False

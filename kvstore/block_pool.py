@@ -67,6 +67,12 @@ class BlockPool:
         # Bumped whenever the hash index changes (a commit, a forgotten page): a match of
         # this pool is still current while it stays the same.
         self.index_version = 0
+        # The index's own lookups, for walks over many blocks in one C-level call (matching):
+        # `holds(block_hash)` is `lookup(block_hash) is not None`, `page_or(block_hash, NULL_PAGE)`
+        # is `lookup` with NULL_PAGE for None.
+        self.holds = self._index.__contains__
+        self.page_or = self._index.get
+        self.evictable_now = self._evictable.__contains__  # `is_evictable`, one C-level call
 
     # -- reads ---------------------------------------------------------------------------------
 

@@ -206,6 +206,23 @@ class KVCacheManager:
         state.branch_hints = tuple(int(hint) for hint in branch_hints)
         self._requests[request_id] = state
 
+    def add_prefix_request(
+        self,
+        request_id: str,
+        source_request_id: str,
+        num_tokens: int,
+        conversation_id: str | None = None,
+    ) -> None:
+        """`add_request(request_id, the first num_tokens tokens of source_request_id's,
+        conversation_id, its extra key)` without hashing them again (a hold of part of a
+        tracked request's prompt)."""
+        if request_id in self._requests:
+            raise ValueError(f"request {request_id!r} is already tracked")
+        sequence = self._state(source_request_id).sequence.prefix(num_tokens)
+        self._requests[request_id] = RequestState.for_sequence(
+            request_id, sequence, conversation_id
+        )
+
     def can_admit(self, request_id: str, num_new_tokens: int) -> bool:
         """True if `admit(request_id, num_new_tokens)` would succeed now."""
         if self._state(request_id).admitted:
@@ -414,6 +431,8 @@ class KVCacheManager:
         Finished reads land on host here, at `admit`, or at `land_prefetched`.
         """
         self.tiers.land_prefetched()
+        if not self.tiers.has_disk:
+            return 0  # nothing is on disk: no waiting request's match to walk
         keys: list[tuple[str, int]] = []
         contents: dict[int, bytes] = {}
         for request_id in waiting_request_ids[: self.tiers.disk_prefetch_num_reqs]:

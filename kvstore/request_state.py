@@ -53,6 +53,13 @@ class RequestState:
         """A new request with its prompt's full blocks hashed; ValueError for an empty prompt."""
         sequence = SequenceHashes(block_size, extra_key)
         sequence.extend(prompt_token_ids)
+        return cls.for_sequence(request_id, sequence, conversation_id)
+
+    @classmethod
+    def for_sequence(
+        cls, request_id: str, sequence: SequenceHashes, conversation_id: str | None
+    ) -> RequestState:
+        """A new request whose prompt is `sequence` (hashed already); ValueError if empty."""
         if sequence.num_tokens == 0:
             raise ValueError(f"request {request_id!r} has an empty prompt")
         return cls(request_id, conversation_id, sequence.num_tokens, sequence)

@@ -128,6 +128,11 @@ class KVTiers:
         capacities = [*self.host.capacity.values(), *self.disk.index.capacity.values()]
         return any(capacities) or isinstance(self.disk.files, DiskFiles)
 
+    @property
+    def has_disk(self) -> bool:
+        """True if a disk tier can hold any block (else nothing is prefetched from it)."""
+        return any(self.disk.index.capacity.values()) or isinstance(self.disk.files, DiskFiles)
+
     def index_version(self) -> tuple[int, int] | None:
         """Changes whenever `locate` may answer differently; None where it cannot tell (a
         shared disk folder's files come and go with other ranks)."""
