@@ -94,7 +94,10 @@ class EngineCore:
         self.drain = DiskDrain(self.manager, self.metrics.drain_flushed_blocks)
         self._draining_mark = False  # the last mark handed to the core (set_draining's caller)
         self.scheduler = Scheduler(
-            self.manager, config.max_batch_size, config.max_num_batched_tokens
+            self.manager,
+            config.max_batch_size,
+            config.max_num_batched_tokens,
+            config.onboard_pages_per_step,
         )
         self._commands: queue.Queue[Callable[[], None]] = queue.Queue()
         self._handles: dict[str, RequestHandle] = {}
