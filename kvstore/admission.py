@@ -261,10 +261,8 @@ def take_match(
 ) -> None:
     """Ref the match's device pages into the request's page tables and onboard staged blocks."""
     for name, pages in match.pages.items():
-        for page in pages:
-            if page != NULL_PAGE:
-                pools[name].ref(page)
-        tiers.count_device_hits(sum(page != NULL_PAGE for page in pages))
+        pools[name].ref_all(pages)
+        tiers.count_device_hits(len(pages) - pages.count(NULL_PAGE))
         state.page_tables[name] = list(pages)
         state.next_commit[name] = match.num_reusable_blocks
         state.next_release[name] = 0

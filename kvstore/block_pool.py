@@ -155,6 +155,44 @@ class BlockPool:
             del self._evictable[page]
         self._ref_counts[page] += 1
 
+    def ref_all(self, pages: Iterable[int]) -> None:
+        """`ref(page)` for each page but NULL_PAGE, in order, in one call (an admission refs
+        its whole matched prefix)."""
+        counts, evictable = self._ref_counts, self._evictable
+        for page in pages:
+            if page == NULL_PAGE:
+                continue
+            count = counts[page]
+            if count == 0:
+                if page not in evictable:
+                    raise ValueError(
+                        f"pool {self.life_cycle!r}: page {page} is free, cannot ref it"
+                    )
+                del evictable[page]
+            counts[page] = count + 1
+
+    def release_all(self, pages: Iterable[int]) -> None:
+        """`release(page)` for each page but NULL_PAGE, in order, in one call (a request's end
+        releases its whole page table)."""
+        counts, evictable, free, page_hash = (
+            self._ref_counts,
+            self._evictable,
+            self._free,
+            self._page_hash,
+        )
+        for page in pages:
+            if page == NULL_PAGE:
+                continue
+            count = counts[page]
+            if count <= 0:
+                raise ValueError(f"pool {self.life_cycle!r}: page {page} released with ref {count}")
+            counts[page] = count - 1
+            if count == 1:
+                if page_hash[page] is None:
+                    free.append(page)
+                else:
+                    evictable[page] = None
+
     def release(self, page: int) -> None:
         """Drop a holder; an unheld page becomes evictable if committed, else free."""
         count = self._ref_counts[page]

@@ -97,3 +97,50 @@ def test_the_match_walk_equals_a_block_by_block_walk(where, max_blocks):
     pages = tuple(NULL_PAGE if pool.lookup(h) is None else pool.lookup(h) for h in hashes)
     assert match.pages["full"] == pages[:run]
     assert match.locations["full"] == tuple(where[:run])
+
+
+pool_operation = st.tuples(
+    st.sampled_from(["take", "commit", "ref", "release"]), st.lists(st.integers(0, 5), max_size=6)
+)
+
+
+def pool_state(pool):
+    return (
+        [pool.ref_count(page) for page in range(pool.num_pages)],
+        list(pool._free),
+        pool.cached_pages(),
+    )
+
+
+@settings(max_examples=300, deadline=None)
+@given(operations=st.lists(pool_operation, max_size=30))
+def test_ref_all_and_release_all_equal_one_page_at_a_time(operations):
+    """Pages (NULL_PAGE among them) referenced and released in batches: the same ref counts,
+    free list and LRU order as page by page, and the same refusal where one is not allowed."""
+    batched, single = (make_manager(pages=6).pools["full"] for _ in range(2))
+    for number, (kind, pages) in enumerate(operations):
+        if kind == "take":
+            assert batched.take(min(len(pages), batched.num_available())) == single.take(
+                min(len(pages), single.num_available())
+            )
+            continue
+        if kind == "commit":
+            for page in pages:
+                if page and single.ref_count(page) > 0 and single.page_hash(page) is None:
+                    batched.commit(page, 1000 * number + page)
+                    single.commit(page, 1000 * number + page)
+            continue
+        one = single.ref if kind == "ref" else single.release
+        failed_single = failed_batched = None
+        try:
+            for page in pages:
+                if page != NULL_PAGE:
+                    one(page)
+        except ValueError as error:
+            failed_single = str(error)
+        try:
+            (batched.ref_all if kind == "ref" else batched.release_all)(pages)
+        except ValueError as error:
+            failed_batched = str(error)
+        assert failed_batched == failed_single
+        assert pool_state(batched) == pool_state(single)
