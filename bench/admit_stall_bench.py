@@ -19,7 +19,7 @@ named, summed over those turns (nested ones indented). Page size as shipped (16)
 
     .venv/bin/python bench/admit_stall_bench.py                       # 16k, 64k, 128k
     .venv/bin/python bench/admit_stall_bench.py --baseline main       # main beside this checkout
-    .venv/bin/python bench/admit_stall_bench.py --prompts 131072 --profile
+    .venv/bin/python bench/admit_stall_bench.py --prompts 131072 --where host --turns --profile
 
 `--baseline REF` runs the same cases, with this file's code, on git REF's `kvstore/`,
 `services/` and `proto/` (a subprocess importing them as `kvfleet`), alternating with this
@@ -198,7 +198,9 @@ def run_to_end(core: EngineCore, handle, decoding) -> list[int]:
                 return tokens
 
 
-def one_admission(prompt: int, where: str, device: str, profile: bool) -> dict[str, float]:
+def one_admission(
+    prompt: int, where: str, device: str, profile: bool, show_turns: bool = False
+) -> dict[str, float]:
     """Seconds of the admitting turn, its hold and step, and each phase; pages onboarded."""
     rng = random.Random(prompt)
     core, _ = new_core(prompt, where, device)
@@ -264,8 +266,11 @@ def one_admission(prompt: int, where: str, device: str, profile: bool) -> dict[s
     run_to_end(core, second, decoding)
     core.manager.check_integrity()
     core.stop()
-    if os.environ.get("ADMIT_TURNS"):
-        print([round(w * 1e3, 1) for w, _ in turns])
+    if show_turns:
+        print(
+            f"{prompt}/{where}: ms of each turn until B joins",
+            [round(w * 1e3, 1) for w, _ in turns],
+        )
     longest, hold = max(turns)
     out = {
         "A's longest wait (one turn)": longest,
@@ -293,7 +298,7 @@ def measure(args) -> dict[str, dict[str, float]]:
     for prompt in (int(p) for p in args.prompts.split(",")):
         for where in args.where.split(","):
             runs = [
-                one_admission(prompt, where, args.device, args.profile and r == 0)
+                one_admission(prompt, where, args.device, args.profile and r == 0, args.turns)
                 for r in range(args.repeats)
             ]
             runs.sort(key=lambda r: r["A's longest wait (one turn)"])
@@ -337,7 +342,8 @@ def main() -> None:
     parser.add_argument("--where", default="device,host", help="where B's prefix is")
     parser.add_argument("--repeats", type=int, default=3, help="the median repeat counts")
     parser.add_argument("--device", default="cpu")
-    parser.add_argument("--profile", action="store_true", help="cProfile the admitting turn")
+    parser.add_argument("--profile", action="store_true", help="cProfile the turns until B joins")
+    parser.add_argument("--turns", action="store_true", help="print each turn's ms until B joins")
     parser.add_argument("--baseline", help="git ref to measure beside this checkout")
     parser.add_argument("--json", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args()
