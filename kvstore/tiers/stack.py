@@ -26,6 +26,7 @@ its way to disk, forgotten after. A block whose contents are not known is not wr
 from __future__ import annotations
 
 import functools
+import itertools
 import logging
 import time
 from collections import Counter
@@ -48,6 +49,7 @@ log = logging.getLogger(__name__)
 
 # Staging rows a drain reuses per batch of device pages: bounds its host memory.
 DRAIN_CHUNK_PAGES = 64
+LOWER = frozenset((HOST, DISK))
 
 
 @dataclass(frozen=True)
@@ -245,7 +247,9 @@ class KVTiers:
         staged: dict[str, list[StagedBlock]] = {}
         bad = 0
         for name, locations in match.locations.items():
-            blocks = [(i, hashes[i], t) for i, t in enumerate(locations) if t in (HOST, DISK)]
+            # the lower blocks' positions in one C-level pass (most of a long match is on device)
+            lower = itertools.compress(itertools.count(), map(LOWER.__contains__, locations))
+            blocks = [(i, hashes[i], locations[i]) for i in lower]
             disk_blocks = [(i, h) for i, h, t in blocks if t == DISK]
             disk_rows = dict(
                 zip(disk_blocks, self.bytes.new_rows(name, len(disk_blocks)), strict=True)
