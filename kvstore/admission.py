@@ -108,7 +108,7 @@ def pages_fit(
     """True if every required pool has room for its `new_pages` and the match's onboarded
     blocks (matched pages evictable now count against the room: a ref takes them)."""
     for name, pool in required_pools:
-        revived = sum(1 for page in match.pages[name] if pool.is_evictable(page))
+        revived = sum(map(pool.evictable_now, match.pages[name]))
         needed = new_pages[name] + match.num_lower(name)
         if needed > pool.num_available() - revived:
             return False
@@ -261,10 +261,8 @@ def take_match(
 ) -> None:
     """Ref the match's device pages into the request's page tables and onboard staged blocks."""
     for name, pages in match.pages.items():
-        for page in pages:
-            if page != NULL_PAGE:
-                pools[name].ref(page)
-        tiers.count_device_hits(sum(page != NULL_PAGE for page in pages))
+        pools[name].ref_all(pages)
+        tiers.count_device_hits(len(pages) - pages.count(NULL_PAGE))
         state.page_tables[name] = list(pages)
         state.next_commit[name] = match.num_reusable_blocks
         state.next_release[name] = 0

@@ -64,6 +64,15 @@ class BlockPool:
         self._index: dict[int, int] = {}
         self._free: deque[int] = deque(range(1, num_pages))
         self._evictable: OrderedDict[int, None] = OrderedDict()
+        # Bumped whenever the hash index changes (a commit, a forgotten page): a match of
+        # this pool is still current while it stays the same.
+        self.index_version = 0
+        # The index's own lookups, for walks over many blocks in one C-level call (matching):
+        # `holds(block_hash)` is `lookup(block_hash) is not None`, `page_or(block_hash, NULL_PAGE)`
+        # is `lookup` with NULL_PAGE for None.
+        self.holds = self._index.__contains__
+        self.page_or = self._index.get
+        self.evictable_now = self._evictable.__contains__  # `is_evictable`, one C-level call
 
     # -- reads ---------------------------------------------------------------------------------
 
@@ -146,6 +155,44 @@ class BlockPool:
             del self._evictable[page]
         self._ref_counts[page] += 1
 
+    def ref_all(self, pages: Iterable[int]) -> None:
+        """`ref(page)` for each page but NULL_PAGE, in order, in one call (an admission refs
+        its whole matched prefix)."""
+        counts, evictable = self._ref_counts, self._evictable
+        for page in pages:
+            if page == NULL_PAGE:
+                continue
+            count = counts[page]
+            if count == 0:
+                if page not in evictable:
+                    raise ValueError(
+                        f"pool {self.life_cycle!r}: page {page} is free, cannot ref it"
+                    )
+                del evictable[page]
+            counts[page] = count + 1
+
+    def release_all(self, pages: Iterable[int]) -> None:
+        """`release(page)` for each page but NULL_PAGE, in order, in one call (a request's end
+        releases its whole page table)."""
+        counts, evictable, free, page_hash = (
+            self._ref_counts,
+            self._evictable,
+            self._free,
+            self._page_hash,
+        )
+        for page in pages:
+            if page == NULL_PAGE:
+                continue
+            count = counts[page]
+            if count <= 0:
+                raise ValueError(f"pool {self.life_cycle!r}: page {page} released with ref {count}")
+            counts[page] = count - 1
+            if count == 1:
+                if page_hash[page] is None:
+                    free.append(page)
+                else:
+                    evictable[page] = None
+
     def release(self, page: int) -> None:
         """Drop a holder; an unheld page becomes evictable if committed, else free."""
         count = self._ref_counts[page]
@@ -166,6 +213,7 @@ class BlockPool:
             return False
         self._page_hash[page] = block_hash
         self._index[block_hash] = page
+        self.index_version += 1
         self._listener(KVEvent(KVEventKind.STORED, self.life_cycle, block_hash))
         return True
 
@@ -185,6 +233,7 @@ class BlockPool:
             return
         self._page_hash[page] = None
         del self._index[block_hash]
+        self.index_version += 1
         self._listener(KVEvent(KVEventKind.REMOVED, self.life_cycle, block_hash))
 
     # -- invariants ----------------------------------------------------------------------------

@@ -87,6 +87,22 @@ class SequenceHashes:
         """Ids of the full blocks, in token order (read-only by convention)."""
         return self._hashes
 
+    def prefix(self, num_tokens: int) -> SequenceHashes:
+        """A new sequence of this one's first `num_tokens` tokens, its block ids copied (what
+        `extend` of those tokens would make, without hashing them again)."""
+        if not 0 <= num_tokens <= self.num_tokens:
+            raise ValueError(f"a prefix of 0..{self.num_tokens} tokens, got {num_tokens}")
+        copy = SequenceHashes.__new__(SequenceHashes)
+        copy.block_size, copy.root = self.block_size, self.root
+        copy._buffer = self._buffer[: num_tokens * TOKEN_BYTES]
+        copy._hashes = self._hashes[: num_tokens // self.block_size]
+        return copy
+
+    def block_tokens(self, index: int) -> tuple[int, ...]:
+        """The token ids of full block `index`."""
+        block_bytes = self.block_size * TOKEN_BYTES
+        return struct.unpack_from(f"<{self.block_size}I", self._buffer, index * block_bytes)
+
     def contents(self, index: int) -> bytes:
         """`block_contents` of full block `index` (what its disk file is checked against)."""
         block_bytes = self.block_size * TOKEN_BYTES

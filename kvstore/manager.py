@@ -111,10 +111,28 @@ class KVCacheManager:
     # -- reads ---------------------------------------------------------------------------------
 
     def match(self, request_id: str) -> PrefixMatch:
-        """The longest reusable prefix of the request's prompt now (no mutation)."""
+        """The longest reusable prefix of the request's prompt now (no mutation).
+
+        An admission asks several times (its size, room, the admission itself) with nothing
+        changed between: while no index the match read changed (the pools' hash indexes, the
+        host and disk indexes) the last match is handed out again, not walked again.
+        """
         state = self._state(request_id)
         hashes = state.sequence.hashes
-        return match_prompt(hashes, state.prompt_len, self.config, self.pools, self._locate)
+        version = self._index_version(len(hashes))
+        last = state.last_match
+        if version is not None and last is not None and last[0] == version:
+            return last[1]
+        match = match_prompt(hashes, state.prompt_len, self.config, self.pools, self._locate)
+        state.last_match = None if version is None else (version, match)
+        return match
+
+    def _index_version(self, num_hashes: int) -> tuple[int, ...] | None:
+        """What a match reads, as counters that change whenever it may (None: unknown)."""
+        tiers = self.tiers.index_version()
+        if tiers is None:
+            return None
+        return (num_hashes, *tiers, *[pool.index_version for pool in self.pools.values()])
 
     def page_table(self, request_id: str, life_cycle: str) -> tuple[int, ...]:
         """The request's pages of one life cycle in token order; NULL_PAGE where slid out."""
@@ -154,6 +172,11 @@ class KVCacheManager:
         retention changed)."""
         return self._conversations.page_count()
 
+    def sequence_hashes(self, request_id: str) -> SequenceHashes | None:
+        """The request's tokens and block ids (read only), or None for a request not tracked."""
+        state = self._requests.get(request_id)
+        return None if state is None else state.sequence
+
     def request_ids(self) -> tuple[str, ...]:
         """Requests being tracked."""
         return tuple(self._requests)
@@ -182,6 +205,23 @@ class KVCacheManager:
             )
         state.branch_hints = tuple(int(hint) for hint in branch_hints)
         self._requests[request_id] = state
+
+    def add_prefix_request(
+        self,
+        request_id: str,
+        source_request_id: str,
+        num_tokens: int,
+        conversation_id: str | None = None,
+    ) -> None:
+        """`add_request(request_id, the first num_tokens tokens of source_request_id's,
+        conversation_id, its extra key)` without hashing them again (a hold of part of a
+        tracked request's prompt)."""
+        if request_id in self._requests:
+            raise ValueError(f"request {request_id!r} is already tracked")
+        sequence = self._state(source_request_id).sequence.prefix(num_tokens)
+        self._requests[request_id] = RequestState.for_sequence(
+            request_id, sequence, conversation_id
+        )
 
     def can_admit(self, request_id: str, num_new_tokens: int) -> bool:
         """True if `admit(request_id, num_new_tokens)` would succeed now."""
@@ -391,6 +431,8 @@ class KVCacheManager:
         Finished reads land on host here, at `admit`, or at `land_prefetched`.
         """
         self.tiers.land_prefetched()
+        if not self.tiers.has_disk:
+            return 0  # nothing is on disk: no waiting request's match to walk
         keys: list[tuple[str, int]] = []
         contents: dict[int, bytes] = {}
         for request_id in waiting_request_ids[: self.tiers.disk_prefetch_num_reqs]:

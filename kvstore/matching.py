@@ -9,6 +9,7 @@ With tiers, a block counts as cached if the device pool or a lower tier (`locate
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
+from itertools import islice, repeat, takewhile
 
 from .block_pool import NULL_PAGE, BlockPool
 from .config import KVStoreConfig
@@ -48,7 +49,7 @@ def find_prefix(
     found = {lc.name: _finder(pools[lc.name], locate and _bind(locate, lc.name)) for lc in required}
     for life_cycle in required:
         if life_cycle.needs_whole_prefix:
-            limit = _run(found[life_cycle.name], hashes, limit)
+            limit = _run(found[life_cycle.name], hashes, limit, pools[life_cycle.name].holds)
     whole = limit if any(lc.needs_whole_prefix for lc in required) else 0
     others = [lc for lc in required if not lc.needs_whole_prefix]
     k = limit
@@ -75,8 +76,11 @@ def _finder(pool: BlockPool, lower: Callable[[int], str | None] | None) -> Found
     return lambda block_hash: lookup(block_hash) is not None or lower(block_hash) is not None
 
 
-def _run(found: Found, hashes: Sequence[int], limit: int) -> int:
-    for index in range(limit):
+def _run(found: Found, hashes: Sequence[int], limit: int, on_device: Found) -> int:
+    """Blocks from the start, at most `limit`, that `found` finds: the run on the device in one
+    C-level walk, then block by block (the host and disk tiers)."""
+    start = len(list(takewhile(on_device, islice(hashes, limit))))
+    for index in range(start, limit):
         if not found(hashes[index]):
             return index
     return limit
@@ -95,7 +99,7 @@ def _pages_at(
     """Position-aligned pages of `life_cycle` for a resume at block k (NULL where not needed)."""
     lookup = pool.lookup
     if life_cycle.needs_whole_prefix and life_cycle.required:
-        return tuple([NULL_PAGE if (page := lookup(h)) is None else page for h in hashes[:k]])
+        return tuple(map(pool.page_or, hashes[:k], repeat(NULL_PAGE, k)))
     table = [NULL_PAGE] * k
     for index in life_cycle.resume_blocks(k, block_size):
         page = lookup(hashes[index])

@@ -8,7 +8,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from .hashing import SequenceHashes
-from .results import RequestProgress
+from .results import PrefixMatch, RequestProgress
 
 
 @dataclass
@@ -37,6 +37,9 @@ class RequestState:
     commit_blocks: dict[str, frozenset[int]] = field(default_factory=dict)
     keep: dict[str, frozenset[int]] = field(default_factory=dict)
     contents_known: int = 0  # blocks whose contents the tiers were given (disk file checks)
+    # The last match and what it was read from (`KVCacheManager.match`): still current while
+    # the indexes it read are unchanged.
+    last_match: tuple[tuple[int, ...], PrefixMatch] | None = None
 
     @classmethod
     def for_prompt(
@@ -50,6 +53,13 @@ class RequestState:
         """A new request with its prompt's full blocks hashed; ValueError for an empty prompt."""
         sequence = SequenceHashes(block_size, extra_key)
         sequence.extend(prompt_token_ids)
+        return cls.for_sequence(request_id, sequence, conversation_id)
+
+    @classmethod
+    def for_sequence(
+        cls, request_id: str, sequence: SequenceHashes, conversation_id: str | None
+    ) -> RequestState:
+        """A new request whose prompt is `sequence` (hashed already); ValueError if empty."""
         if sequence.num_tokens == 0:
             raise ValueError(f"request {request_id!r} has an empty prompt")
         return cls(request_id, conversation_id, sequence.num_tokens, sequence)

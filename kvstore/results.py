@@ -31,7 +31,8 @@ class PrefixMatch:
 
     def num_lower(self, life_cycle: str) -> int:
         """Blocks of `life_cycle` that admission must onboard from host or disk."""
-        return sum(tier in LOWER_TIERS for tier in self.locations.get(life_cycle, ()))
+        where = self.locations.get(life_cycle, ())
+        return sum(where.count(tier) for tier in LOWER_TIERS)
 
 
 @dataclass(frozen=True)

@@ -157,8 +157,5 @@ def release_kept(state: RequestState, pools: Mapping[str, BlockPool]) -> None:
 def release_tables(state: RequestState, pools: Mapping[str, BlockPool]) -> None:
     """At the request's end or cancel: release every page its page tables hold."""
     for name, table in state.page_tables.items():
-        pool = pools[name]
         # NOTE: tail first, so the LRU evicts a prefix from its end and its shared head lasts.
-        for page in reversed(table):
-            if page != NULL_PAGE:
-                pool.release(page)
+        pools[name].release_all(reversed(table))

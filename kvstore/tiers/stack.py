@@ -26,6 +26,7 @@ its way to disk, forgotten after. A block whose contents are not known is not wr
 from __future__ import annotations
 
 import functools
+import itertools
 import logging
 import time
 from collections import Counter
@@ -48,6 +49,7 @@ log = logging.getLogger(__name__)
 
 # Staging rows a drain reuses per batch of device pages: bounds its host memory.
 DRAIN_CHUNK_PAGES = 64
+LOWER = frozenset((HOST, DISK))
 
 
 @dataclass(frozen=True)
@@ -127,6 +129,18 @@ class KVTiers:
         """True if a host or disk tier can hold any block (else matching skips `locate`)."""
         capacities = [*self.host.capacity.values(), *self.disk.index.capacity.values()]
         return any(capacities) or isinstance(self.disk.files, DiskFiles)
+
+    @property
+    def has_disk(self) -> bool:
+        """True if a disk tier can hold any block (else nothing is prefetched from it)."""
+        return any(self.disk.index.capacity.values()) or isinstance(self.disk.files, DiskFiles)
+
+    def index_version(self) -> tuple[int, int] | None:
+        """Changes whenever `locate` may answer differently; None where it cannot tell (a
+        shared disk folder's files come and go with other ranks)."""
+        if isinstance(self.disk.files, DiskFiles):
+            return None
+        return self.host.version, self.disk.index.version
 
     def locate(self, life_cycle: str, block_hash: int) -> str | None:
         """HOST or DISK for a block not on the device, else None (no mutation)."""
@@ -233,7 +247,9 @@ class KVTiers:
         staged: dict[str, list[StagedBlock]] = {}
         bad = 0
         for name, locations in match.locations.items():
-            blocks = [(i, hashes[i], t) for i, t in enumerate(locations) if t in (HOST, DISK)]
+            # the lower blocks' positions in one C-level pass (most of a long match is on device)
+            lower = itertools.compress(itertools.count(), map(LOWER.__contains__, locations))
+            blocks = [(i, hashes[i], locations[i]) for i in lower]
             disk_blocks = [(i, h) for i, h, t in blocks if t == DISK]
             disk_rows = dict(
                 zip(disk_blocks, self.bytes.new_rows(name, len(disk_blocks)), strict=True)

@@ -33,6 +33,8 @@ class TierIndex:
         }
         self._pinned: dict[str, set[int]] = {name: set() for name in self.capacity}
         self._kept = kept
+        # Bumped whenever a block comes or goes (`lookup` may answer differently after).
+        self.version = 0
 
     def lookup(self, life_cycle: str, block_hash: int) -> int | None:
         """The slot holding the block, or None (no mutation)."""
@@ -71,6 +73,7 @@ class TierIndex:
             self._free[life_cycle].append(evicted[0][1])
         slot = self._free[life_cycle].pop()
         slots[block_hash] = slot
+        self.version += 1
         return slot, evicted
 
     def _victim(self, life_cycle: str) -> int | None:
@@ -90,6 +93,7 @@ class TierIndex:
         if slot is not None:
             self._free[life_cycle].append(slot)
             self._pinned[life_cycle].discard(block_hash)
+            self.version += 1
         return slot
 
     def pin(self, life_cycle: str, block_hash: int) -> None:

@@ -75,11 +75,12 @@ class EngineCore:
         self.clock = clock
         self._sink = kv_event_sink
         self._events: list[KVEvent] = []
-        self._block_tokens = BlockTokens(config.page_size)
         # The compute backend allocates the device KV with its host and disk tiers.
         self.manager = KVCacheManager(
             self.compute.store_config, self._events.append, self.compute.open_tiers(), clock
         )
+        # Stored events name their blocks' tokens from the kvstore's records (hashed once).
+        self._block_tokens = BlockTokens(config.page_size, self.manager.sequence_hashes)
         follow = getattr(self.compute, "follow_page_tables", None)
         if follow is not None:  # decode steps read persistent device page tables
             follow(self.manager.watch_page_tables)
@@ -93,7 +94,10 @@ class EngineCore:
         self.drain = DiskDrain(self.manager, self.metrics.drain_flushed_blocks)
         self._draining_mark = False  # the last mark handed to the core (set_draining's caller)
         self.scheduler = Scheduler(
-            self.manager, config.max_batch_size, config.max_num_batched_tokens
+            self.manager,
+            config.max_batch_size,
+            config.max_num_batched_tokens,
+            config.onboard_pages_per_step,
         )
         self._commands: queue.Queue[Callable[[], None]] = queue.Queue()
         self._handles: dict[str, RequestHandle] = {}

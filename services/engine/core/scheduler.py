@@ -14,14 +14,21 @@ still cached.
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Callable
 from functools import partial
 
 from ....kvstore.manager import KVCacheManager
+from ....kvstore.results import LOWER_TIERS
+from ....kvstore.tiers.metrics import DEVICE
 from ...core.step_planner import StepPlanner
 from ..request.scheduled_chunk import ScheduledChunk
 from ..request.sequence import Sequence
 from .prefetch_holds import PrefetchHolds
+
+# Blocks brought up ahead of an admission are held this long at most (the sequence may be
+# cancelled meanwhile); memory pressure gives them up before any sequence is preempted.
+AHEAD_HOLD_SECONDS = 30.0
 
 
 class Scheduler(StepPlanner[Sequence, ScheduledChunk]):
@@ -32,9 +39,17 @@ class Scheduler(StepPlanner[Sequence, ScheduledChunk]):
         manager: KVCacheManager,
         max_batch_size: int,
         token_budget: int,
+        onboard_pages_per_step: int = 0,
     ) -> None:
         super().__init__(manager, max_batch_size, token_budget)
         self.holds = PrefetchHolds(manager)  # router-driven prefetch between turns
+        # A prefix with more host/disk blocks than this, admitted while others run, comes up
+        # this many a step before its admission (`_onboard_ahead`); 0: all at its admission.
+        self.onboard_pages_per_step = onboard_pages_per_step
+        self.onboarded_ahead = 0  # pages brought up ahead of admissions
+        # sequence key -> [its match's host/disk block positions, how many are brought up]
+        self._ahead: dict[str, list] = {}
+        self._ahead_ids = itertools.count()
 
     # -- membership ------------------------------------------------------------------------------
 
@@ -47,6 +62,8 @@ class Scheduler(StepPlanner[Sequence, ScheduledChunk]):
     def remove(self, sequence: Sequence) -> None:
         """Forget a finished or cancelled sequence and release every page it holds."""
         self.park(sequence)
+        self.holds.release(_ahead_key(sequence))
+        self._ahead.pop(sequence.key, None)
         if sequence.key in self.manager.request_ids():
             self.manager.finish_request(sequence.key)
 
@@ -131,6 +148,8 @@ class Scheduler(StepPlanner[Sequence, ScheduledChunk]):
         return sequence.ready()
 
     def _admit(self, sequence: Sequence, budget: int) -> ScheduledChunk | None:
+        if self._onboard_ahead(sequence):
+            return None  # its next blocks came up this step; the running ones step meanwhile
         match = self.manager.match(sequence.key)
         count = min(sequence.num_tokens - match.num_reusable_tokens, budget)
         conversation = sequence.conversation_id
@@ -140,10 +159,68 @@ class Scheduler(StepPlanner[Sequence, ScheduledChunk]):
         # (a disk file that failed its checks); the chunk starts where reuse really ends.
         reused = self.manager.admit(sequence.key, count).num_reused_tokens
         self.holds.take(conversation)  # the sequence holds the pages now
+        self.holds.release(_ahead_key(sequence))
         sequence.admitted = True
         if sequence.cached_tokens is None:
             sequence.cached_tokens = reused
         return self._chunk(sequence, reused, count)
+
+    def _onboard_ahead(self, sequence: Sequence) -> bool:
+        """Bring the next `onboard_pages_per_step` host/disk blocks of the sequence's match up
+        to the device, held for it, when it would otherwise onboard more than that at its
+        admission while other sequences run (they wait for an admission: every page onboarded
+        in one go is a pause of the whole batch). True when blocks came up: the sequence is
+        admitted at a later step, once the rest fit in one piece.
+
+        The blocks to bring up are read from the match once (`_ahead`, the plan); a piece is a
+        hold (`PrefetchHolds.keep`) of the prompt up to the block after its last one, so it
+        reuses what the previous piece brought up. The admission itself is the ordinary one:
+        it finds those blocks on the device, or onboards whatever is not. Room is made as for
+        the admission (retained turns released, then other holds); where none can be made, or
+        a piece brings nothing up, the admission goes as before.
+        """
+        step = self.onboard_pages_per_step
+        if step <= 0 or not self.running:
+            self._ahead.pop(sequence.key, None)
+            return False
+        manager = self.manager
+        plan = self._ahead.get(sequence.key)
+        if plan is None:
+            match = manager.match(sequence.key)
+            lower = sorted(
+                {
+                    index
+                    for where in match.locations.values()
+                    for index, tier in enumerate(where)
+                    if tier in LOWER_TIERS
+                }
+            )
+            plan = self._ahead[sequence.key] = [lower, 0]
+        lower, done = plan
+        if len(lower) - done <= step:
+            del self._ahead[sequence.key]
+            return False  # the admission brings the rest up
+        config = manager.config
+        end_tokens = (lower[done + step - 1] + 1) * config.block_size
+        end_tokens += max(1, config.max_replay_tokens)  # a match stops this far before the end
+        request_id = f"onboard-ahead-{next(self._ahead_ids)}"
+        manager.add_prefix_request(request_id, sequence.key, end_tokens)
+        fits = partial(manager.can_admit, request_id, 0)
+        if manager.match(request_id).num_reusable_tokens == 0 or not self._free_for(
+            fits, _ahead_key(sequence)
+        ):
+            manager.finish_request(request_id)
+            del self._ahead[sequence.key]
+            return False
+        before = manager.tiers.metrics[DEVICE].pages_in
+        manager.admit(request_id, 0)
+        self.holds.keep(_ahead_key(sequence), request_id, AHEAD_HOLD_SECONDS)
+        brought = manager.tiers.metrics[DEVICE].pages_in - before
+        self.onboarded_ahead += brought
+        plan[1] = done + step
+        if not brought:
+            del self._ahead[sequence.key]
+        return brought > 0
 
     def _chunk(self, sequence: Sequence, start: int, count: int) -> ScheduledChunk:
         tokens = tuple(sequence.tokens(start, start + count))
@@ -167,3 +244,8 @@ class Scheduler(StepPlanner[Sequence, ScheduledChunk]):
     def _on_preempted(self, victim: Sequence, num_tokens: int) -> None:
         victim.kv_prompt_len = num_tokens
         victim.admitted = False
+
+
+def _ahead_key(sequence: Sequence) -> str:
+    """What the blocks brought up ahead of a sequence's admission are held under."""
+    return f"admit-ahead:{sequence.key}"

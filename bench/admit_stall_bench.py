@@ -1,0 +1,380 @@
+"""How long a decoding sequence waits while its rank admits a long prompt, and where that goes.
+
+One EngineCore (a tiny model's weights with a forward that costs nothing, as in
+`decode_host_bench.py`; the real scheduler, kvstore, tiers and page copies) decodes one
+sequence A. Conversation B's first turn (PROMPT tokens) ran to its end; B's second turn resends
+it with its output and 1,024 new tokens, as an agent's next turn does. Where B's prefix is:
+
+- `device`: retained on the device since its first turn;
+- `host`:   pushed to the host tier (another conversation of the same length filled the device
+            after B's first turn), so admission onboards it.
+
+The core's turns from B's submission to the one that admits it are timed; A decodes in each.
+`A's longest wait` is the longest of them (A's longest gap between two tokens), `hold` its part
+before the step starts (the request's add and its admission: A runs nothing meanwhile), `step`
+the step itself (A's decode and, in the admitting turn, B's first chunk; a free forward here).
+`B: submitted to joined` sums the turns. The phases below are inclusive wall times of the calls
+named, summed over those turns (nested ones indented). Page size as shipped (16), step budget
+8,192 tokens.
+
+    .venv/bin/python bench/admit_stall_bench.py                       # 16k, 64k, 128k
+    .venv/bin/python bench/admit_stall_bench.py --baseline main       # main beside this checkout
+    .venv/bin/python bench/admit_stall_bench.py --prompts 131072 --where host --turns --profile
+
+`--baseline REF` runs the same cases, with this file's code, on git REF's `kvstore/`,
+`services/` and `proto/` (a subprocess importing them as `kvfleet`), alternating with this
+checkout case by case so that both see the same load. Each case is run `--repeats` times (a
+fresh core each) and the repeat whose `A waits` is the median counts.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import random
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from collections import defaultdict
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from gpu_common import REPO, import_engine, print_table
+
+import_engine()
+
+from kvfleet.services.engine.compute.backends import TorchCompute  # noqa: E402
+from kvfleet.services.engine.compute.sampling import SamplingParams  # noqa: E402
+from kvfleet.services.engine.config.engine_config import EngineConfig  # noqa: E402
+from kvfleet.services.engine.config.model_config import PRESETS, ModelConfig  # noqa: E402
+from kvfleet.services.engine.core.engine_core import EngineCore  # noqa: E402
+from kvfleet.services.engine.request.engine_request import GenerateCall  # noqa: E402
+
+NEW_TOKENS = 1024  # what B's second turn adds after its first turn and output
+STEP_TOKENS = 8192  # the H100 fleet's max_num_batched_tokens
+PAGE = 16  # EngineConfig's page size
+
+
+def host_shape() -> ModelConfig:
+    return ModelConfig(
+        vocab_size=320,
+        hidden_size=64,
+        intermediate_size=128,
+        num_layers=2,
+        num_heads=4,
+        num_kv_heads=2,
+        head_dim=16,
+        max_position=262144,
+        name="admit-shape",
+    )
+
+
+PRESETS.setdefault("admit-shape", host_shape)
+
+
+class FreeModel(torch.nn.Module):
+    """Logits of zeros for every sequence of the batch: a forward that costs nothing."""
+
+    def __init__(self, vocab: int) -> None:
+        super().__init__()
+        self.vocab = vocab
+
+    def forward(self, batch, cache, backend) -> torch.Tensor:
+        return torch.zeros(batch.num_sequences, self.vocab)
+
+
+class Phases:
+    """Wraps named methods of objects and sums their wall time (and calls) while `on`."""
+
+    def __init__(self) -> None:
+        self.seconds: dict[str, float] = defaultdict(float)
+        self.calls: dict[str, int] = defaultdict(int)
+        self.on = False
+        self.step_started: float | None = None
+
+    def wrap(self, owner, attribute: str, name: str) -> None:
+        original = getattr(owner, attribute, None)
+        if original is None:
+            return  # a tree without this call
+
+        def timed(*args, **kwargs):
+            if not self.on:
+                return original(*args, **kwargs)
+            start = time.perf_counter()
+            try:
+                return original(*args, **kwargs)
+            finally:
+                self.seconds[name] += time.perf_counter() - start
+                self.calls[name] += 1
+
+        setattr(owner, attribute, timed)
+
+    def mark_step(self, core) -> None:
+        original = core._step
+
+        def step(chunks):
+            if self.on:
+                self.step_started = time.perf_counter()
+            return original(chunks)
+
+        core._step = step
+
+
+PHASES = [
+    # (owner path, attribute, name); inclusive, nested names indented
+    ("core", "_run_commands", "add (commands)"),
+    ("manager", "add_request", "  kvstore: hash prompt"),
+    ("block_tokens", "extend", "  KV events: track the prompt's blocks"),
+    ("scheduler", "schedule", "schedule (admission)"),
+    ("manager", "match", "  prefix match (each call)"),
+    ("manager", "admit", "  admit"),
+    ("tiers", "stage", "    stage host blocks"),
+    ("pools", "take", "    take pages (device evictions)"),
+    ("tiers", "flush", "    offload evicted pages"),
+    ("tiers", "onboard", "    copy host -> device"),
+    ("core", "_flush_events", "KV events out"),
+]
+
+
+def owners(core) -> dict[str, list]:
+    return {
+        "core": [core],
+        "manager": [core.manager],
+        "scheduler": [core.scheduler],
+        "block_tokens": [core._block_tokens],
+        "tiers": [core.manager.tiers],
+        "pools": list(core.manager.pools.values()),
+    }
+
+
+def new_core(prompt: int, where: str, device: str) -> tuple[EngineCore, TorchCompute]:
+    prompt_pages = -(-(prompt + NEW_TOKENS + 64) // PAGE)
+    # host: the device holds about one prompt, so that another one pushes B's to host
+    device_pages = prompt_pages + 400 if where == "host" else 2 * prompt_pages + 600
+    config = EngineConfig(
+        model="admit-shape",
+        device=device,
+        decode_graphs="off",
+        max_batch_size=2,
+        max_num_batched_tokens=STEP_TOKENS,
+        page_size=PAGE,
+        kv_pages=device_pages,
+        host_kv_pages=3 * prompt_pages if where == "host" else None,
+    )
+    compute = TorchCompute(config)
+    core = EngineCore(config, compute=compute)
+    free = FreeModel(compute.model_config.vocab_size)
+    compute.model = free
+    if getattr(compute, "decode", None) is not None:
+        compute.decode.model = free
+    return core, compute
+
+
+def drain(handle) -> list[tuple[int, ...]]:
+    """The outputs a handle holds now: (token ids, ended) each."""
+    got = []
+    while (output := handle.poll()) is not None:
+        if isinstance(output, Exception):
+            raise output
+        got.append((tuple(output.token_ids), output.usage is not None))
+    return got
+
+
+def run_to_end(core: EngineCore, handle, decoding) -> list[int]:
+    """Turn the core until `handle`'s request ends (reading A's tokens as they come); its
+    tokens."""
+    tokens: list[int] = []
+    while True:
+        core.run_once()
+        drain(decoding)
+        for ids, ended in drain(handle):
+            tokens.extend(ids)
+            if ended:
+                return tokens
+
+
+def one_admission(
+    prompt: int, where: str, device: str, profile: bool, show_turns: bool = False
+) -> dict[str, float]:
+    """Seconds of the admitting turn, its hold and step, and each phase; pages onboarded."""
+    rng = random.Random(prompt)
+    core, _ = new_core(prompt, where, device)
+    decoding = core.submit(
+        GenerateCall("a", tuple(rng.randrange(256) for _ in range(64)),
+                     SamplingParams(max_tokens=2000), "conv-a")
+    )  # fmt: skip
+    first_prompt = tuple(rng.randrange(256) for _ in range(prompt))
+    first = core.submit(GenerateCall("b1", first_prompt, SamplingParams(max_tokens=4), "conv-b"))
+    output = run_to_end(core, first, decoding)
+    if where == "host":
+        filler = core.submit(
+            GenerateCall("fill", tuple(rng.randrange(256) for _ in range(prompt + 4096)),
+                         SamplingParams(max_tokens=1), "conv-fill")
+        )  # fmt: skip
+        run_to_end(core, filler, decoding)
+    tiers = core.manager.tiers.metrics
+    for _ in range(5):
+        core.run_once()
+    decode_steps = []
+    for _ in range(10):
+        started = time.perf_counter()
+        core.run_once()
+        decode_steps.append(time.perf_counter() - started)
+    drain(decoding)
+    phases = Phases()
+    objects = owners(core)
+    for owner, attribute, name in PHASES:
+        for thing in objects[owner]:
+            phases.wrap(thing, attribute, name)
+    phases.mark_step(core)
+    host_out = tiers["host"].pages_out
+    second_prompt = (*first_prompt, *output, *(rng.randrange(256) for _ in range(NEW_TOKENS)))
+    second = core.submit(GenerateCall("b2", second_prompt, SamplingParams(max_tokens=4), "conv-b"))
+    a_before = len(core._sequences["a"][0].output)
+    profiler = None
+    if profile:
+        import cProfile
+
+        profiler = cProfile.Profile()
+        profiler.enable()
+    phases.on = True
+    sequence = None
+    turns: list[tuple[float, float]] = []  # (wall, hold) of each turn until B joins
+    while sequence is None or not sequence.admitted:
+        assert len(turns) < 10_000, "B's second turn is never admitted"
+        phases.step_started = None
+        started = time.perf_counter()
+        core.run_once()
+        ended = time.perf_counter()
+        turns.append((ended - started, (phases.step_started or ended) - started))
+        sequence = core._sequences["b2"][0]
+    phases.on = False
+    if profiler is not None:
+        import pstats
+
+        profiler.disable()
+        print(f"\n## cProfile of the turns until B joins, prompt {prompt}, prefix on {where}")
+        pstats.Stats(profiler).sort_stats("tottime").print_stats(22)
+    decoded = len(core._sequences["a"][0].output) - a_before
+    assert decoded == len(turns), "A decodes in every turn"
+    onboarded = tiers["host"].pages_out - host_out
+    run_to_end(core, second, decoding)
+    core.manager.check_integrity()
+    core.stop()
+    if show_turns:
+        print(
+            f"{prompt}/{where}: ms of each turn until B joins",
+            [round(w * 1e3, 1) for w, _ in turns],
+        )
+    longest, hold = max(turns)
+    out = {
+        "A's longest wait (one turn)": longest,
+        "  hold (before its step starts)": hold,
+        "  its step (A's decode, maybe B's first chunk)": longest - hold,
+        "A waits, plain decode turn (median)": statistics.median(decode_steps),
+        "B: submitted to joined (sum of turns)": sum(wall for wall, _ in turns),
+        "turns until B joins": float(len(turns)),
+    }
+    for _, _, name in PHASES:
+        out[name] = phases.seconds.get(name, 0.0)
+    out["  prefix match calls"] = float(phases.calls.get("  prefix match (each call)", 0))
+    out["reused tokens"] = float(sequence.cached_tokens or 0)
+    out["host pages onboarded"] = float(onboarded)
+    return out
+
+
+COUNTS = ("turns until B joins", "  prefix match calls", "reused tokens", "host pages onboarded")
+
+
+def measure(args) -> dict[str, dict[str, float]]:
+    """Per case `PROMPT/where`: the median repeat's figures."""
+    torch.set_num_threads(1)
+    out = {}
+    for prompt in (int(p) for p in args.prompts.split(",")):
+        for where in args.where.split(","):
+            runs = [
+                one_admission(prompt, where, args.device, args.profile and r == 0, args.turns)
+                for r in range(args.repeats)
+            ]
+            runs.sort(key=lambda r: r["A's longest wait (one turn)"])
+            out[f"{prompt}/{where}"] = runs[len(runs) // 2]
+    return out
+
+
+def baseline_tree(ref: str) -> Path:
+    """A folder whose `kvfleet` package is git REF's kvstore, services and proto."""
+    root = Path(tempfile.mkdtemp(prefix="admit-stall-baseline-"))
+    tree, package = root / "tree", root / "shim" / "kvfleet"
+    tree.mkdir()
+    package.mkdir(parents=True)
+    archive = subprocess.run(
+        ["git", "-C", str(REPO), "archive", ref, "kvstore", "services", "proto"],
+        check=True,
+        capture_output=True,
+    ).stdout
+    subprocess.run(["tar", "-x", "-C", str(tree)], input=archive, check=True)
+    for folder in ("kvstore", "services", "proto"):
+        (package / folder).symlink_to(tree / folder)
+    return package.parent
+
+
+def measure_baseline(shim: Path, args, prompt: int, where: str) -> dict[str, float]:
+    """One case measured in a subprocess on the baseline's kvfleet."""
+    command = [sys.executable, __file__, "--json", "--prompts", str(prompt), "--where", where]
+    command += ["--repeats", str(args.repeats), "--device", args.device]
+    env = {**os.environ, "PYTHONPATH": str(shim)}
+    done = subprocess.run(command, env=env, check=True, capture_output=True, text=True)
+    return json.loads(done.stdout.strip().splitlines()[-1])[f"{prompt}/{where}"]
+
+
+def cell(name: str, value: float) -> float:
+    return value if name in COUNTS else value * 1e3
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--prompts", default="16384,65536,131072", help="B's first-turn tokens")
+    parser.add_argument("--where", default="device,host", help="where B's prefix is")
+    parser.add_argument("--repeats", type=int, default=3, help="the median repeat counts")
+    parser.add_argument("--device", default="cpu")
+    parser.add_argument("--profile", action="store_true", help="cProfile the turns until B joins")
+    parser.add_argument("--turns", action="store_true", help="print each turn's ms until B joins")
+    parser.add_argument("--baseline", help="git ref to measure beside this checkout")
+    parser.add_argument("--json", action="store_true", help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.json:  # a baseline's subprocess: one line of results
+        print(json.dumps(measure(args)))
+        return
+    title = f"admission of a resent prompt while A decodes (page {PAGE}, free forward), ms"
+    if not args.baseline:
+        rows = []
+        for case, figures in measure(args).items():
+            rows += [[case, name, cell(name, value)] for name, value in figures.items()]
+        print_table(title, ["prompt/prefix on", "phase", "ms (count)"], rows)
+        return
+    shim = baseline_tree(args.baseline)
+    rows = []
+    for prompt in (int(p) for p in args.prompts.split(",")):
+        for where in args.where.split(","):
+            case = f"{prompt}/{where}"
+            before = measure_baseline(shim, args, prompt, where)
+            after = measure(argparse.Namespace(**{**vars(args), "prompts": str(prompt),
+                                                  "where": where}))[case]  # fmt: skip
+            for name in dict.fromkeys([*before, *after]):
+                old, new = cell(name, before.get(name, 0.0)), cell(name, after.get(name, 0.0))
+                ratio = old / new if new and name not in COUNTS else "-"
+                rows.append([case, name, old, new, ratio])
+    print_table(
+        f"{title}: {args.baseline} vs this checkout",
+        ["prompt/prefix on", "phase", args.baseline, "this", "speed-up"],
+        rows,
+    )
+
+
+if __name__ == "__main__":
+    main()
