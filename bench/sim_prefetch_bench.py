@@ -8,6 +8,7 @@ RANK@SECONDS` the moves after that drain that recomputed a prefix their home had
 
 Run: nice -n 10 .venv/bin/python bench/sim_prefetch_bench.py --half tune --sessions 12 \
      --ranks 4 --slots 4 --gpu-pages 3000 --host-pages 3000 [--drain rank-1@600] [--json OUT]
+     [--hardware admit_ms=30,admit_ms_per_host_page=0.19]
 """
 
 from __future__ import annotations
@@ -16,8 +17,10 @@ import argparse
 import asyncio
 import json
 import statistics
+import tempfile
 from pathlib import Path
 
+import yaml
 from rich.console import Console
 from rich.table import Table
 from sim_bench import HYBRID_MODEL, run_sim_arms
@@ -51,6 +54,12 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--drain", default="", help="RANK@SECONDS: that rank drains then")
     parser.add_argument("--set", default="", help="fleet overrides for every arm: k=v,k=v")
     parser.add_argument("--model", type=Path, default=HYBRID_MODEL)
+    parser.add_argument(
+        "--hardware",
+        default="",
+        help="hardware figures over the model file's: k=v,k=v (admit_ms=30,"
+        "admit_ms_per_host_page=0.19: the H100 fleet's admission, docs/sim-vs-live.md)",
+    )
     parser.add_argument("--json", type=Path, default=None)
     return parser.parse_args()
 
@@ -134,6 +143,7 @@ COLUMNS = (
     ("host->GPU GB", "host_bytes_in", 1, 1e9),
     ("disk->GPU GB", "disk_bytes_in", 1, 1e9),
     ("pulled GB", "pulled_bytes", 1, 1e9),
+    ("holds taken / late / cancelled", ("holds_taken", "holds_late", "holds_cancelled"), 0, 1),
     ("drained moves", "drained_moves", 0, 1),
     ("full recomputes after drain", "drained_full_recomputes", 0, 1),
     ("wall s", "wall_s", 0, 1),
@@ -151,6 +161,9 @@ def print_table(runs: dict[str, list[dict]], args: argparse.Namespace) -> None:
         for _, key, digits, scale in COLUMNS:
             if key is None:
                 values = [m["prefix_reuse"] / m["oracle_reuse"] for m in items]
+            elif isinstance(key, tuple):
+                cells.append(" / ".join(spread([m[k] for m in items], digits) for k in key))
+                continue
             else:
                 values = [m[key] for m in items]
             cells.append(spread(values, digits, scale))
@@ -158,9 +171,22 @@ def print_table(runs: dict[str, list[dict]], args: argparse.Namespace) -> None:
     Console(width=260).print(table)
 
 
+def with_hardware(args: argparse.Namespace, folder: Path) -> argparse.Namespace:
+    """`--hardware k=v,...` over the model file's hardware section: a merged file in `folder`."""
+    if not args.hardware:
+        return args
+    raw = yaml.safe_load(args.model.read_text()) or {}
+    figures = dict(item.split("=", 1) for item in args.hardware.split(","))
+    raw["hardware"] = {**raw.get("hardware", {}), **{k: float(v) for k, v in figures.items()}}
+    merged = folder / "sim.yaml"
+    merged.write_text(yaml.safe_dump(raw))
+    return argparse.Namespace(**{**vars(args), "model": merged})
+
+
 def main() -> None:
     args = parse_args()
-    runs = asyncio.run(run(args))
+    with tempfile.TemporaryDirectory() as folder:
+        runs = asyncio.run(run(with_hardware(args, Path(folder))))
     print_table(runs, args)
     if args.json is not None:
         args.json.write_text(json.dumps(runs, indent=1, default=str))

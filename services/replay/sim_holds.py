@@ -11,7 +11,11 @@ are on the device and cannot be evicted. Two things make one:
 |          | rank lacks come over the link, as a hand-off's do (`admit_computed`, commit)   |
 
 The conversation's next turn on this rank takes the hold over at its admission (its own match
-then finds the pages on the device); a copy still in flight is charged to that admission.
+then finds the pages on the device). A prefetch's onboarding is charged when it runs, as the
+engine runs it: on the rank's core thread between steps (`PrefetchHolds.hold` through
+`call_on_core`), at what a turn's admission of the same pages costs (`admission_seconds` and
+the copies), so the rank's next step starts that much later; the turn that takes the hold over
+onboards only what the hold did not bring up.
 Memory pressure cancels holds after retained turns are released and before any request is
 preempted or refused, prefetches before pulls (a pull's turn is already placed here); a
 prefetch also ends at its expiry.
@@ -29,6 +33,7 @@ from dataclasses import dataclass
 from ...kvstore.block_pool import NULL_PAGE
 from ...kvstore.tiers.metrics import DISK, HOST
 from .sim_clock import ScheduledEvent
+from .sim_dispatch import admission_seconds
 from .sim_request import SimRequest
 
 
@@ -89,10 +94,10 @@ class HoldSide:
             return False
         host, disk = self._lower_pages(match)
         manager.admit(hold_id, 0)
-        now = self.clock.now()
-        copy_s = sum(host.values()) * self.costs.host_copy_s_per_page
-        copy_s += sum(disk.values()) * self.costs.disk_copy_s_per_page
-        hold = Hold(hold_id, conversation_id, now + copy_s, sum(host.values()), sum(disk.values()))
+        host_pages, disk_pages = sum(host.values()), sum(disk.values())
+        # The engine onboards on its core thread, as at a turn's admission: no step meanwhile.
+        done_s = self._hold_core(self._onboard_seconds(host_pages, disk_pages))
+        hold = Hold(hold_id, conversation_id, done_s, host_pages, disk_pages)
         self._keep(hold, hold_for_s)
         stats = self.hold_stats
         stats.prefetches += 1
@@ -154,6 +159,16 @@ class HoldSide:
                 kept = next((i for i, page in enumerate(pages) if page is None), len(pages))
                 reach = max(reach, kept * manager.config.block_size)
         return min(found, reach)
+
+    def _onboard_seconds(self, host_pages: int, disk_pages: int) -> float:
+        """The core thread's time for a prefetch's add and admission: what a turn admitted with
+        the same pages onboarded costs its rank (`admission_seconds`, then the copies its step
+        would make), since the engine runs both on its core thread the same way."""
+        costs = self.costs
+        copy_s = host_pages * costs.host_copy_s_per_page + disk_pages * costs.disk_copy_s_per_page
+        if self.hardware is None:
+            return copy_s
+        return admission_seconds(self.hardware, 1, host_pages) + copy_s
 
     def take_hold(self, request: SimRequest) -> Hold | None:
         """The conversation's turn is being admitted: the hold's pages become its own match."""

@@ -78,6 +78,8 @@ class SimRank(HandoffSide, HoldSide, StepPlanner[SimRequest, Chunk]):
         self.page_bytes = page_bytes or {}
         self.step_log = step_log
         self.hardware = hardware  # its admission figures (sim_dispatch.admission_seconds)
+        self._core_free_s = 0.0  # the core thread runs other work until then (no step)
+        self._core_debt_s = 0.0  # ... and this much after the step in flight
 
     @property
     def released_conversations(self) -> int:
@@ -134,7 +136,33 @@ class SimRank(HandoffSide, HoldSide, StepPlanner[SimRequest, Chunk]):
 
     # -- steps -----------------------------------------------------------------------------------
 
+    def _hold_core(self, seconds: float) -> float:
+        """The core thread runs `seconds` of work between steps (a prefetch's onboarding): now
+        when no step is in flight, else after it; the next step starts that much later. Returns
+        when the work is done (after the step in flight: counted from now)."""
+        now = self.clock.now()
+        self.busy_s += seconds
+        if not self._busy:
+            self._core_free_s = max(self._core_free_s, now) + seconds
+            return self._core_free_s
+        self._core_debt_s += seconds
+        self._wake()  # a decode run ends after its step in flight
+        return max(self._core_free_s, now) + self._core_debt_s
+
+    def _core_wait(self) -> bool:
+        """True when the core thread is busy with work between steps: the step starts later."""
+        now = self.clock.now()
+        if self._core_debt_s:
+            self._core_free_s = max(self._core_free_s, now) + self._core_debt_s
+            self._core_debt_s = 0.0
+        if self._core_free_s <= now:
+            return False
+        self.clock.call_at(self._core_free_s, self._start_step)
+        return True
+
     def _start_step(self) -> None:
+        if self._core_wait():
+            return
         self._reserve_received()
         if self._start_decode_run():
             return
@@ -301,9 +329,8 @@ class SimRank(HandoffSide, HoldSide, StepPlanner[SimRequest, Chunk]):
             allocation = manager.admit(rid, min(request.prompt_len - start, budget))
         finally:
             self.current = None
-        hold = self.take_hold(request)
-        if hold is not None and hold.ready_s > self.clock.now():
-            host, disk = host + hold.host_pages, disk + hold.disk_pages  # copy still in flight
+        # A hold's pages are the match's own now; its onboarding was charged when it ran.
+        self.take_hold(request)
         return KVAdmission(start, allocation, host, disk)
 
     def _allocate(self, request: SimRequest, count: int) -> None:

@@ -3,8 +3,11 @@
 from __future__ import annotations
 
 import asyncio
+import dataclasses
+import itertools
 
-from kvfleet.services.replay.sim_config import load_sim_config
+from kvfleet.services.replay.sim_config import SimConfig, load_sim_config
+from kvfleet.services.replay.sim_dispatch import admission_seconds
 from kvfleet.services.replay.sim_target import SimTarget
 
 BLOCK = 64
@@ -18,10 +21,22 @@ PRESSED = {
 }
 
 
-async def _returning_turn_after_pressure(prefetch: str):
+# The H100 fleet's admission figures (docs/sim-vs-live.md, twelfth look).
+ADMIT_MS, ADMIT_MS_PER_HOST_PAGE = 30.0, 0.19
+
+
+def _with_admission(config: SimConfig) -> SimConfig:
+    hardware = dataclasses.replace(
+        config.hardware, admit_ms=ADMIT_MS, admit_ms_per_host_page=ADMIT_MS_PER_HOST_PAGE
+    )
+    return dataclasses.replace(config, hardware=hardware)
+
+
+async def _returning_turn_after_pressure(prefetch: str, admission: bool = False):
     """Turns a1, a2 (a 2 s gap), then conversation B, which pushes A to host, then a3
     2 s after a2: a3's request."""
-    target = SimTarget(load_sim_config(None, {**PRESSED, "prefetch": prefetch}))
+    config = load_sim_config(None, {**PRESSED, "prefetch": prefetch})
+    target = SimTarget(_with_admission(config) if admission else config)
     fleet, clock = target.fleet, target.clock
     a = list(range(40 * BLOCK))
     try:
@@ -45,6 +60,52 @@ async def test_prefetch_brings_a_released_prefix_up_before_the_turn() -> None:
     # The hold's prompt is a2's (40 blocks, of which a match leaves the last to compute):
     # a3, one block longer, onboards that one block.
     assert held.host_pages_in == 1
+
+
+async def test_a_prefetched_turn_is_admitted_without_the_host_pages_stall() -> None:
+    """If this fails, a turn whose prefix a prefetch brought up in the tool pause still pays the
+    admission's per-host-page stall (0.19 ms a page on the H100 fleet) for those pages."""
+    without = await _returning_turn_after_pressure("off", admission=True)
+    held = await _returning_turn_after_pressure("on", admission=True)
+    assert (without.host_pages_in, held.host_pages_in) == (without.host_pages_in, 1)
+    spared_s = ADMIT_MS_PER_HOST_PAGE * (without.host_pages_in - 1) / 1e3
+    ttft_without = without.token_times[0] - without.arrival_s
+    assert held.token_times[0] - held.arrival_s <= ttft_without - 0.9 * spared_s
+
+
+async def _decode_gaps(prefetch: bool) -> tuple[float, int]:
+    """Conversation A pushed to host by B, then C decodes alone; 1 s in, A is prefetched:
+    C's longest gap between tokens and the pages the prefetch brought up from host."""
+    options = {**PRESSED, "slots": "2", "gpu_pages": "100"}
+    target = SimTarget(_with_admission(load_sim_config(None, options)))
+    fleet, clock = target.fleet, target.clock
+    rank = fleet.ranks["rank-0"]
+    a = list(range(40 * BLOCK))
+    try:
+        await fleet.generate("a", a, 1)
+        await fleet.generate("b", list(range(100_000, 100_000 + 70 * BLOCK)), 1)
+        decoding = asyncio.ensure_future(fleet.generate("c", list(range(200_000, 200_256)), 200))
+        await clock.sleep(1.0)
+        if prefetch:
+            assert rank.prefetch("a", a, 60.0)
+        times = (await decoding).token_times
+        host_pages = rank.holds["a"].host_pages if prefetch else 0
+    finally:
+        await target.aclose()
+    return max(later - earlier for earlier, later in itertools.pairwise(times)), host_pages
+
+
+async def test_a_prefetch_holds_the_rank_while_it_onboards() -> None:
+    """If this fails, a prefetch's host pages come up for free: the engine onboards them on its
+    core thread between steps, as at a turn's admission, and the rank's decodes wait."""
+    alone, _ = await _decode_gaps(prefetch=False)
+    held, host_pages = await _decode_gaps(prefetch=True)
+    assert host_pages > 10
+    target = SimTarget(_with_admission(load_sim_config(None, PRESSED)))
+    stall_s = admission_seconds(target.config.hardware, 1, host_pages)
+    stall_s += host_pages * target.fleet.costs.host_copy_s_per_page
+    await target.aclose()
+    assert held >= alone + 0.99 * stall_s
 
 
 async def _drained_turn(migrate: str):
