@@ -38,7 +38,6 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections import defaultdict
 from pathlib import Path
 
 import torch
@@ -48,10 +47,10 @@ from gpu_common import REPO, import_engine, print_table
 
 import_engine()
 
+from host_bench_parts import FreeModel, MethodTimer, register_host_shape  # noqa: E402
 from kvfleet.services.engine.compute.backends import TorchCompute  # noqa: E402
 from kvfleet.services.engine.compute.sampling import SamplingParams  # noqa: E402
 from kvfleet.services.engine.config.engine_config import EngineConfig  # noqa: E402
-from kvfleet.services.engine.config.model_config import PRESETS, ModelConfig  # noqa: E402
 from kvfleet.services.engine.core.engine_core import EngineCore  # noqa: E402
 from kvfleet.services.engine.request.engine_request import GenerateCall  # noqa: E402
 
@@ -60,59 +59,15 @@ STEP_TOKENS = 8192  # the H100 fleet's max_num_batched_tokens
 PAGE = 16  # EngineConfig's page size
 
 
-def host_shape() -> ModelConfig:
-    return ModelConfig(
-        vocab_size=320,
-        hidden_size=64,
-        intermediate_size=128,
-        num_layers=2,
-        num_heads=4,
-        num_kv_heads=2,
-        head_dim=16,
-        max_position=262144,
-        name="admit-shape",
-    )
+HOST_SHAPE = register_host_shape("admit-shape", 262144)
 
 
-PRESETS.setdefault("admit-shape", host_shape)
-
-
-class FreeModel(torch.nn.Module):
-    """Logits of zeros for every sequence of the batch: a forward that costs nothing."""
-
-    def __init__(self, vocab: int) -> None:
-        super().__init__()
-        self.vocab = vocab
-
-    def forward(self, batch, cache, backend) -> torch.Tensor:
-        return torch.zeros(batch.num_sequences, self.vocab)
-
-
-class Phases:
-    """Wraps named methods of objects and sums their wall time (and calls) while `on`."""
+class Phases(MethodTimer):
+    """`MethodTimer` that also marks when the step after the admission starts."""
 
     def __init__(self) -> None:
-        self.seconds: dict[str, float] = defaultdict(float)
-        self.calls: dict[str, int] = defaultdict(int)
-        self.on = False
+        super().__init__()
         self.step_started: float | None = None
-
-    def wrap(self, owner, attribute: str, name: str) -> None:
-        original = getattr(owner, attribute, None)
-        if original is None:
-            return  # a tree without this call
-
-        def timed(*args, **kwargs):
-            if not self.on:
-                return original(*args, **kwargs)
-            start = time.perf_counter()
-            try:
-                return original(*args, **kwargs)
-            finally:
-                self.seconds[name] += time.perf_counter() - start
-                self.calls[name] += 1
-
-        setattr(owner, attribute, timed)
 
     def mark_step(self, core) -> None:
         original = core._step
@@ -157,7 +112,7 @@ def new_core(prompt: int, where: str, device: str) -> tuple[EngineCore, TorchCom
     # host: the device holds about one prompt, so that another one pushes B's to host
     device_pages = prompt_pages + 400 if where == "host" else 2 * prompt_pages + 600
     config = EngineConfig(
-        model="admit-shape",
+        model=HOST_SHAPE,
         device=device,
         decode_graphs="off",
         max_batch_size=2,
@@ -281,7 +236,7 @@ def one_admission(
         "turns until B joins": float(len(turns)),
     }
     for _, _, name in PHASES:
-        out[name] = phases.seconds.get(name, 0.0)
+        out[name] = phases.totals.get(name, 0.0)
     out["  prefix match calls"] = float(phases.calls.get("  prefix match (each call)", 0))
     out["reused tokens"] = float(sequence.cached_tokens or 0)
     out["host pages onboarded"] = float(onboarded)

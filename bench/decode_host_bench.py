@@ -33,7 +33,6 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections import defaultdict
 from pathlib import Path
 
 import torch
@@ -43,10 +42,10 @@ from gpu_common import REPO, import_engine, print_table
 
 import_engine()
 
+from host_bench_parts import FreeModel, MethodTimer, register_host_shape  # noqa: E402
 from kvfleet.services.engine.compute.backends import TorchCompute  # noqa: E402
 from kvfleet.services.engine.compute.sampling import SamplingParams  # noqa: E402
 from kvfleet.services.engine.config.engine_config import EngineConfig  # noqa: E402
-from kvfleet.services.engine.config.model_config import PRESETS, ModelConfig  # noqa: E402
 from kvfleet.services.engine.core.engine_core import EngineCore  # noqa: E402
 from kvfleet.services.engine.request.engine_request import GenerateCall  # noqa: E402
 
@@ -56,56 +55,14 @@ except ImportError:  # a baseline whose serving process freezes nothing
     freeze_startup_heap = thaw_heap = None
 
 
-def host_shape() -> ModelConfig:
-    return ModelConfig(
-        vocab_size=320,
-        hidden_size=64,
-        intermediate_size=128,
-        num_layers=2,
-        num_heads=4,
-        num_kv_heads=2,
-        head_dim=16,
-        max_position=131072,
-        name="host-shape",
-    )
+HOST_SHAPE = register_host_shape("host-shape", 131072)
 
 
-PRESETS.setdefault("host-shape", host_shape)
-
-
-class FreeModel(torch.nn.Module):
-    """Logits of zeros for every sequence of the batch: a forward that costs nothing."""
-
-    def __init__(self, vocab: int) -> None:
-        super().__init__()
-        self.vocab = vocab
-
-    def forward(self, batch, cache, backend) -> torch.Tensor:
-        return torch.zeros(batch.num_sequences, self.vocab)
-
-
-class PhaseTimer:
-    """Wraps named methods of objects and sums their wall time while `on`."""
+class PhaseTimer(MethodTimer):
+    """`MethodTimer` on the thread's CPU time, with `launch` timed in two parts."""
 
     def __init__(self) -> None:
-        self.totals: dict[str, float] = defaultdict(float)
-        self.on = False
-
-    def wrap(self, owner, attribute: str, name: str) -> None:
-        original = getattr(owner, attribute, None)
-        if original is None:
-            return  # a baseline without this call
-
-        def timed(*args, **kwargs):
-            if not self.on:
-                return original(*args, **kwargs)
-            start = time.thread_time()
-            try:
-                return original(*args, **kwargs)
-            finally:
-                self.totals[name] += time.thread_time() - start
-
-        setattr(owner, attribute, timed)
+        super().__init__(time.thread_time)
 
     def wrap_launch(self, compute) -> None:
         """`launch` and the call it returns (the wait for the step's tokens) apart."""
@@ -134,7 +91,7 @@ def run_case(
     batch: int, prompt: int, steps: int, rounds: int, page: int, profile: bool, freeze: bool = True
 ):
     config = EngineConfig(
-        model="host-shape",
+        model=HOST_SHAPE,
         device="cpu",
         decode_graphs="static",
         max_batch_size=batch,
