@@ -36,18 +36,22 @@ import random
 import statistics
 import subprocess
 import sys
-import tempfile
 import time
 from pathlib import Path
 
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from gpu_common import REPO, import_engine, print_table
+from gpu_common import import_engine, print_table
 
 import_engine()
 
-from host_bench_parts import FreeModel, MethodTimer, register_host_shape  # noqa: E402
+from host_bench_parts import (  # noqa: E402
+    FreeModel,
+    MethodTimer,
+    baseline_tree,
+    register_host_shape,
+)
 from kvfleet.services.engine.compute.backends import TorchCompute  # noqa: E402
 from kvfleet.services.engine.compute.sampling import SamplingParams  # noqa: E402
 from kvfleet.services.engine.config.engine_config import EngineConfig  # noqa: E402
@@ -259,23 +263,6 @@ def measure(args) -> dict[str, dict[str, float]]:
             runs.sort(key=lambda r: r["A's longest wait (one turn)"])
             out[f"{prompt}/{where}"] = runs[len(runs) // 2]
     return out
-
-
-def baseline_tree(ref: str) -> Path:
-    """A folder whose `kvfleet` package is git REF's kvstore, services and proto."""
-    root = Path(tempfile.mkdtemp(prefix="admit-stall-baseline-"))
-    tree, package = root / "tree", root / "shim" / "kvfleet"
-    tree.mkdir()
-    package.mkdir(parents=True)
-    archive = subprocess.run(
-        ["git", "-C", str(REPO), "archive", ref, "kvstore", "services", "proto"],
-        check=True,
-        capture_output=True,
-    ).stdout
-    subprocess.run(["tar", "-x", "-C", str(tree)], input=archive, check=True)
-    for folder in ("kvstore", "services", "proto"):
-        (package / folder).symlink_to(tree / folder)
-    return package.parent
 
 
 def measure_baseline(shim: Path, args, prompt: int, where: str) -> dict[str, float]:

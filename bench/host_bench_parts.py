@@ -2,16 +2,20 @@
 a step's time is the engine's host work), and a timer of named methods.
 
 Imported after `gpu_common.import_engine()`: the benches run against this checkout's engine or
-a baseline's, and what is used here exists in both.
+a baseline's (`baseline_tree`), and what is used here exists in both.
 """
 
 from __future__ import annotations
 
+import subprocess
+import tempfile
 import time
 from collections import defaultdict
 from collections.abc import Callable
+from pathlib import Path
 
 import torch
+from gpu_common import REPO
 from kvfleet.services.engine.config.model_config import PRESETS, ModelConfig
 
 
@@ -71,3 +75,20 @@ class MethodTimer:
                 self.calls[name] += 1
 
         setattr(owner, attribute, timed)
+
+
+def baseline_tree(ref: str) -> Path:
+    """A folder whose `kvfleet` package is git REF's kvstore, services and proto."""
+    root = Path(tempfile.mkdtemp(prefix="host-bench-baseline-"))
+    tree, package = root / "tree", root / "shim" / "kvfleet"
+    tree.mkdir()
+    package.mkdir(parents=True)
+    archive = subprocess.run(
+        ["git", "-C", str(REPO), "archive", ref, "kvstore", "services", "proto"],
+        check=True,
+        capture_output=True,
+    ).stdout
+    subprocess.run(["tar", "-x", "-C", str(tree)], input=archive, check=True)
+    for folder in ("kvstore", "services", "proto"):
+        (package / folder).symlink_to(tree / folder)
+    return package.parent
