@@ -130,6 +130,12 @@ class Hardware:
     # from the host tier (replay/sim_dispatch.py).
     admit_ms: float = 0.0
     admit_ms_per_host_page: float = 0.0
+    # The engine plans and launches a decode step while the one before runs on the device
+    # (`overlap_decode`, services/engine/core/lookahead.py): a decode step that follows a
+    # decode step of the same requests (none waiting, none ending) pays only the part of its
+    # step overhead that outlasts the step before's chip time (replay/sim_rank.py). false:
+    # every step's overhead comes after the step before has ended.
+    decode_overlap: bool = False
 
     def __post_init__(self) -> None:
         for item in fields(self):
@@ -146,6 +152,7 @@ class Hardware:
                 "dispatch_ms_per_ktoken",
                 "admit_ms",
                 "admit_ms_per_host_page",
+                "decode_overlap",
             )
             if value < 0 or (value == 0 and not may_be_zero):
                 raise SimConfigError(f"hardware.{item.name}: {value} must be > 0")

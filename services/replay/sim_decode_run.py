@@ -2,7 +2,9 @@
 
 A run is planned only when every running request decodes, none is waiting and no step needs
 a page: then the steps are exactly what single steps would do. An arrival cuts the run at the
-end of the step in flight, as it would join a single step's successor.
+end of the step in flight, as it would join a single step's successor. With overlapped decode
+(`hardware.decode_overlap`, sim_rank.py) each step after the first hides its host work behind
+the chip time of the step before, as single steps do.
 """
 
 from __future__ import annotations
@@ -44,10 +46,17 @@ class DecodeRun:
 
 
 def plan_decode_run(
-    running: list[SimRequest], costs: CostModel, now: float, max_steps: int
+    running: list[SimRequest],
+    costs: CostModel,
+    now: float,
+    max_steps: int,
+    overlap: bool = False,
+    hidden_s: float = 0.0,
 ) -> DecodeRun | None:
     """Up to `max_steps` decode steps of `running` from `now`, or None when fewer than two
-    steps can run as one (a prefill runs, a request ends or a step needs a page sooner)."""
+    steps can run as one (a prefill runs, a request ends or a step needs a page sooner).
+    `overlap`: a step's host work runs during the step before's chip time (the first step's:
+    `hidden_s` of it already has)."""
     if max_steps < 2 or not running or not all(r.context_done for r in running):
         return None
     steps = min(
@@ -61,6 +70,12 @@ def plan_decode_run(
     ends = []
     for offset in range(steps):
         work = StepWork(decode_contexts=tuple(c + offset for c in contexts))
-        now += costs.step_seconds(work)
+        seconds = costs.step_seconds(work)
+        if overlap:
+            host_s = min(costs.step_overhead_s, seconds)
+            chip_s = seconds - host_s
+            seconds = host_s - min(host_s, hidden_s) + chip_s
+            hidden_s = chip_s  # the next step's host work runs meanwhile
+        now += seconds
         ends.append(now)
     return DecodeRun(list(running), ends, steps)

@@ -14,6 +14,12 @@ step's results apply at its end on the virtual clock (`sim_decode_run.py` batche
 steps into one event). Ranks that share one accelerator compute their steps on one chip
 (`SharedChip`, or `SlicedChip` by time slices: each step's chip work slowed by the others in
 flight; no decode runs, whose steps would interleave with the other ranks').
+
+With `hardware.decode_overlap` a decode step hides its host work behind the step before, as
+the engine's overlapped decode does (services/engine/core/lookahead.py): where the engine
+would look ahead (the step before decoded exactly the running requests, none ended in it and
+none waits), the step's overhead counts only for what outlasts the chip time of the step
+before, so a steady decode's cycle is the longer of the two, not their sum.
 """
 
 from __future__ import annotations
@@ -80,6 +86,9 @@ class SimRank(HandoffSide, HoldSide, StepPlanner[SimRequest, Chunk]):
         self.hardware = hardware  # its admission figures (sim_dispatch.admission_seconds)
         self._core_free_s = 0.0  # the core thread runs other work until then (no step)
         self._core_debt_s = 0.0  # ... and this much after the step in flight
+        # (when the last step's chip work began, its requests' ids): set after a decode step
+        # the engine would look ahead from (decode_overlap), else None
+        self._ahead: tuple[float, frozenset[int]] | None = None
 
     @property
     def released_conversations(self) -> int:
@@ -161,10 +170,11 @@ class SimRank(HandoffSide, HoldSide, StepPlanner[SimRequest, Chunk]):
         return True
 
     def _start_step(self) -> None:
+        ahead, self._ahead = self._ahead, None
         if self._core_wait():
             return
         self._reserve_received()
-        if self._start_decode_run():
+        if self._start_decode_run(ahead):
             return
         waiting = {id(request) for request in self.waiting}
         chunks = self.plan_step()
@@ -179,26 +189,41 @@ class SimRank(HandoffSide, HoldSide, StepPlanner[SimRequest, Chunk]):
         # the admissions' host work comes first: the step, and every running sequence, waits
         admit_s = self._admission_seconds([c for c in chunks if id(c.request) in waiting])
         duration = self.costs.step_seconds(work)
+        # the step's host work is this process's own; only the rest waits for the chip
+        host_s = min(self.costs.step_overhead_s, duration)
+        chip_s = duration - host_s
+        if ahead is not None and not waiting and self._looks_ahead(ahead[1], chunks):
+            # planned and launched while the step before ran on the chip (since ahead[0])
+            hidden_s = min(host_s, self.clock.now() - ahead[0])
+            host_s -= hidden_s
+            duration -= hidden_s
         self.steps += 1
         self.busy_s += admit_s + duration
         if work.prefill_spans:
             self.prefill_busy_s += admit_s + duration
         started = self.clock.now() + admit_s  # the step log's start, as the engine logs it
+        chip_from = started + host_s
         if self.chip is None:
-            self.clock.call_at(started + duration, lambda: self._end_step(chunks, started, work))
+            self.clock.call_at(
+                started + duration, lambda: self._end_step(chunks, started, work, chip_from)
+            )
             return
-        # the step's host work is this process's own; only the rest waits for the chip
-        host_s = min(self.costs.step_overhead_s, duration)
         chip = self.chip
-        chip_s = duration - host_s
         kernels = chip.prefill_kernels if work.prefill_spans else 0
         self.clock.call_at(
-            started + host_s,
+            chip_from,
             lambda: chip.run(
                 chip_s,
-                lambda: self._end_step(chunks, started, work),
+                lambda: self._end_step(chunks, started, work, chip_from),
                 chip_s / kernels if kernels else 0.0,
             ),
+        )
+
+    def _looks_ahead(self, before: frozenset[int], chunks: list[Chunk]) -> bool:
+        """True when the engine would have planned this step while the step before (of the
+        requests `before`) ran: decodes of exactly the running requests, the same as before."""
+        return len(chunks) == len(self.running) == len(before) and all(
+            c.request.context_done and id(c.request) in before for c in chunks
         )
 
     def _admission_seconds(self, admitted: list[Chunk]) -> float:
@@ -208,7 +233,9 @@ class SimRank(HandoffSide, HoldSide, StepPlanner[SimRequest, Chunk]):
         host_pages = sum(chunk.host_pages_in for chunk in admitted)
         return admission_seconds(self.hardware, len(admitted), host_pages)
 
-    def _end_step(self, chunks: list[Chunk], started: float, work: StepWork) -> None:
+    def _end_step(
+        self, chunks: list[Chunk], started: float, work: StepWork, chip_from: float
+    ) -> None:
         now = self.clock.now()
         if self.step_log is not None:
             self.step_log.step(started, now, work)
@@ -228,16 +255,23 @@ class SimRank(HandoffSide, HoldSide, StepPlanner[SimRequest, Chunk]):
                 self._finish(request)
             elif self.parks:
                 self._park(request)
+        # (a request that ended or parked leaves the running ones: _looks_ahead says no)
+        if self.hardware is not None and self.hardware.decode_overlap and not work.prefill_spans:
+            self._ahead = (chip_from, frozenset(id(c.request) for c in chunks))
         self._start_step()
 
     # -- decode runs: many identical-shape decode steps as one event --------------------------
 
-    def _start_decode_run(self) -> bool:
+    def _start_decode_run(self, ahead: tuple[float, frozenset[int]] | None) -> bool:
         """Run up to `max_decode_run` decode steps as one event when nothing else can change."""
         if self.waiting:
             return False
         now = self.clock.now()
-        run = plan_decode_run(self.running, self.costs, now, self.max_decode_run)
+        overlap = self.hardware is not None and self.hardware.decode_overlap
+        hidden_s = 0.0  # of the first step's host work, done while the step before ran
+        if ahead is not None and {id(r) for r in self.running} == ahead[1]:
+            hidden_s = now - ahead[0]
+        run = plan_decode_run(self.running, self.costs, now, self.max_decode_run, overlap, hidden_s)
         if run is None:
             return False
         run.event = self.clock.call_at(run.end_s, lambda: self._end_run(run))
@@ -270,6 +304,10 @@ class SimRank(HandoffSide, HoldSide, StepPlanner[SimRequest, Chunk]):
             request.token_times.extend(times)
             if request.finished:
                 self._finish(request)
+        if self.hardware is not None and self.hardware.decode_overlap:
+            last = self.costs.decode_seconds(r.computed - 1 for r in run.requests)
+            chip_from = run.end_s - (last - min(self.costs.step_overhead_s, last))
+            self._ahead = (chip_from, frozenset(id(r) for r in run.requests))
         self._start_step()
 
     # -- single steps: the hooks of the engine's step rule ----------------------------------------
