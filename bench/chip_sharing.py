@@ -21,6 +21,10 @@ With `--slices MS:KERNELS...` it replays instead with the chip run by time slice
 and per slice setting, the shared decode cycles' mean, p90 and p99, the shared prefill cycles'
 mean and the busy time, logged and replayed, with the switch-cost fit beside them.
 
+With `hardware.decode_overlap` in the YAML a decode step that follows a decode step of the
+same sequences (each context one more) hides its host work behind the chip time of the step
+before, as SimRank does (the engine's overlapped decode).
+
 Run: .venv/bin/python bench/chip_sharing.py --sim bench/gpu/sim_1b_h100_chip.yaml LOG...
 """
 
@@ -38,6 +42,7 @@ import numpy as np
 from kvfleet.services.core.cost_model import CostModel
 from kvfleet.services.replay.sim_chip import SharedChip
 from kvfleet.services.replay.sim_clock import VirtualClock
+from kvfleet.services.replay.sim_config import load_sim_config
 from kvfleet.services.replay.sim_sliced_chip import SlicedChip
 from rich.console import Console
 from rich.table import Table
@@ -99,13 +104,22 @@ def shared_decodes(ranks: list[list[Run]]) -> dict[tuple[int, int, int], float]:
     return out
 
 
+def looks_ahead(before: dict, step: dict) -> bool:
+    """True when the engine planned `step` while `before` ran: both decode only, of the same
+    sequences (each context one more)."""
+    if before["prefill"] or step["prefill"]:
+        return False
+    return sorted(step["decode"]) == sorted(c + 1 for c in before["decode"])
+
+
 async def replay(
     ranks: list[list[Run]], costs: CostModel, switch_s: float, slice_s: float = 0.0,
-    kernels: int = 0,
+    kernels: int = 0, overlap: bool = False,
 ) -> dict:  # fmt: skip
     """(rank, run, step) -> replayed cycle; (rank, run) -> replayed run seconds. `slice_s`: the
     chip's time slices (0: processor sharing); `kernels`: a prefill step's chip time is that
-    many kernels, which a slice does not cut (0: cut anywhere)."""
+    many kernels, which a slice does not cut (0: cut anywhere); `overlap`: decode steps hide
+    their host work (`looks_ahead`)."""
     # virtual time from the first run: at epoch seconds a float cannot hold the chip's remainders
     base = min(run.start for runs in ranks for run in runs)
     clock = VirtualClock()
@@ -118,12 +132,18 @@ async def replay(
         out[r, i] = clock.now()
         step(r, i, 0)
 
+    chip_from: dict[tuple[int, int, int], float] = {}  # when each step's chip work began
+
     def step(r: int, i: int, j: int) -> None:
         began = clock.now()
-        duration = costs.step_seconds(work_of(ranks[r][i].steps[j]))
+        steps = ranks[r][i].steps
+        duration = costs.step_seconds(work_of(steps[j]))
         host_s = min(costs.step_overhead_s, duration)  # as SimRank splits a step
         chip_s = duration - host_s
-        kernel_s = chip_s / kernels if kernels and ranks[r][i].steps[j]["prefill"] else 0.0
+        if overlap and j and looks_ahead(steps[j - 1], steps[j]):
+            host_s -= min(host_s, began - chip_from[r, i, j - 1])
+        chip_from[r, i, j] = began + host_s
+        kernel_s = chip_s / kernels if kernels and steps[j]["prefill"] else 0.0
         ended: Callable[[], None] = lambda: step_done(r, i, j, began)  # noqa: E731
         clock.call_at(began + host_s, lambda: chip.run(chip_s, ended, kernel_s))
 
@@ -149,20 +169,21 @@ async def replay(
 
 
 def fit_switch(
-    ranks: list[list[Run]], costs: CostModel, shared: dict, slice_s: float = 0.0, kernels: int = 0
-) -> tuple[float, dict]:
+    ranks: list[list[Run]], costs: CostModel, shared: dict, slice_s: float = 0.0, kernels: int = 0,
+    overlap: bool = False,
+) -> tuple[float, dict]:  # fmt: skip
     """The switch cost whose replay gives the shared decode steps their logged summed cycles."""
     logged = sum(shared.values())
     low, high = SWITCH_RANGE_S
     for _ in range(FIT_ROUNDS):
         middle = (low + high) / 2
-        out = asyncio.run(replay(ranks, costs, middle, slice_s, kernels))
+        out = asyncio.run(replay(ranks, costs, middle, slice_s, kernels, overlap))
         if sum(out[key] for key in shared) > logged:
             high = middle
         else:
             low = middle
     switch_s = (low + high) / 2
-    return switch_s, asyncio.run(replay(ranks, costs, switch_s, slice_s, kernels))
+    return switch_s, asyncio.run(replay(ranks, costs, switch_s, slice_s, kernels, overlap))
 
 
 def measures(ranks: list[list[Run]], shared: dict, out: dict | None) -> list[float]:
@@ -190,7 +211,9 @@ def spread(ranks: list[list[Run]], shared: dict, out: dict | None) -> list[float
     return [mean, p90, 1e3 * float(np.percentile(decode, 99)), prefill, busy]
 
 
-def slice_table(folders: dict[Path, list[Path]], costs: CostModel, slices: list[str]) -> None:
+def slice_table(
+    folders: dict[Path, list[Path]], costs: CostModel, slices: list[str], overlap: bool
+) -> None:
     """Each folder replayed with time slices (MS:KERNELS), against the log and the switch fit."""
     table = Table(title="shared steps, logged / replayed (time slices: no switch cost)")
     for column in ("run", "chip", "decode mean ms", "decode p90 ms", "decode p99 ms",
@@ -200,11 +223,12 @@ def slice_table(folders: dict[Path, list[Path]], costs: CostModel, slices: list[
         ranks = [busy_runs(steps_of(log), costs) for log in sorted(logs)]
         shared = shared_decodes(ranks)
         logged = spread(ranks, shared, None)
-        switch_s, fitted = fit_switch(ranks, costs, shared)
+        switch_s, fitted = fit_switch(ranks, costs, shared, overlap=overlap)
         models = [(f"switch {1e3 * switch_s:.2f} ms", fitted)]
         for setting in slices:
             slice_ms, kernels = setting.split(":")
-            out = asyncio.run(replay(ranks, costs, 0.0, float(slice_ms) / 1e3, int(kernels)))
+            slice_s = float(slice_ms) / 1e3
+            out = asyncio.run(replay(ranks, costs, 0.0, slice_s, int(kernels), overlap))
             models.append((f"slices {slice_ms} ms, {kernels} kernels", out))
         for name, out in models:
             table.add_row("/".join(folder.parts[-2:]), name,
@@ -218,11 +242,12 @@ def main() -> None:
         p.add_argument("--slices", nargs="+", metavar="MS:KERNELS", help="time-slice settings")
 
     args, costs = logs_and_costs(__doc__.split("\n")[0], more)
+    overlap = load_sim_config(args.sim).hardware.decode_overlap
     folders: dict[Path, list[Path]] = {}
     for log in args.logs:
         folders.setdefault(log.parent, []).append(log)
     if args.slices:
-        slice_table(folders, costs, args.slices)
+        slice_table(folders, costs, args.slices, overlap)
         return
     table = Table(title="shared steps, logged / replayed with no switch cost / with the fit")
     for column in ("run", "shared decodes", "switch ms", "decode mean ms", "decode p90 ms",
@@ -232,10 +257,10 @@ def main() -> None:
     for folder, logs in folders.items():
         ranks = [busy_runs(steps_of(log), costs) for log in sorted(logs)]
         shared = shared_decodes(ranks)
-        switch_s, fitted = fit_switch(ranks, costs, shared)
+        switch_s, fitted = fit_switch(ranks, costs, shared, overlap=overlap)
         fits.append(1e3 * switch_s)
         rows = zip(measures(ranks, shared, None),
-                   measures(ranks, shared, asyncio.run(replay(ranks, costs, 0.0))),
+                   measures(ranks, shared, asyncio.run(replay(ranks, costs, 0.0, overlap=overlap))),
                    measures(ranks, shared, fitted), strict=True)  # fmt: skip
         table.add_row("/".join(folder.parts[-2:]), str(len(shared)), f"{1e3 * switch_s:.2f}",
                       *(" / ".join(f"{v:.1f}" for v in row) for row in rows))  # fmt: skip
