@@ -60,3 +60,26 @@ def test_an_admission_while_decoding_splits_into_the_path_and_the_pause() -> Non
     assert [(round(pause, 6), round(path, 6), pages) for pause, path, pages in rows] == [
         (0.35, 0.04, 40)
     ]
+
+
+def test_a_steady_decode_is_classed_by_what_else_ran_on_the_chip() -> None:
+    """If this fails, bench/decode_sharing.py compares unlike decode steps: a decode step of
+    one rank is solo only when no other rank's step covers 5 % of its cycle, with prefill when
+    an overlapping step computes a chunk, and a decode followed by a prefill (no cycle between
+    two tokens) or by an idle gap is left out."""
+    spec = importlib.util.spec_from_file_location("decode_sharing", BENCH / "decode_sharing.py")
+    decode_sharing = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(decode_sharing)
+    rank0 = [step(0.0, 0.01, decode=(100, 200)), step(0.01, 0.01, decode=(101, 201)),
+             step(0.02, 0.01, decode=(102, 202)), step(0.03, 0.01, decode=(103, 203)),
+             step(0.04, 0.01, decode=(104,)), step(0.2, 0.01, decode=(105,)),
+             step(0.21, 0.1, prefill=((0, 50),))]  # fmt: skip
+    rank1 = [step(0.0105, 0.0002, decode=(5,)),  # 2 % of rank 0's second cycle: still solo
+             step(0.02, 0.005, decode=(6,)), step(0.03, 0.005, prefill=((0, 9),))]  # fmt: skip
+    rows = decode_sharing.steady_decodes([rank0, rank1])
+    kinds = [(batch, kind, round(cycle, 4), context) for batch, kind, cycle, context in rows]
+    assert kinds[:4] == [(2, "solo", 0.01, 300), (2, "solo", 0.01, 302),
+                         (2, "with decode", 0.01, 304), (2, "with prefill", 0.01, 306)]  # fmt: skip
+    # rank 0's step at 0.04 idles 150 ms before its next and the one at 0.2 is followed by a
+    # prefill: left out; rank 1's first decode runs beside rank 0's
+    assert kinds[4:] == [(1, "with decode", 0.0095, 5)]
