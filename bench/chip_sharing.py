@@ -138,7 +138,7 @@ async def replay(
         began = clock.now()
         steps = ranks[r][i].steps
         duration = costs.step_seconds(work_of(steps[j]))
-        host_s = min(costs.step_overhead_s, duration)  # as SimRank splits a step
+        host_s = costs.host_seconds(duration)  # as SimRank splits a step
         chip_s = duration - host_s
         if overlap and j and looks_ahead(steps[j - 1], steps[j]):
             host_s -= min(host_s, began - chip_from[r, i, j - 1])

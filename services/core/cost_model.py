@@ -131,6 +131,11 @@ class CostModel:
             + work.disk_pages_in * self.disk_copy_s_per_page
         )
 
+    def host_seconds(self, step_s: float) -> float:
+        """The host part of a step of `step_s` seconds (its overhead: planning, launches); the
+        rest is the accelerator's."""
+        return min(self.step_overhead_s, step_s)
+
     def decode_kv_seconds(self, contexts: tuple[int, ...]) -> float:
         """The KV read of a step's decodes: every byte at the chip's rate, or the longest
         sequence's program at one program's rate, whichever takes longer."""

@@ -72,7 +72,7 @@ def plan_decode_run(
         work = StepWork(decode_contexts=tuple(c + offset for c in contexts))
         seconds = costs.step_seconds(work)
         if overlap:
-            host_s = min(costs.step_overhead_s, seconds)
+            host_s = costs.host_seconds(seconds)
             chip_s = seconds - host_s
             seconds = host_s - min(host_s, hidden_s) + chip_s
             hidden_s = chip_s  # the next step's host work runs meanwhile

@@ -145,6 +145,11 @@ class SimRank(HandoffSide, HoldSide, StepPlanner[SimRequest, Chunk]):
 
     # -- steps -----------------------------------------------------------------------------------
 
+    @property
+    def _decode_overlap(self) -> bool:
+        """Decode steps hide their host work behind the step before (`hardware.decode_overlap`)."""
+        return self.hardware is not None and self.hardware.decode_overlap
+
     def _hold_core(self, seconds: float) -> float:
         """The core thread runs `seconds` of work between steps (a prefetch's onboarding): now
         when no step is in flight, else after it; the next step starts that much later. Returns
@@ -190,7 +195,7 @@ class SimRank(HandoffSide, HoldSide, StepPlanner[SimRequest, Chunk]):
         admit_s = self._admission_seconds([c for c in chunks if id(c.request) in waiting])
         duration = self.costs.step_seconds(work)
         # the step's host work is this process's own; only the rest waits for the chip
-        host_s = min(self.costs.step_overhead_s, duration)
+        host_s = self.costs.host_seconds(duration)
         chip_s = duration - host_s
         if ahead is not None and not waiting and self._looks_ahead(ahead[1], chunks):
             # planned and launched while the step before ran on the chip (since ahead[0])
@@ -256,7 +261,7 @@ class SimRank(HandoffSide, HoldSide, StepPlanner[SimRequest, Chunk]):
             elif self.parks:
                 self._park(request)
         # (a request that ended or parked leaves the running ones: _looks_ahead says no)
-        if self.hardware is not None and self.hardware.decode_overlap and not work.prefill_spans:
+        if self._decode_overlap and not work.prefill_spans:
             self._ahead = (chip_from, frozenset(id(c.request) for c in chunks))
         self._start_step()
 
@@ -267,11 +272,12 @@ class SimRank(HandoffSide, HoldSide, StepPlanner[SimRequest, Chunk]):
         if self.waiting:
             return False
         now = self.clock.now()
-        overlap = self.hardware is not None and self.hardware.decode_overlap
         hidden_s = 0.0  # of the first step's host work, done while the step before ran
         if ahead is not None and {id(r) for r in self.running} == ahead[1]:
             hidden_s = now - ahead[0]
-        run = plan_decode_run(self.running, self.costs, now, self.max_decode_run, overlap, hidden_s)
+        run = plan_decode_run(
+            self.running, self.costs, now, self.max_decode_run, self._decode_overlap, hidden_s
+        )
         if run is None:
             return False
         run.event = self.clock.call_at(run.end_s, lambda: self._end_run(run))
@@ -304,9 +310,9 @@ class SimRank(HandoffSide, HoldSide, StepPlanner[SimRequest, Chunk]):
             request.token_times.extend(times)
             if request.finished:
                 self._finish(request)
-        if self.hardware is not None and self.hardware.decode_overlap:
+        if self._decode_overlap:
             last = self.costs.decode_seconds(r.computed - 1 for r in run.requests)
-            chip_from = run.end_s - (last - min(self.costs.step_overhead_s, last))
+            chip_from = run.end_s - (last - self.costs.host_seconds(last))
             self._ahead = (chip_from, frozenset(id(r) for r in run.requests))
         self._start_step()
 
