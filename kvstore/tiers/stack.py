@@ -37,7 +37,7 @@ from typing import Any, cast
 from ..block_pool import IntegrityError
 from ..deadlines import Deadlines
 from ..events import KVEvent, KVEventKind, KVEventListener, ignore_event
-from ..results import PrefixMatch
+from ..results import LOWER_TIERS, PrefixMatch
 from .disk_files import DiskFiles, NoDiskFiles
 from .disk_tier import DiskTier
 from .metrics import DEVICE, DISK, HOST, TierMetrics, new_tier_metrics
@@ -49,7 +49,6 @@ log = logging.getLogger(__name__)
 
 # Staging rows a drain reuses per batch of device pages: bounds its host memory.
 DRAIN_CHUNK_PAGES = 64
-LOWER = frozenset((HOST, DISK))
 
 
 @dataclass(frozen=True)
@@ -248,7 +247,7 @@ class KVTiers:
         bad = 0
         for name, locations in match.locations.items():
             # the lower blocks' positions in one C-level pass (most of a long match is on device)
-            lower = itertools.compress(itertools.count(), map(LOWER.__contains__, locations))
+            lower = itertools.compress(itertools.count(), map(LOWER_TIERS.__contains__, locations))
             blocks = [(i, hashes[i], locations[i]) for i in lower]
             disk_blocks = [(i, h) for i, h, t in blocks if t == DISK]
             disk_rows = dict(
