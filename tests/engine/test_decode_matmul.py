@@ -42,15 +42,13 @@ def test_a_tiling_keeps_only_the_stages_shared_memory_holds():
 @needs_triton
 def test_a_tiling_the_device_cannot_build_falls_back_to_cublas(monkeypatch):
     from kvfleet.services.engine.model.decode_matmul_kernel import MatmulShape, fits
-
-    class OutOfResources(Exception):  # what Triton raises at a launch the device cannot hold
-        pass
+    from triton.runtime.errors import OutOfResources
 
     tried = []
 
-    def refused(*args, silu_gated):
+    def refused(*args, silu_gated):  # what Triton raises at a launch the device cannot hold
         tried.append(silu_gated)
-        raise OutOfResources("out of resource: shared memory")
+        raise OutOfResources(245760, 232448, "shared memory")
 
     monkeypatch.setattr(decode_matmul, "_kernel", lambda device_type: (refused, fits, MatmulShape))
     monkeypatch.setattr(decode_matmul, "_refused", set())

@@ -163,14 +163,14 @@ def decode_matmul(
     `silu(gate) * up`, `[rows, cols / 2]`: the packed gate/up projection and its activation in
     one kernel."""
     rows, inner = x.shape
-    cols = w.shape[0] // 2 if silu_gated else w.shape[0]
+    halves = 2 if silu_gated else 1  # weight rows per output column
+    cols = w.shape[0] // halves
     block_m = max(16, triton.next_power_of_2(rows))
     y = torch.empty(rows, cols, dtype=x.dtype, device=x.device)
     blocks = triton.cdiv(cols, shape.block_n)
-    shape = _fitted(shape, block_m, 2 if silu_gated else 1, x.device)
+    shape = _fitted(shape, block_m, halves, x.device)
     partial = counters = y  # unused without a split
     if shape.split_k > 1:
-        halves = 2 if silu_gated else 1
         partial = torch.empty(
             shape.split_k * halves, cols, block_m, dtype=torch.float32, device=x.device
         )
