@@ -32,7 +32,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import bisect
 import statistics
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -46,7 +45,15 @@ from kvfleet.services.replay.sim_config import load_sim_config
 from kvfleet.services.replay.sim_sliced_chip import SlicedChip
 from rich.console import Console
 from rich.table import Table
-from step_costs import IDLE_S, SOLO_SHARE, logs_and_costs, steps_of, work_of
+from step_costs import (
+    IDLE_S,
+    SOLO_SHARE,
+    covered_by_others,
+    logs_and_costs,
+    rank_spans,
+    steps_of,
+    work_of,
+)
 
 WARM_UP_S = 1.0  # a step this long that the model prices at under a tenth: capture, compile
 SWITCH_RANGE_S = (0.0, 0.003)  # where the fit looks for the switch cost
@@ -82,8 +89,7 @@ def busy_runs(steps: list[dict], costs: CostModel) -> list[Run]:
 
 def shared_decodes(ranks: list[list[Run]]) -> dict[tuple[int, int, int], float]:
     """(rank, run, step) -> logged cycle of each decode step that other ranks' steps overlap."""
-    spans = [sorted((s["t"], s["t"] + s["s"]) for run in runs for s in run.steps) for runs in ranks]
-    starts = [[a for a, _ in rank_spans] for rank_spans in spans]
+    spans = rank_spans([[s for run in runs for s in run.steps] for runs in ranks])
     out = {}
     for r, runs in enumerate(ranks):
         for i, run in enumerate(runs):
@@ -91,15 +97,7 @@ def shared_decodes(ranks: list[list[Run]]) -> dict[tuple[int, int, int], float]:
                 if step["prefill"]:
                     continue
                 a, b = step["t"], after["t"]
-                covered = 0.0
-                for o in range(len(ranks)):
-                    if o == r:
-                        continue
-                    k = max(0, bisect.bisect_left(starts[o], a) - 1)
-                    while k < len(spans[o]) and spans[o][k][0] < b:
-                        covered += max(0.0, min(b, spans[o][k][1]) - max(a, spans[o][k][0]))
-                        k += 1
-                if covered >= SOLO_SHARE * (b - a):
+                if covered_by_others(spans, r, a, b)[0] >= SOLO_SHARE * (b - a):
                     out[r, i, j] = b - a
     return out
 

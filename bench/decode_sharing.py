@@ -20,13 +20,12 @@ Run: .venv/bin/python bench/decode_sharing.py --hw FOLDER... --sim FOLDER...
 from __future__ import annotations
 
 import argparse
-import bisect
 import itertools
 from collections import defaultdict
 from pathlib import Path
 
 import numpy as np
-from step_costs import IDLE_S, SOLO_SHARE, steps_of
+from step_costs import IDLE_S, SOLO_SHARE, covered_by_others, rank_spans, steps_of
 from step_mix import split_replays
 
 CLASSES = ("solo", "with decode", "with prefill")
@@ -41,7 +40,7 @@ def replays_of(folder: Path) -> list[list[list[dict]]]:
 
 def steady_decodes(ranks: list[list[dict]]) -> list[tuple[int, str, float, int]]:
     """(batch, class, cycle seconds, summed context) of each steady decode of one replay."""
-    spans = [[(s["t"], s["t"] + s["s"], bool(s["prefill"])) for s in steps] for steps in ranks]
+    spans = rank_spans(ranks)
     out = []
     for r, steps in enumerate(ranks):
         for step, after in itertools.pairwise(steps):
@@ -50,18 +49,7 @@ def steady_decodes(ranks: list[list[dict]]) -> list[tuple[int, str, float, int]]
             cycle = after["t"] - step["t"]
             if cycle > step["s"] + IDLE_S:
                 continue
-            covered, prefill = 0.0, False
-            for other, other_spans in enumerate(spans):
-                if other == r:
-                    continue
-                i = max(0, bisect.bisect_left(other_spans, (step["t"],)) - 1)
-                while i < len(other_spans) and other_spans[i][0] < after["t"]:
-                    start, end, is_prefill = other_spans[i]
-                    overlap = min(after["t"], end) - max(step["t"], start)
-                    if overlap > 0:
-                        covered += overlap
-                        prefill = prefill or is_prefill
-                    i += 1
+            covered, prefill = covered_by_others(spans, r, step["t"], after["t"])
             kind = CLASSES[0] if covered < SOLO_SHARE * cycle else CLASSES[2 if prefill else 1]
             out.append((len(step["decode"]), kind, cycle, sum(step["decode"])))
     return out

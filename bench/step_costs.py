@@ -93,34 +93,49 @@ def steps_in_flight(steps: list[tuple[str, dict]]) -> tuple[float, float]:
     return (weighted / busy if busy else 0.0), edges[-1][0] - edges[0][0]
 
 
+Span = tuple[float, float, bool]  # a logged step: (start, end, computes a prefill chunk)
+
+
+def rank_spans(ranks: list[list[dict]]) -> list[list[Span]]:
+    """Each rank's logged steps as spans in start order."""
+    return [sorted((s["t"], s["t"] + s["s"], bool(s.get("prefill"))) for s in steps)
+            for steps in ranks]  # fmt: skip
+
+
+def covered_by_others(
+    spans: list[list[Span]], rank: int, start: float, end: float
+) -> tuple[float, bool]:
+    """Seconds of [start, end) the other ranks' steps cover (summed over ranks), and whether
+    one of those overlapping computes a prefill chunk."""
+    total, prefill = 0.0, False
+    for other, other_spans in enumerate(spans):
+        if other == rank:
+            continue
+        i = max(0, bisect.bisect_left(other_spans, (start,)) - 1)
+        while i < len(other_spans) and other_spans[i][0] < end:
+            first, last, is_prefill = other_spans[i]
+            overlap = min(end, last) - max(start, first)
+            if overlap > 0:
+                total += overlap
+                prefill = prefill or is_prefill
+            i += 1
+    return total, prefill
+
+
 def solo_cycles(steps: list[tuple[str, dict]]) -> list[tuple[dict, float]]:
     """(step, cycle seconds) of the steps a rank ran alone and followed at once."""
     per_rank: dict[str, list[dict]] = {}
     for name, step in steps:
         per_rank.setdefault(name, []).append(step)
-    spans = {}
-    for name, rank_steps in per_rank.items():
-        rank_steps.sort(key=lambda step: step["t"])
-        spans[name] = [(step["t"], step["t"] + step["s"]) for step in rank_steps]
-
-    def covered(name: str, start: float, end: float) -> float:
-        total = 0.0
-        for other, other_spans in spans.items():
-            if other == name:
-                continue
-            i = max(0, bisect.bisect_left(other_spans, (start,)) - 1)
-            while i < len(other_spans) and other_spans[i][0] < end:
-                total += max(0.0, min(end, other_spans[i][1]) - max(start, other_spans[i][0]))
-                i += 1
-        return total
-
+    ranks = [sorted(rank_steps, key=lambda step: step["t"]) for rank_steps in per_rank.values()]
+    spans = rank_spans(ranks)
     out = []
-    for name, rank_steps in per_rank.items():
+    for r, rank_steps in enumerate(ranks):
         for step, after in itertools.pairwise(rank_steps):
             cycle = after["t"] - step["t"]
             if step["s"] > WARM_UP_S or cycle > step["s"] + IDLE_S:
                 continue
-            if covered(name, step["t"], after["t"]) < SOLO_SHARE * cycle:
+            if covered_by_others(spans, r, step["t"], after["t"])[0] < SOLO_SHARE * cycle:
                 out.append((step, cycle))
     return out
 
