@@ -126,8 +126,7 @@ class KVTiers:
     @property
     def has_lower_tiers(self) -> bool:
         """True if a host or disk tier can hold any block (else matching skips `locate`)."""
-        capacities = [*self.host.capacity.values(), *self.disk.index.capacity.values()]
-        return any(capacities) or isinstance(self.disk.files, DiskFiles)
+        return any(self.host.capacity.values()) or self.has_disk
 
     @property
     def has_disk(self) -> bool:
