@@ -206,46 +206,43 @@ def use_kernels(mode: str) -> None:
     rope_store.enable(cuda and mode not in NO_ROPE_STORE)
 
 
-def kernel_agreement_case(compute, base, recorder, vocab, other="kernels", batch=24, prompt=300,
-                          out=32, seed=1):  # fmt: skip
+def greedy_agreement(compute, recorder, vocab, arms, tag, batch=24, prompt=300, out=32, seed=1):
+    """Greedy tokens of the same requests served by two arms, each (name, config, setup: what
+    to switch before serving): (identical sequences, identical tokens, sequences whose first two
+    tokens are identical) as shares."""
+    rng = random.Random(seed)
+    prompts = [tuple(rng.randrange(vocab) for _ in range(prompt + 7 * i)) for i in range(batch)]
+    outputs = []
+    for name, config, setup in arms:
+        setup()
+        calls = [GenerateCall(f"{tag}{name}{i}", p, SamplingParams(max_tokens=out), f"{tag}{i}")
+                 for i, p in enumerate(prompts)]  # fmt: skip
+        serve(compute, config.with_changes(max_batch_size=batch), calls, recorder)
+        outputs.append(recorder.tokens)
+    pairs = list(zip(*outputs, strict=True))
+    tokens = [x == y for a, b in pairs for x, y in zip(a, b, strict=True)]
+    same = sum(a == b for a, b in pairs) / len(pairs)
+    return same, sum(tokens) / len(tokens), sum(a[:2] == b[:2] for a, b in pairs) / len(pairs)
+
+
+def kernel_agreement_case(compute, base, recorder, vocab, other: str):
     """Greedy tokens of decode graphs in mode `other` (other kernels) vs `auto`, same requests:
     (identical sequences, identical tokens) as shares (sums in another order may flip a near
     tie, after which a sequence differs; `cublaslt` against `auto` is the control: cuBLAS's
     other kernels, the same arithmetic)."""
-    rng = random.Random(seed)
-    prompts = [tuple(rng.randrange(vocab) for _ in range(prompt + 7 * i)) for i in range(batch)]
-    outputs = {}
-    for mode in ("auto", other):
-        use_kernels(mode)
-        calls = [GenerateCall(f"m{mode}{i}", p, SamplingParams(max_tokens=out), f"m{i}")
-                 for i, p in enumerate(prompts)]  # fmt: skip
-        serve(compute, base.with_changes(max_batch_size=batch), calls, recorder)
-        outputs[mode] = recorder.tokens
+    arms = [(mode, base, lambda mode=mode: use_kernels(mode)) for mode in ("auto", other)]
+    same, tokens, first = greedy_agreement(compute, recorder, vocab, arms, "m")
     use_kernels("auto")
-    same = [a == b for a, b in zip(outputs["auto"], outputs[other], strict=True)]
-    tokens = [x == y for a, b in zip(outputs["auto"], outputs[other], strict=True)
-              for x, y in zip(a, b, strict=True)]  # fmt: skip
-    first = [a[:2] == b[:2] for a, b in zip(outputs["auto"], outputs[other], strict=True)]
-    print(f"{other} vs auto: first two tokens equal in {sum(first)} of {len(first)}")
-    return sum(same) / len(same), sum(tokens) / len(tokens)
+    print(f"{other} vs auto: first two tokens equal in {first:.0%} of sequences")
+    return same, tokens
 
 
-def agreement_case(compute, base, recorder, vocab, batch=24, prompt=300, out=32, seed=1):
+def agreement_case(compute, base, recorder, vocab):
     """Greedy tokens with decode graphs vs the eager step (both with the same fusion), same
     requests: (identical sequences, identical tokens) as shares."""
-    rng = random.Random(seed)
-    prompts = [tuple(rng.randrange(vocab) for _ in range(prompt + 7 * i)) for i in range(batch)]
-    outputs = {}
-    for graphs in ("off", "auto"):
-        calls = [GenerateCall(f"g{graphs}{i}", p, SamplingParams(max_tokens=out), f"g{i}")
-                 for i, p in enumerate(prompts)]  # fmt: skip
-        config = base.with_changes(decode_graphs=graphs, max_batch_size=batch)
-        serve(compute, config, calls, recorder)
-        outputs[graphs] = recorder.tokens
-    same = [a == b for a, b in zip(outputs["off"], outputs["auto"], strict=True)]
-    tokens = [x == y for a, b in zip(outputs["off"], outputs["auto"], strict=True)
-              for x, y in zip(a, b, strict=True)]  # fmt: skip
-    return sum(same) / len(same), sum(tokens) / len(tokens)
+    arms = [(graphs, base.with_changes(decode_graphs=graphs), lambda: None)
+            for graphs in ("off", "auto")]  # fmt: skip
+    return greedy_agreement(compute, recorder, vocab, arms, "g")[:2]
 
 
 def main() -> None:
