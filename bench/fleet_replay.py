@@ -14,6 +14,7 @@ import itertools
 import json
 import os
 import resource
+import secrets
 import shutil
 import subprocess
 import sys
@@ -24,6 +25,7 @@ from pathlib import Path
 import yaml
 from fleet_arms import ARMS, arm_slug
 from fleet_sizing import kv_bytes_per_token, report_half, size_fleet
+from kvfleet.kvstore.tiers.disk_key import SECRET_ENV
 from kvfleet.services.engine.config.engine_config import EngineConfig
 from kvfleet.services.engine.config.model_config import preset
 
@@ -70,6 +72,9 @@ def parse_args() -> argparse.Namespace:
     p.add_argument("--max-turns", type=int, default=24, help="first N turns per conversation")
     p.add_argument("--gpu-share", type=float, default=0.5, help="of the working set, all GPUs")
     p.add_argument("--gpu-host-share", type=float, default=0.75, help="GPUs + hosts")
+    p.add_argument("--disk-share", type=float, default=0.5,
+                   help="of the working set, all ranks' disk tiers together (one shared "
+                        "folder: the operator mounts one volume a fleet); 0: none")  # fmt: skip
     p.add_argument("--time-scale", type=float, default=0.0)
     p.add_argument("--stagger", type=float, default=1.0)
     p.add_argument("--compute-backend", default="torch")
@@ -150,6 +155,8 @@ def start_fleet(args, arm, engine_yaml: Path, logs: Path) -> list[subprocess.Pop
     procs = [
         subprocess.Popen(router, stdout=log_file(logs / "router.log"), stderr=subprocess.STDOUT)
     ]
+    # One fleet secret, as the operator mounts one: the ranks read each other's disk-tier blocks.
+    env = {**os.environ, SECRET_ENV: secrets.token_hex(32)}
     for i in range(args.ranks):
         engine = [*KVFLEET, "engine", "--host", "127.0.0.1", "--advertise-host", "127.0.0.1",
                   "--grpc-port", str(50061 + i), "--http-port", str(8101 + i),
@@ -158,7 +165,7 @@ def start_fleet(args, arm, engine_yaml: Path, logs: Path) -> list[subprocess.Pop
                   "--device", args.device, "--compute-backend", args.compute_backend,
                   "--step-log", str(logs / f"steps-engine{i}.jsonl")]  # fmt: skip
         log = log_file(logs / f"engine{i}.log")
-        procs.append(subprocess.Popen(engine, stdout=log, stderr=subprocess.STDOUT))
+        procs.append(subprocess.Popen(engine, stdout=log, stderr=subprocess.STDOUT, env=env))
     return procs
 
 
@@ -327,6 +334,8 @@ def main() -> int:
               f"({sizing.longest_prompt_tokens} tokens) must fit one rank", flush=True)  # fmt: skip
         gpu_pages = need
     host_pages = sizing.pages(sizing.host_gib_per_rank, page_tokens, per_token)
+    disk_gib_per_rank = sizing.working_set_gib * args.disk_share / args.ranks
+    disk_pages = sizing.pages(disk_gib_per_rank, page_tokens, per_token) if args.disk_share else 0
     fleet = {"sessions": [str(t) for t in traces], "ranks": args.ranks, "slots": args.slots,
              "step_tokens": args.step_tokens, "model": args.model, "max_tokens": args.max_tokens,
              "max_turns": args.max_turns,
@@ -337,6 +346,7 @@ def main() -> int:
              "gpu_gib_per_rank": gpu_pages * page_tokens * per_token / 2**30,
              "host_gib_per_rank": sizing.host_gib_per_rank, "gpu_pages_per_rank": gpu_pages,
              "host_pages_per_rank": host_pages, "page_tokens": page_tokens,
+             "disk_share": args.disk_share, "disk_pages_per_rank": disk_pages,
              # what the ranks run with (their default): fleet_sim mirrors it
              "host_exclusive": EngineConfig().host_kv_exclusive, "arms": {}}  # fmt: skip
     print(json.dumps({k: v for k, v in fleet.items() if k != "sessions"}), flush=True)
@@ -358,6 +368,12 @@ def main() -> int:
         settings = {"max_batch_size": args.slots, "max_num_batched_tokens": args.step_tokens,
                     "kv_pages": gpu_pages * per_byte, "host_kv_pages": host_pages * per_byte,
                     **arm.engine}  # fmt: skip
+        # Every arm starts on an empty disk tier, as on empty GPUs and hosts.
+        disk = args.out / "disk-tier" / slug
+        if disk_pages:
+            shutil.rmtree(disk, ignore_errors=True)
+            disk.mkdir(parents=True)
+            settings |= {"disk_tier_dir": str(disk), "disk_kv_pages": disk_pages * per_byte}
         engine_yaml.write_text(yaml.safe_dump({"engine": settings}))
         started = time.monotonic()
         procs = start_fleet(args, arm, engine_yaml, logs)
@@ -392,6 +408,7 @@ def main() -> int:
             status = 1
         finally:
             stop_fleet(procs)
+            shutil.rmtree(disk, ignore_errors=True)  # the next arm's room on the machine's disk
             last_arm_s = time.monotonic() - started
         (args.out / "fleet.json").write_text(json.dumps(fleet, indent=1))
     return status

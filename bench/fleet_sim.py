@@ -63,6 +63,8 @@ def sim_target(yaml_path: Path, fleet: dict, arm: str) -> str:
                "chunk_tokens": fleet["step_tokens"], "max_context_tokens": fleet["max_model_len"],
                "gpu_gib": f"{fleet['gpu_gib_per_rank']:.4f}",
                "host_gib": f"{fleet['host_gib_per_rank']:.4f}",
+               # replays recorded before the fleet had a disk tier have none
+               "disk_pages": fleet.get("disk_pages_per_rank", 0),
                "retained_conversations": fleet["slots"],
                # replays recorded before the engine's host tier was exclusive kept copies
                "host_exclusive": str(fleet.get("host_exclusive", False)).lower(),

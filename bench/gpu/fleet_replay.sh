@@ -60,7 +60,7 @@ PY
     timeout "${TOTAL_S:-570}" python3 bench/fleet_replay.py --sessions .traces --out /tmp/fr \
       --budget-s "${BUDGET_S:-540}" "$@" 2>&1 | tee "$out/fleet_replay.log"
     cp /tmp/fr/*.json "$out/" 2>/dev/null
-    tar -C /tmp/fr -czf "$out/logs.tar.gz" --exclude='*.json' . 2>/dev/null
+    tar -C /tmp/fr -czf "$out/logs.tar.gz" --exclude='*.json' --exclude=disk-tier . 2>/dev/null
     ;;
   *) echo "usage: $0 pack DEST [--sessions DIR] [--count N] | run [fleet_replay.py args]"; exit 2 ;;
 esac
