@@ -130,6 +130,10 @@ class Hardware:
     # from the host tier (replay/sim_dispatch.py).
     admit_ms: float = 0.0
     admit_ms_per_host_page: float = 0.0
+    # The engine writes blocks evicted from its host tier (or from the device, with no host
+    # tier) to the disk tier on its core thread, at the kvstore's flush while it plans a step:
+    # the step, and every running sequence, waits that long per block written.
+    disk_write_ms_per_page: float = 0.0
     # The engine plans and launches a decode step while the one before runs on the device
     # (`overlap_decode`, services/engine/core/lookahead.py): a decode step that follows a
     # decode step of the same requests (none waiting, none ending) pays only the part of its
@@ -152,6 +156,7 @@ class Hardware:
                 "dispatch_ms_per_ktoken",
                 "admit_ms",
                 "admit_ms_per_host_page",
+                "disk_write_ms_per_page",
                 "decode_overlap",
             )
             if value < 0 or (value == 0 and not may_be_zero):

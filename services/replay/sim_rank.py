@@ -27,6 +27,7 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from ...kvstore.manager import KVCacheManager
+from ...kvstore.tiers.metrics import DISK
 from ..core.cost_figures import Hardware
 from ..core.cost_model import CostModel, StepWork
 from ..core.step_planner import StepPlanner
@@ -84,6 +85,7 @@ class SimRank(HandoffSide, HoldSide, StepPlanner[SimRequest, Chunk]):
         self.page_bytes = page_bytes or {}
         self.step_log = step_log
         self.hardware = hardware  # its admission figures (sim_dispatch.admission_seconds)
+        self._disk_pages_written = 0  # disk-tier writes charged to the core thread so far
         self._core_free_s = 0.0  # the core thread runs other work until then (no step)
         self._core_debt_s = 0.0  # ... and this much after the step in flight
         # (when the last step's chip work began, its requests' ids): set after a decode step
@@ -191,8 +193,10 @@ class SimRank(HandoffSide, HoldSide, StepPlanner[SimRequest, Chunk]):
             self._busy = False
             return
         work = step_work(chunks)
-        # the admissions' host work comes first: the step, and every running sequence, waits
+        # the admissions' and the disk writes' host work comes first: the step, and every
+        # running sequence, waits
         admit_s = self._admission_seconds([c for c in chunks if id(c.request) in waiting])
+        admit_s += self._disk_write_seconds()
         duration = self.costs.step_seconds(work)
         # the step's host work is this process's own; only the rest waits for the chip
         host_s = self.costs.host_seconds(duration)
@@ -237,6 +241,15 @@ class SimRank(HandoffSide, HoldSide, StepPlanner[SimRequest, Chunk]):
             return 0.0
         host_pages = sum(chunk.host_pages_in for chunk in admitted)
         return admission_seconds(self.hardware, len(admitted), host_pages)
+
+    def _disk_write_seconds(self) -> float:
+        """The core thread's disk-tier writes since the last step (0 with no figure): the
+        kvstore flushes them as the step's pages are taken."""
+        if self.hardware is None or not self.hardware.disk_write_ms_per_page:
+            return 0.0
+        written = self.manager.tiers.metrics[DISK].pages_in
+        new, self._disk_pages_written = written - self._disk_pages_written, written
+        return new * self.hardware.disk_write_ms_per_page / 1e3
 
     def _end_step(
         self, chunks: list[Chunk], started: float, work: StepWork, chip_from: float

@@ -117,3 +117,31 @@ async def test_an_admission_holds_the_sequences_already_decoding() -> None:
     # token's KV read, microseconds)
     assert longest_wait(held["a"]) == pytest.approx(longest_wait(base["a"]) + 0.040, abs=1e-5)
     assert longest_wait(base["a"]) < 0.040  # the wait is the admission's, not one step's
+
+
+async def test_disk_writes_hold_the_core_thread_per_block_written() -> None:
+    """If this fails, a rank's writes of evicted blocks to its disk tier cost it nothing, where
+    the engine writes them on its core thread while it plans a step: with a disk tier and no
+    host tier, conversations that push each other's blocks out make the rank busy for exactly
+    the figure per block written longer, and the turns after the writes start later."""
+    conversations = [one_turn(name, blocks=8, output_tokens=4) for name in "abcd"]
+    small = {"gpu_pages": "20", "disk_pages": "1000", "retained_conversations": "0"}
+    runs = {}
+    for write_ms in (0.0, 25.0):
+        config = load_sim_config(None, {**OPTIONS, **small})
+        hardware = dataclasses.replace(config.hardware, disk_write_ms_per_page=write_ms)
+        target = SimTarget(dataclasses.replace(config, hardware=hardware))
+        try:
+            options = DriverOptions(sessions=4, time_scale=0.0, stagger_s=0.0)
+            result = await run_arm(
+                "sim", target, conversations, TokenSynthesizer(1, 32000), options, {}
+            )
+            (rank,) = target.fleet.ranks.values()
+            written = rank.manager.tiers.metrics["disk"].pages_in
+            runs[write_ms] = (target.stats()["busy_s"], written, result.records)
+        finally:
+            await target.aclose()
+    (base_busy, base_written, base_records), (busy, written, records) = runs[0.0], runs[25.0]
+    assert written == base_written > 0
+    assert busy - base_busy == pytest.approx(written * 0.025)
+    assert records[-1].first_token_s > base_records[-1].first_token_s
