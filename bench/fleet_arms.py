@@ -32,6 +32,9 @@ ARMS: dict[str, Arm] = {
     ),
     # the defaults with an fp8 (e4m3) KV cache: the same bytes per rank hold twice the pages.
     "fp8": Arm((), {"kv_cache_dtype": "fp8_e4m3"}, {"kv_cache_dtype": "fp8_e4m3"}),
+    # the defaults with disk-tier writes on a writer thread (kvstore/tiers/write_behind.py); the
+    # simulator's side of it is its YAML with `disk_write_ms_per_page: 0`.
+    "write-behind": Arm((), {"disk_write_behind": True}, {}),
     # a router blind to the cache: pins ignored, ranks in turn.
     "round-robin": Arm(
         ("--affinity", "none", "--placement", "round_robin"),

@@ -13,6 +13,7 @@ from ..config import KVStoreConfig
 from .disk_files import DiskFiles, MarkerFiles, NoDiskFiles
 from .layout import KVLayout
 from .stack import KVTiers
+from .write_behind import WriteBehindFiles
 
 log = logging.getLogger(__name__)
 
@@ -32,6 +33,9 @@ class TierConfig:
     disk_prefetch_num_reqs: int = 0
     prefetch_queue_blocks: int = 256
     host_exclusive: bool = True  # a block onboarded from host leaves it (KVTiers)
+    # block files written by a thread of their own, so the core thread does not wait on file I/O
+    # (write_behind.py); off: written where they are evicted
+    disk_write_behind: bool = False
 
 
 def build_tiers(
@@ -64,7 +68,7 @@ def build_tiers(
 
     byte_store = TorchBytes(layout, store.pool_pages, host, device)
     page_bytes = {name: layout.page_bytes(name) for name in names}
-    files = _open_disk(tiers.disk_dir, layout, names)
+    files = _open_disk(tiers.disk_dir, layout, names, tiers.disk_write_behind)
     if isinstance(files, NoDiskFiles):
         disk = dict.fromkeys(names, 0)
     return KVTiers(host, disk, page_bytes, byte_store, files, **common)
@@ -84,13 +88,14 @@ def _open_markers(disk_dir: str | None, names: list[str]) -> MarkerFiles | None:
     return files
 
 
-def _open_disk(disk_dir: str | None, layout: KVLayout, names: list[str]):
+def _open_disk(disk_dir: str | None, layout: KVLayout, names: list[str], write_behind: bool):
     if disk_dir is None:
         return NoDiskFiles()
-    files = DiskFiles(disk_dir, {name: layout.fingerprint(name) for name in names})
+    fingerprints = {name: layout.fingerprint(name) for name in names}
+    files = DiskFiles(disk_dir, fingerprints)
     try:
         files.probe()
     except OSError as error:
         log.warning("disk tier at %s unusable (%s): no disk tier", disk_dir, error)
         return NoDiskFiles()
-    return files
+    return WriteBehindFiles(disk_dir, fingerprints) if write_behind else files

@@ -10,12 +10,16 @@ and the tier comes back by itself once the volume takes writes again.
 
 from __future__ import annotations
 
+import logging
 import time
 from collections.abc import Callable
 
 from .disk_files import MISSING, NOT_REGULAR, DiskFiles, NoDiskFiles
 from .metrics import TierMetrics
 from .tier_index import TierIndex
+from .write_behind import WriteBehindFiles
+
+log = logging.getLogger(__name__)
 
 
 class WriteBackoff:
@@ -98,6 +102,32 @@ class DiskTier:
             self.index.remove(life_cycle, block_hash)
             raise
         return True
+
+    def settle(self) -> None:
+        """Account for write-behind writes that ended (`WriteBehindFiles`): a refused one
+        leaves the index (unless a read holds it: then its next read misses) and pauses disk
+        writes as a refused write does."""
+        if not isinstance(self.files, WriteBehindFiles):
+            return
+        for life_cycle, block_hash, error in self.files.settle():
+            if not self.index.pinned(life_cycle, block_hash):
+                self.index.remove(life_cycle, block_hash)
+            self.metrics.errors += 1
+            pause = self.writes.failed()
+            log.warning("disk tier write refused (%s): no disk writes for %.0f s, then retrying",
+                        error, pause)  # fmt: skip
+
+    def wait(self) -> None:
+        """Return once this rank's queued disk writes have landed (a drain's)."""
+        if isinstance(self.files, WriteBehindFiles):
+            self.files.wait()
+        self.settle()
+
+    def close(self) -> None:
+        """Finish queued disk writes and stop their thread."""
+        if isinstance(self.files, WriteBehindFiles):
+            self.files.close()
+        self.settle()
 
     def read(
         self, life_cycle: str, block_hash: int, out: memoryview | None, contents: bytes = b""

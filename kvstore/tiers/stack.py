@@ -208,6 +208,7 @@ class KVTiers:
     def flush(self) -> None:
         """Write evicted host blocks and host-less evicted device pages to disk, then copy
         evicted device pages to host."""
+        self.disk.settle()
         straight, self._device_to_disk = self._device_to_disk, []
         for life_cycle in dict.fromkeys(name for name, _, _ in straight):
             moves = [(page, block) for name, page, block in straight if name == life_cycle]
@@ -371,7 +372,9 @@ class KVTiers:
         """
         capacity = self.disk.index.capacity.get(life_cycle, 0)
         todo = [(p, h) for p, h in blocks if not self.disk.has(life_cycle, h)] if capacity else []
-        return self._write_pages(life_cycle, todo[:capacity])
+        written = self._write_pages(life_cycle, todo[:capacity])
+        self.disk.wait()  # a drain's blocks are on the volume before the rank may stop
+        return written
 
     def _write_pages(self, life_cycle: str, todo: Sequence[tuple[int, int]]) -> int:
         """Device pages `(page, block hash)` to disk through rows, in chunks; blocks written."""
@@ -409,9 +412,10 @@ class KVTiers:
                     )
 
     def close(self) -> None:
-        """Stop the prefetch worker and wait for copies in flight."""
+        """Stop the prefetch worker, wait for copies in flight and land queued disk writes."""
         self._prefetcher.close()
         self.bytes.synchronize()
+        self.disk.close()
 
     # -- internals -------------------------------------------------------------------------
 

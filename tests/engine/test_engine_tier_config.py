@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 import torch
 from kvfleet.kvstore.life_cycles import FullLifeCycle, WindowLifeCycle
@@ -51,12 +53,19 @@ def test_engine_yaml_kv_tiers_map_onto_the_config():
         {
             "kv_tiers": {
                 "host_gib": 2.5,
-                "disk": {"enabled": True, "dir": "/d", "gib": 8, "prefetch_num_reqs": 3},
+                "disk": {
+                    "enabled": True,
+                    "dir": "/d",
+                    "gib": 8,
+                    "prefetch_num_reqs": 3,
+                    "write_behind": True,
+                },
             }
         }
     )
     assert (config.host_kv_gib, config.disk_tier_dir, config.disk_kv_gib) == (2.5, "/d", 8)
     assert (config.disk_tier_enabled, config.disk_prefetch_num_reqs) == (True, 3)
+    assert config.disk_write_behind and not EngineConfig().disk_write_behind
 
 
 def test_disabled_disk_tier_keeps_no_folder():
@@ -111,6 +120,9 @@ def test_tier_config_gives_the_disk_tier_its_gib_and_folder(tmp_path):
     split = tier_pages(GIB, step, kv.store_config.life_cycles, kv.layout)
     assert dict(tiers.disk_pages) == split and all(split.values())
     assert dict(tiers.host_pages) == {"full": 0, "window": 0}
+    assert not tiers.disk_write_behind
+    behind = dataclasses.replace(config, disk_write_behind=True)
+    assert tier_config(model, behind, kv.store_config, kv.layout).disk_write_behind
 
 
 def test_model_reads_the_tiers_device_kv():

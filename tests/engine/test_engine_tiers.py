@@ -163,6 +163,33 @@ def test_second_pod_reuses_a_prefix_another_pod_left_on_the_shared_disk(served_d
         core.stop()
 
 
+def test_a_pod_writing_behind_leaves_the_same_prefix_on_the_shared_disk(served_disk, tmp_path):
+    """If this fails, blocks written by the disk writer thread are lost at the rank's stop or
+    come back other than computed: pod A writes behind and stops; pod B reuses the prefix it
+    left, with the greedy tokens of a run without any cache."""
+    config, _, served_second, reference = served_disk
+    disk_dir = tmp_path / "behind"
+    first, appended = two_turns(2, "c")
+    core = _core(config.with_changes(disk_tier_dir=str(disk_dir), disk_write_behind=True), "a")
+    try:
+        turn_one = tokens_of(run_call(core, first))
+        _flood(core, seed=22)
+        assert _tier_metrics(core)[DISK].pages_in > 0
+        _check_clean(core)
+    finally:
+        core.stop()
+    second = turn_two(first, turn_one, appended)
+    assert second.prompt_token_ids == served_second.prompt_token_ids
+    core = _core(config.with_changes(disk_tier_dir=str(disk_dir)), "tiers-pod-b")
+    try:
+        outputs = run_call(core, second)
+        assert final(outputs).usage.cached_tokens >= 9 * PAGE
+        assert tokens_of(outputs) == reference
+        _check_clean(core)
+    finally:
+        core.stop()
+
+
 def test_corrupt_disk_block_is_a_miss_and_output_stays_correct(served_disk, tmp_path):
     """Reading a damaged block file as KV would change the tokens the model generates."""
     _, _, second, reference = served_disk

@@ -51,6 +51,7 @@ def make_tiered(
     scales_tag: str = "",
     clock: Callable[[], float] = time.monotonic,
     host_exclusive: bool = True,
+    write_behind: bool = False,
 ) -> KVCacheManager:
     """A manager with CPU device KV, a host tier and a disk tier in a fresh temp folder, whose
     cache TTLs run on `clock`."""
@@ -69,6 +70,7 @@ def make_tiered(
         disk_dir=folder,
         disk_prefetch_num_reqs=prefetch_num_reqs,
         host_exclusive=host_exclusive,
+        disk_write_behind=write_behind,
     )
     layout = make_layout(life_cycles, dtype, scales_tag)
     tiers = build_tiers(store, tier_config, layout, device=DEVICE)

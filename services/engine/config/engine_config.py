@@ -86,6 +86,9 @@ class EngineConfig:
     disk_kv_gib: float = 32.0  # this rank's share of the shared disk volume
     disk_kv_pages: int | None = None
     disk_prefetch_num_reqs: int = 4
+    # Block files written by a thread of their own instead of the core thread, which plans and
+    # launches every step (kvstore/tiers/write_behind.py): off until measured on a GPU fleet.
+    disk_write_behind: bool = False
     torch_threads: int = 1
     # Decode steps through static buffers per batch-size bucket (cuda_graphs.py): "auto"
     # replays them as CUDA graphs on CUDA and runs plain eager steps elsewhere, "static" runs

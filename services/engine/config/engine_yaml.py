@@ -63,6 +63,7 @@ class DiskSection(_Strict):
     gib: float | None = None
     pages: int | None = None
     prefetch_num_reqs: int | None = None
+    write_behind: bool | None = None
 
 
 class TiersSection(_Strict):
@@ -113,6 +114,7 @@ DISK_FIELDS = {
     "gib": "disk_kv_gib",
     "pages": "disk_kv_pages",
     "prefetch_num_reqs": "disk_prefetch_num_reqs",
+    "write_behind": "disk_write_behind",
 }
 
 

@@ -237,6 +237,7 @@ def tier_config(
         disk_dir=disk_dir,
         disk_prefetch_num_reqs=config.disk_prefetch_num_reqs,
         host_exclusive=config.host_kv_exclusive,
+        disk_write_behind=config.disk_write_behind,
     )
 
 
