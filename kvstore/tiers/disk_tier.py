@@ -17,7 +17,7 @@ from collections.abc import Callable
 from .disk_files import MISSING, NOT_REGULAR, DiskFiles, NoDiskFiles
 from .metrics import TierMetrics
 from .tier_index import TierIndex
-from .write_behind import WriteBehindFiles
+from .write_behind import MAX_PENDING_BYTES, WriteBehindFiles
 
 log = logging.getLogger(__name__)
 
@@ -96,6 +96,10 @@ class DiskTier:
             return False
         if self.files.contains(life_cycle, block_hash):
             return False  # another rank wrote it: content-addressed, so these very bytes
+        if isinstance(self.files, WriteBehindFiles) and (
+            self.files.pending_bytes >= MAX_PENDING_BYTES
+        ):
+            self.wait()  # the writer is behind: its copies may not grow without bound
         try:
             self.files.write(life_cycle, block_hash, payload(), contents)
         except OSError:

@@ -2,10 +2,14 @@
 
 Writing a block file (a temporary file, its bytes, a rename) costs the thread that does it about
 a millisecond a 512 KiB block; on a GPU rank that thread also plans and launches every step. Here
-the caller copies the block's bytes (tens of microseconds) and queues the write. Until the
+the caller copies the block's bytes and queues the write (a quarter of the time in place on a
+loaded 2-core machine, bench/disk_write_bench.py). Until the
 writer thread has renamed the file into place the block is served from that copy, so it is on
 the tier from the moment it is queued. Removes go through the same queue, so a block removed
 right after its write is removed after it, never before.
+
+The copies are bounded: past `MAX_PENDING_BYTES` of them the caller (`DiskTier.store`) waits
+for the writer, so a slow volume costs the rank its write time, never unbounded memory.
 
 The caller's thread is the only writer of `_pending`: it adds an entry at `write` and drops it
 at `settle`, once the writer reported that very write (a sequence number tells a rewrite of the
@@ -23,6 +27,7 @@ from typing import Any
 from .disk_files import DiskFiles
 
 WRITE, REMOVE, FENCE, STOP = "write", "remove", "fence", "stop"
+MAX_PENDING_BYTES = 256 << 20  # queued blocks' copies: 512 1b pages, 128 of an 8b model's
 
 
 class WriteBehindFiles(DiskFiles):
@@ -32,6 +37,7 @@ class WriteBehindFiles(DiskFiles):
         super().__init__(*args, **kwargs)
         _ = self.key  # derived here, not first on the writer thread
         self._pending: dict[tuple[str, int], tuple[int, bytes, bytes]] = {}
+        self.pending_bytes = 0  # of the copies in `_pending`
         self._jobs: queue.SimpleQueue = queue.SimpleQueue()
         self._done: queue.SimpleQueue = queue.SimpleQueue()
         self._sequence = itertools.count()
@@ -51,13 +57,20 @@ class WriteBehindFiles(DiskFiles):
             raise ValueError("a block file needs the block's bytes (byte-less tiers keep none)")
         number = next(self._sequence)
         data = bytes(memoryview(payload).cast("B"))
+        self._forget((life_cycle, block_hash))
         self._pending[(life_cycle, block_hash)] = (number, data, contents)
+        self.pending_bytes += len(data)
         self._jobs.put((WRITE, life_cycle, block_hash, number, data, contents))
 
     def remove(self, life_cycle: str, block_hash: int) -> None:
         """Queue the file's removal, after any write of it queued before."""
-        self._pending.pop((life_cycle, block_hash), None)
+        self._forget((life_cycle, block_hash))
         self._jobs.put((REMOVE, life_cycle, block_hash))
+
+    def _forget(self, key: tuple[str, int]) -> None:
+        entry = self._pending.pop(key, None)
+        if entry is not None:
+            self.pending_bytes -= len(entry[1])
 
     def contains(self, life_cycle: str, block_hash: int) -> bool:
         """True if the block's write is queued or its file exists."""
@@ -91,7 +104,7 @@ class WriteBehindFiles(DiskFiles):
                 return refused
             entry = self._pending.get(key)
             if entry is not None and entry[0] == number:
-                del self._pending[key]
+                self._forget(key)
             if error is not None:
                 refused.append((*key, error))
 

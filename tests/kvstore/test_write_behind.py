@@ -8,6 +8,7 @@ import tempfile
 
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from kvfleet.kvstore.tiers import disk_tier
 from kvfleet.kvstore.tiers.disk_files import DiskFiles
 from kvfleet.kvstore.tiers.write_behind import WriteBehindFiles
 from tier_factories import BLOCK, make_tiered, prompt_of, serve
@@ -95,6 +96,23 @@ def test_a_refused_write_is_counted_and_pauses_disk_writes():
         manager.tiers.close()
 
 
+def test_a_writer_behind_holds_back_the_caller_not_more_copies(monkeypatch):
+    """If this fails, a volume slower than the evictions makes the queued copies grow without
+    bound: past the bound the tier must wait for the writer before it queues another block."""
+    block_bytes = len(payload(0))
+    monkeypatch.setattr(disk_tier, "MAX_PENDING_BYTES", 2 * block_bytes)
+    manager = make_tiered(write_behind=True)
+    try:
+        disk = manager.tiers.disk
+        for block_hash in range(1, 11):
+            assert disk.store("full", block_hash, lambda: memoryview(payload(6)), CONTENTS)
+            assert disk.files.pending_bytes <= 3 * block_bytes
+        disk.wait()
+        assert disk.files.pending_bytes == 0
+    finally:
+        manager.tiers.close()
+
+
 def test_blocks_written_behind_come_back_bit_identical():
     """If this fails, a turn reusing blocks that went GPU -> host -> disk through the writer
     thread gets other bytes than it computed (serve checks every reused page's bits)."""
@@ -165,6 +183,7 @@ def test_any_order_of_writes_removes_and_landings_keeps_written_blocks_readable(
                 files.run_one()
             else:
                 files.settle()
+            assert files.pending_bytes == sum(len(entry[1]) for entry in files._pending.values())
             for each in range(4):
                 got = read_back(files, each)
                 assert got in (payload(each), None)
