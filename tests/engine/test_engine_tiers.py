@@ -123,6 +123,12 @@ def served_disk(tmp_path_factory):
         disk_tier_dir=str(disk_dir),
         disk_kv_pages=512,
     )
+    second = _pod_a_serves_then_floods(config)
+    return config, disk_dir, second, _reference(second)
+
+
+def _pod_a_serves_then_floods(config: EngineConfig) -> GenerateCall:
+    """Pod A serves turn 1, then a flood pushes its blocks down to disk; turn 2's call."""
     first, appended = two_turns(2, "c")
     core = _core(config, "tiers-pod-a")
     try:
@@ -132,8 +138,7 @@ def served_disk(tmp_path_factory):
         _check_clean(core)
     finally:
         core.stop()
-    second = turn_two(first, turn_one, appended)
-    return config, disk_dir, second, _reference(second)
+    return turn_two(first, turn_one, appended)
 
 
 def _pod_b(served_disk, tmp_path: Path) -> tuple[EngineConfig, Path]:
@@ -169,16 +174,8 @@ def test_a_pod_writing_behind_leaves_the_same_prefix_on_the_shared_disk(served_d
     left, with the greedy tokens of a run without any cache."""
     config, _, served_second, reference = served_disk
     disk_dir = tmp_path / "behind"
-    first, appended = two_turns(2, "c")
-    core = _core(config.with_changes(disk_tier_dir=str(disk_dir), disk_write_behind=True), "a")
-    try:
-        turn_one = tokens_of(run_call(core, first))
-        _flood(core, seed=22)
-        assert _tier_metrics(core)[DISK].pages_in > 0
-        _check_clean(core)
-    finally:
-        core.stop()
-    second = turn_two(first, turn_one, appended)
+    behind = config.with_changes(disk_tier_dir=str(disk_dir), disk_write_behind=True)
+    second = _pod_a_serves_then_floods(behind)
     assert second.prompt_token_ids == served_second.prompt_token_ids
     core = _core(config.with_changes(disk_tier_dir=str(disk_dir)), "tiers-pod-b")
     try:
