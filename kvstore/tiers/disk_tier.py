@@ -17,7 +17,7 @@ from collections.abc import Callable
 from .disk_files import MISSING, NOT_REGULAR, DiskFiles, NoDiskFiles
 from .metrics import TierMetrics
 from .tier_index import TierIndex
-from .write_behind import MAX_PENDING_BYTES, WriteBehindFiles
+from .write_behind import MAX_PENDING_BYTES
 
 log = logging.getLogger(__name__)
 
@@ -96,9 +96,7 @@ class DiskTier:
             return False
         if self.files.contains(life_cycle, block_hash):
             return False  # another rank wrote it: content-addressed, so these very bytes
-        if isinstance(self.files, WriteBehindFiles) and (
-            self.files.pending_bytes >= MAX_PENDING_BYTES
-        ):
+        if self.files.pending_bytes >= MAX_PENDING_BYTES:
             self.wait()  # the writer is behind: its copies may not grow without bound
         try:
             self.files.write(life_cycle, block_hash, payload(), contents)
@@ -111,8 +109,6 @@ class DiskTier:
         """Account for write-behind writes that ended (`WriteBehindFiles`): a refused one
         leaves the index (unless a read holds it: then its next read misses) and pauses disk
         writes as a refused write does."""
-        if not isinstance(self.files, WriteBehindFiles):
-            return
         for life_cycle, block_hash, error in self.files.settle():
             if not self.index.pinned(life_cycle, block_hash):
                 self.index.remove(life_cycle, block_hash)
@@ -123,14 +119,12 @@ class DiskTier:
 
     def wait(self) -> None:
         """Return once this rank's queued disk writes have landed (a drain's)."""
-        if isinstance(self.files, WriteBehindFiles):
-            self.files.wait()
+        self.files.wait()
         self.settle()
 
     def close(self) -> None:
         """Finish queued disk writes and stop their thread."""
-        if isinstance(self.files, WriteBehindFiles):
-            self.files.close()
+        self.files.close()
         self.settle()
 
     def read(
