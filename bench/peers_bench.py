@@ -6,7 +6,8 @@ table compares prefix reuse (and its share of the oracle), later turns with no r
 with ratios against a baseline arm of the same run (sglang round_robin).
 
 - sglang-router takes no token-id prompts, so its arms send the same tokens as ASCII text
-  (`text+http://`, token ids < 128; the ranks' byte tokenizer maps them back one to one).
+  (the replay's `--api text`, token ids < 128; the ranks' byte tokenizer maps them back one
+  to one).
 - vllm-router gets token ids (its cache_aware renders them through `/v1/completions/render`).
 - kvfleet's router is replayed over grpc:// (its Generate stream), pins in-process.
 
@@ -35,9 +36,7 @@ from pathlib import Path
 from kvfleet.services.engine.config.model_config import preset
 from kvfleet.services.engine.model.model_dir import write_model_dir
 from kvfleet.services.replay.claude_code import read_claude_code
-from kvfleet.services.replay.http_target import OpenAICompletionsTarget
-from kvfleet.services.replay.target import TARGET_FACTORIES
-from kvfleet.services.replay.target_types import TargetOptions
+from kvfleet.services.replay.text_target import TEXT_VOCAB
 from rich.console import Console
 from rich.table import Table
 
@@ -46,6 +45,7 @@ from peers_fleet import (
     ROUTER_NEEDS,
     ROUTERS,
     SERVED_MODEL,
+    TEXT_SCHEME,
     Fleet,
     RankSettings,
     router_available,
@@ -55,7 +55,6 @@ from sim_bench import session_files
 TRACES = Path(__file__).resolve().parents[1] / ".." / "shared" / "traces" / "claude_code_weka"
 # Sessions whose first turns fit 32k tokens, each with 3-5 of them (a small, quick slice).
 SLICE = ("0162", "0242", "0012", "0052", "0261", "0260", "0142", "0011", "0070", "0051")
-TEXT_VOCAB = 128  # ASCII: every token id is one byte the ranks' byte tokenizer maps back
 BASELINE = "sglang round_robin"
 
 # arm name -> (router, policy)
@@ -71,28 +70,6 @@ ARMS: dict[str, tuple[str, str]] = {
     "dynamo kv_router": ("dynamo", "kv_router"),
     "dynamo radix_tree": ("dynamo", "radix_tree"),
 }
-
-
-class TextCompletionsTarget(OpenAICompletionsTarget):
-    """OpenAI completions with the prompt as ASCII text (for routers that take no token ids)."""
-
-    def request_body(
-        self, conversation_id: str, tokens: list[int], max_tokens: int, branch_hints=()
-    ) -> dict:
-        if max(tokens) >= TEXT_VOCAB:
-            raise ValueError(f"token id {max(tokens)} >= {TEXT_VOCAB}: not one ASCII byte")
-        # One byte is one token, so the hints stay token positions of the text.
-        body = super().request_body(conversation_id, tokens, max_tokens, branch_hints)
-        body["prompt"] = bytes(tokens).decode("ascii")
-        return body
-
-
-def _open_text(spec: str, options: TargetOptions) -> TextCompletionsTarget:
-    url = "http://" + spec.split("://", 1)[1]
-    return TextCompletionsTarget(url, model=options.model, timeout_s=options.request_timeout_s)
-
-
-TARGET_FACTORIES["text+http"] = _open_text
 
 
 @dataclass(frozen=True)
@@ -128,11 +105,15 @@ def replay(spec: str, arm: str, out: Path, args: argparse.Namespace) -> dict:
     from kvfleet.services.cli import main
 
     traces = [str(TRACES / f"trace_{name}.json") for name in args.slice[: args.limit]]
+    # `text+http://` (peers_fleet): a router that takes the prompt as text only.
+    api = "text" if spec.startswith(TEXT_SCHEME) else "completions"
     argv = [
         "replay",
         *traces,
         "--target",
-        spec,
+        spec.removeprefix("text+"),
+        "--api",
+        api,
         "--arm",
         arm,
         "--json",

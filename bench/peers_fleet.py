@@ -35,6 +35,7 @@ def script(name: str) -> Path:
 
 
 START_TIMEOUT_S = 60.0
+TEXT_SCHEME = "text+http://"  # a router replayed with `--api text` (it takes no token ids)
 FLEET_SECRET = secrets.token_hex(16)
 SERVED_MODEL = "tiny"  # the ranks' model name, which their OpenAI endpoints check
 
@@ -229,7 +230,7 @@ def sglang_router(fleet: Fleet, settings: RankSettings, ranks: int, policy: str)
     """sglang-router over HTTP workers; replayed with text prompts (it takes no token ids)."""
     program = [str(BIN / "python"), "-m", "sglang_router.launch_router"]
     address = _peer_router(fleet, settings, ranks, program, policy, ("/health", "/v1/models"))
-    return f"text+http://{address}"
+    return f"{TEXT_SCHEME}{address}"
 
 
 def vllm_router(fleet: Fleet, settings: RankSettings, ranks: int, policy: str) -> str:

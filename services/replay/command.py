@@ -79,11 +79,13 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("--model", default="kvfleet", help="model name sent to the target")
     parser.add_argument(
         "--api",
-        choices=("completions", "chat", "anthropic"),
+        choices=("completions", "chat", "anthropic", "text"),
         default="completions",
-        help="what an http target is sent: token ids to /v1/completions (default), or the same "
+        help="what an http target is sent: token ids to /v1/completions (default), the same "
         "content as a text chat to /v1/chat/completions (with X-Conversation-Id) or to "
-        "Anthropic's /v1/messages (Claude Code's cache_control, no conversation header)",
+        "Anthropic's /v1/messages (Claude Code's cache_control, no conversation header), or "
+        "the ids as ASCII text to /v1/completions (ids below 128, for servers and routers that "
+        "take no token ids)",
     )
     parser.add_argument(
         "--anthropic-session",
@@ -208,7 +210,7 @@ async def _replay(args: argparse.Namespace, arms: list[str]) -> list[Any]:
     from .driver import AllRequestsFailed, DriverOptions
     from .runner import run_arm
     from .target import open_target
-    from .target_types import TargetOptions
+    from .target_types import TargetOptions, TargetUnavailable
     from .tokens import TokenSynthesizer
 
     target_options = TargetOptions(
@@ -224,6 +226,12 @@ async def _replay(args: argparse.Namespace, arms: list[str]) -> list[Any]:
         results = []
         for name, spec, target, info in zip(arms, args.target, targets, infos, strict=True):
             vocab = args.vocab_size or info.vocab_size or DEFAULT_VOCAB_SIZE
+            if info.vocab_size is not None and vocab > info.vocab_size:
+                # Ids past the target's vocabulary would fail every request of the arm.
+                raise TargetUnavailable(
+                    f"--vocab-size {vocab}: target {spec!r} takes ids below {info.vocab_size}"
+                    + (" (--api text: one ASCII byte a token)" if args.api == "text" else "")
+                )
             columns = ("{task.description}", BarColumn(), MofNCompleteColumn(), TimeElapsedColumn())
             with Progress(*columns, disable=args.no_progress) as progress:
                 task = progress.add_task(f"replay {name}", total=total)

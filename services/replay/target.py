@@ -9,12 +9,13 @@ from __future__ import annotations
 
 from .target_types import Target, TargetFactory, TargetOptions, TargetUnavailable
 
-HTTP_APIS = ("completions", "chat", "anthropic")
+HTTP_APIS = ("completions", "chat", "anthropic", "text")
 
 
 def _open_http(spec: str, options: TargetOptions) -> Target:
-    """The http target of `options.api`: token ids to /v1/completions, or the same content as
-    a text chat to /v1/chat/completions or Anthropic's /v1/messages."""
+    """The http target of `options.api`: token ids to /v1/completions, the same content as a
+    text chat to /v1/chat/completions or Anthropic's /v1/messages, or the ids as ASCII text to
+    /v1/completions."""
     common = {"model": options.model, "timeout_s": options.request_timeout_s}
     if options.api == "chat":
         from .chat_target import OpenAIChatTarget
@@ -24,6 +25,10 @@ def _open_http(spec: str, options: TargetOptions) -> Target:
         from .messages_target import AnthropicMessagesTarget
 
         return AnthropicMessagesTarget(spec, session=options.anthropic_session, **common)
+    if options.api == "text":
+        from .text_target import TextCompletionsTarget
+
+        return TextCompletionsTarget(spec, **common)
     if options.api != "completions":
         raise TargetUnavailable(f"--api {options.api!r}: not one of {HTTP_APIS}")
     from .http_target import OpenAICompletionsTarget
