@@ -12,6 +12,9 @@ class Arm:
     router_flags: tuple[str, ...] = ()
     engine: dict[str, object] = field(default_factory=dict)  # engine.yaml `engine:` fields
     sim: dict[str, str] = field(default_factory=dict)  # `--target sim?k=v` fleet options
+    # sglang-router with this policy in front of the ranks instead of kvfleet's router (the
+    # ranks register with no router; the replay sends prompts as text, which it needs)
+    sglang_policy: str | None = None
 
 
 ARMS: dict[str, Arm] = {
@@ -35,6 +38,12 @@ ARMS: dict[str, Arm] = {
     # the defaults with disk-tier writes on a writer thread (kvstore/tiers/write_behind.py); the
     # simulator's side of it is its YAML with `disk_write_ms_per_page: 0`.
     "write-behind": Arm((), {"disk_write_behind": True}, {}),
+    # sglang-router's cache-aware policy (a radix tree of the prompts' text per worker, the
+    # longest match unless the load is out of balance): the field's prefix-aware router. Its
+    # simulator side is the nearest kvfleet policy: prefix placement with no pins.
+    "sglang/cache_aware": Arm(
+        sim={"affinity": "none", "placement": "prefix"}, sglang_policy="cache_aware"
+    ),
     # a router blind to the cache: pins ignored, ranks in turn.
     "round-robin": Arm(
         ("--affinity", "none", "--placement", "round_robin"),

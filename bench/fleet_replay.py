@@ -3,6 +3,9 @@ sharing the GPU, one fresh fleet per arm, each replaying the same sessions throu
 OpenAI front with `kvfleet replay`. Writes `<out>/<arm>.json` per arm and `<out>/fleet.json`
 (sizes and the command lines), so fleet_sim.py can replay the same arms in the simulator.
 
+The `sglang/cache_aware` arm puts sglang-router (extra `peers`) in front of the same ranks
+instead of kvfleet's router, the prompts sent as text (`kvfleet replay --api text`).
+
 Run (device): bench/gpu/fleet_replay.sh; locally, for the plumbing only:
   python bench/fleet_replay.py --compute-backend sim --sessions-count 2 --out /tmp/fr
 """
@@ -10,6 +13,7 @@ Run (device): bench/gpu/fleet_replay.sh; locally, for the plumbing only:
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import itertools
 import json
 import os
@@ -28,6 +32,7 @@ from fleet_sizing import kv_bytes_per_token, report_half, size_fleet
 from kvfleet.kvstore.tiers.disk_key import SECRET_ENV
 from kvfleet.services.engine.config.engine_config import EngineConfig
 from kvfleet.services.engine.config.model_config import preset
+from kvfleet.services.replay.text_target import TEXT_VOCAB
 
 SHARED = Path(
     os.environ.get("KVFLEET_SHARED") or Path(__file__).resolve().parents[1] / ".." / "shared"
@@ -105,19 +110,30 @@ def get(url: str) -> str | None:
         return None
 
 
-def wait_ready(ranks: int, procs: list[subprocess.Popen], router_log: Path, limit_s: float) -> None:
-    """Until every engine answers /health and the router has logged every rank's registration
-    (its slot gauges fill only once a pass has run)."""
+def wait_ready(
+    ranks: int, procs: list[subprocess.Popen], router_log: Path | None, limit_s: float
+) -> None:
+    """Until every engine answers /health and, with `router_log`, kvfleet's router has logged
+    every rank's registration (its slot gauges fill only once a pass has run)."""
     end = time.monotonic() + limit_s
     while time.monotonic() < end:
         if any(p.poll() is not None for p in procs):
             raise RuntimeError("a fleet process exited during start")
-        registered = router_log.read_text().count(" registered at ")
+        registered = router_log.read_text().count(" registered at ") if router_log else ranks
         healthy = all(get(f"http://127.0.0.1:{8101 + i}/health") is not None for i in range(ranks))
         if registered >= ranks and healthy:
             return
         time.sleep(1)
     raise RuntimeError(f"fleet not ready in {limit_s:.0f} s")
+
+
+def wait_answers(url: str, proc: subprocess.Popen, limit_s: float) -> None:
+    """Until `url` answers, or `proc` exits."""
+    end = time.monotonic() + limit_s
+    while get(url) is None:
+        if proc.poll() is not None or time.monotonic() > end:
+            raise RuntimeError(f"{url} did not answer ({proc.args[:3]} exited {proc.poll()})")
+        time.sleep(1)
 
 
 def warm_up(ranks: int, vocab: int) -> None:
@@ -147,7 +163,28 @@ def log_file(path: Path):
     return path.open("w")
 
 
+def start_ranks(args, engine_yaml: Path, logs: Path, register: bool) -> list[subprocess.Popen]:
+    """The engine ranks; with `register`, each joins kvfleet's router at RANK_PORT."""
+    # One fleet secret, as the operator mounts one: the ranks read each other's disk-tier blocks.
+    env = {**os.environ, SECRET_ENV: secrets.token_hex(32)}
+    procs = []
+    for i in range(args.ranks):
+        router = ["--router", f"127.0.0.1:{RANK_PORT}"] if register else []
+        engine = [*KVFLEET, "engine", "--host", "127.0.0.1", "--advertise-host", "127.0.0.1",
+                  "--grpc-port", str(50061 + i), "--http-port", str(8101 + i),
+                  "--metrics-port", str(ENGINE_METRICS + i), *router,
+                  "--rank-id", f"rank-{i}", "--config", str(engine_yaml), "--model", args.model,
+                  "--device", args.device, "--compute-backend", args.compute_backend,
+                  "--step-log", str(logs / f"steps-engine{i}.jsonl")]  # fmt: skip
+        log = log_file(logs / f"engine{i}.log")
+        procs.append(subprocess.Popen(engine, stdout=log, stderr=subprocess.STDOUT, env=env))
+    return procs
+
+
 def start_fleet(args, arm, engine_yaml: Path, logs: Path) -> list[subprocess.Popen]:
+    """The arm's router and ranks, ready to serve: [router, engine 0, engine 1, ...]."""
+    if arm.sglang_policy is not None:
+        return start_sglang_fleet(args, arm.sglang_policy, engine_yaml, logs)
     router = [*KVFLEET, "router", "--host", "127.0.0.1", "--grpc-port", str(ROUTER_GRPC),
               "--rank-port", str(RANK_PORT), "--http-port", str(ROUTER_HTTP),
               "--metrics-port", str(ROUTER_METRICS), "--insecure-rank-port",
@@ -155,17 +192,33 @@ def start_fleet(args, arm, engine_yaml: Path, logs: Path) -> list[subprocess.Pop
     procs = [
         subprocess.Popen(router, stdout=log_file(logs / "router.log"), stderr=subprocess.STDOUT)
     ]
-    # One fleet secret, as the operator mounts one: the ranks read each other's disk-tier blocks.
-    env = {**os.environ, SECRET_ENV: secrets.token_hex(32)}
-    for i in range(args.ranks):
-        engine = [*KVFLEET, "engine", "--host", "127.0.0.1", "--advertise-host", "127.0.0.1",
-                  "--grpc-port", str(50061 + i), "--http-port", str(8101 + i),
-                  "--metrics-port", str(ENGINE_METRICS + i), "--router", f"127.0.0.1:{RANK_PORT}",
-                  "--rank-id", f"rank-{i}", "--config", str(engine_yaml), "--model", args.model,
-                  "--device", args.device, "--compute-backend", args.compute_backend,
-                  "--step-log", str(logs / f"steps-engine{i}.jsonl")]  # fmt: skip
-        log = log_file(logs / f"engine{i}.log")
-        procs.append(subprocess.Popen(engine, stdout=log, stderr=subprocess.STDOUT, env=env))
+    procs += start_ranks(args, engine_yaml, logs, register=True)
+    try:
+        wait_ready(args.ranks, procs, logs / "router.log", 300)
+    except RuntimeError:
+        stop_fleet(procs)
+        raise
+    return procs
+
+
+def start_sglang_fleet(args, policy: str, engine_yaml: Path, logs: Path) -> list[subprocess.Popen]:
+    """Ranks that join no router, then sglang-router in front of their HTTP ports."""
+    if importlib.util.find_spec("sglang_router") is None:
+        raise RuntimeError("sglang-router is not installed (pip install -e '.[peers]')")
+    procs = start_ranks(args, engine_yaml, logs, register=False)
+    router = [sys.executable, "-m", "sglang_router.launch_router", "--host", "127.0.0.1",
+              "--port", str(ROUTER_HTTP), "--policy", policy, "--prometheus-host", "127.0.0.1",
+              "--prometheus-port", str(ROUTER_METRICS), "--worker-urls",
+              *(f"http://127.0.0.1:{8101 + i}" for i in range(args.ranks))]  # fmt: skip
+    try:
+        wait_ready(args.ranks, procs, None, 300)
+        procs.insert(0, subprocess.Popen(router, stdout=log_file(logs / "router.log"),
+                                         stderr=subprocess.STDOUT))  # fmt: skip
+        for path in ("/health", "/v1/models"):
+            wait_answers(f"http://127.0.0.1:{ROUTER_HTTP}{path}", procs[0], 120)
+    except RuntimeError:
+        stop_fleet(procs)
+        raise
     return procs
 
 
@@ -267,6 +320,14 @@ def start_profiles(pids: dict[str, int], seconds: float, logs: Path) -> list[sub
                          stdout=log_file(logs / f"pyspy-{name}.log"), stderr=subprocess.STDOUT)
         for name, pid in pids.items()
     ]  # fmt: skip
+
+
+def api_flags(arm, model: str, vocab_size: int) -> list[str]:
+    """What the replay sends: token ids, or (to sglang-router, which takes no ids and lists the
+    ranks' own model name) ASCII text."""
+    if arm.sglang_policy is not None:
+        return ["--api", "text", "--vocab-size", str(TEXT_VOCAB), "--model", model]
+    return ["--vocab-size", str(vocab_size)]
 
 
 def run_replay(replay: list[str], timeout_s: float, procs, args, logs: Path) -> tuple[int, dict]:
@@ -376,9 +437,9 @@ def main() -> int:
             settings |= {"disk_tier_dir": str(disk), "disk_kv_pages": disk_pages * per_byte}
         engine_yaml.write_text(yaml.safe_dump({"engine": settings}))
         started = time.monotonic()
-        procs = start_fleet(args, arm, engine_yaml, logs)
+        procs: list[subprocess.Popen] = []
         try:
-            wait_ready(args.ranks, procs, logs / "router.log", 300)
+            procs = start_fleet(args, arm, engine_yaml, logs)
             warm_up(args.ranks, model.vocab_size)
             ready_s = time.monotonic() - started
             replay = [*KVFLEET, "replay", *map(str, traces), "--target",
@@ -387,7 +448,7 @@ def main() -> int:
                       "--time-scale", str(args.time_scale), "--stagger", str(args.stagger),
                       "--max-model-len", str(args.max_model_len), "--max-tokens",
                       str(args.max_tokens), "--max-turns", str(args.max_turns),
-                      "--vocab-size", str(model.vocab_size),
+                      *api_flags(arm, args.model, model.vocab_size),
                       "--records", str(logs / "records.jsonl"), "--no-progress"]  # fmt: skip
             # Stop in time to stop the fleet (<= 40 s) and write what was measured.
             left = args.budget_s - (time.monotonic() - begun) - 45

@@ -10,6 +10,8 @@
 #           grpcio-reflection==1.85.1 redis==8.1.0 pydantic==2.14.3 pydantic-core==2.50.4
 #           annotated-types typing-inspection typing-extensions fastapi==0.163.2 starlette
 #           opentelemetry-api uvicorn==0.54.0 blake3==1.0.11 llguidance==1.9.1 (manylinux_2_31)
+#           and, for the sglang/cache_aware arm, sglang-router==0.3.2 setproctitle orjson
+#           aiohttp aiohappyeyeballs aiosignal attrs frozenlist multidict propcache yarl idna
 #           (all in <checkout>/.git/info/exclude)
 #           bash bench/gpu/fleet_replay.sh pack <checkout>/.gpuwt [--sessions DIR] [--count N]
 #           (copies the tree, the sessions, part2 and the wheels into the ignored .gpuwt)
@@ -44,13 +46,27 @@ for f in files:
     shutil.copy(f, dest)
 print(f"{len(files)} sessions: {' '.join(f.stem for f in files)}")
 PY
-    cp "${FA_DIR:-../main/.gpufa}/part2.tar.xz" "$dest/.gpu/" && cp -r "${WHEELS:-../main/.whl}" "$dest/.whl"
+    # A call carries 64 MiB: the sessions travel as xz, grpcio-tools (codegen only) stays
+    # here, and sglang-router's 90 MB library (the sglang/cache_aware arm) travels as xz too.
+    tar -C "$dest" -cJf "$dest/.gpu/traces.tar.xz" .traces && rm -rf "$dest/.traces"
+    cp "${FA_DIR:-../main/.gpufa}/part2.tar.xz" "$dest/.gpu/" && mkdir -p "$dest/.whl"
+    for wheel in "${WHEELS:-../main/.whl}"/*.whl; do
+      case "$(basename "$wheel")" in
+        grpcio_tools-*) ;;
+        sglang_router-*) site=$(mktemp -d) && unzip -q "$wheel" -d "$site" \
+                           && tar -C "$site" -cf - . | xz -T0 -9 > "$dest/.gpu/sglang_router.tar.xz" \
+                           && rm -rf "$site" ;;
+        *) cp "$wheel" "$dest/.whl/" ;;
+      esac
+    done
     du -sh "$dest"
     ;;
   run)
     shift
     if [ ! -d /tmp/fa/flash_attn ]; then echo "fresh machine: run call 1 (unpack part1) first"; exit 2; fi
     source bench/gpu/device_env.sh
+    tar -xJf .gpu/traces.tar.xz || exit 2
+    if [ -f .gpu/sglang_router.tar.xz ]; then tar -C /tmp/site -xJf .gpu/sglang_router.tar.xz || exit 2; fi
     # kvfleet's import names map its folders (pyproject's package-dir); no install here.
     mkdir -p /tmp/kvshim/kvfleet
     for d in services kvstore proto operator; do ln -sfn "$PWD/$d" /tmp/kvshim/kvfleet/$d; done
