@@ -38,11 +38,15 @@ ARMS: dict[str, Arm] = {
     # the defaults with disk-tier writes on a writer thread (kvstore/tiers/write_behind.py); the
     # simulator's side of it is its YAML with `disk_write_ms_per_page: 0`.
     "write-behind": Arm((), {"disk_write_behind": True}, {}),
-    # sglang-router's cache-aware policy (a radix tree of the prompts' text per worker, the
-    # longest match unless the load is out of balance): the field's prefix-aware router. Its
-    # simulator side is the nearest kvfleet policy: prefix placement with no pins.
+    # sglang-router's cache-aware policy, the field's prefix-aware router: a radix tree of the
+    # prompts' text per worker; a prompt matching over 30 % goes to its longest match, else to
+    # the worker with the smallest tree, and it queues there: load decides only past 64
+    # requests of imbalance. Its simulator side is the nearest kvfleet policy, a turn waiting
+    # for the rank that holds it with no bound, new conversations placed by prefix (kvfleet's
+    # `affinity: none` never waits for a busy rank, which sglang's workers make turns do).
     "sglang/cache_aware": Arm(
-        sim={"affinity": "none", "placement": "prefix"}, sglang_policy="cache_aware"
+        sim={"affinity": "strict", "max_wait_seconds": "1e9", "placement": "prefix"},
+        sglang_policy="cache_aware",
     ),
     # a router blind to the cache: pins ignored, ranks in turn.
     "round-robin": Arm(

@@ -304,3 +304,35 @@ class NoDiskFiles:
 
     def remove(self, life_cycle: str, block_hash: int) -> None:
         """Nothing to delete."""
+
+
+class SharedBlockSet(NoDiskFiles):
+    """The simulator's shared disk: which blocks are on it, in memory, one set for a fleet.
+
+    Every rank's disk tier writes into and reads from the same set, as engine ranks do
+    through one folder: a rank finds a block another rank wrote, and a block one rank's index
+    evicts is gone for all (its file deleted), so another rank's read of it misses.
+    """
+
+    def __init__(self) -> None:
+        self._blocks: set[tuple[str, int]] = set()
+
+    @property
+    def blocks(self) -> int:
+        """How many blocks are on the volume."""
+        return len(self._blocks)
+
+    def contains(self, life_cycle: str, block_hash: int) -> bool:
+        return (life_cycle, block_hash) in self._blocks
+
+    def write(self, life_cycle: str, block_hash: int, payload, contents: bytes = b"") -> None:
+        self._blocks.add((life_cycle, block_hash))
+
+    def check_into(self, life_cycle: str, block_hash: int, out, contents: bytes = b""):
+        return None if (life_cycle, block_hash) in self._blocks else MISSING
+
+    def read_into(self, life_cycle: str, block_hash: int, out, contents: bytes = b"") -> bool:
+        return (life_cycle, block_hash) in self._blocks
+
+    def remove(self, life_cycle: str, block_hash: int) -> None:
+        self._blocks.discard((life_cycle, block_hash))

@@ -83,7 +83,7 @@ class KVTiers:
         self._kept: Deadlines[int] = Deadlines()  # block id -> end of its cache TTL
         self.host = TierIndex(HOST, host_pages, self.kept)
         self.metrics: dict[str, TierMetrics] = new_tier_metrics()
-        files = disk_files or NoDiskFiles()
+        files = NoDiskFiles() if disk_files is None else disk_files
         self.disk = DiskTier(TierIndex(DISK, disk_pages, self.kept), files, self.metrics[DISK])
         self.disk_prefetch_num_reqs = disk_prefetch_num_reqs
         # Exclusive: a block onboarded from host leaves host (its next device eviction copies

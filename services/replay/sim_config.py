@@ -42,6 +42,9 @@ class FleetOptions:
     kv_cache_dtype: str = "auto"  # auto (the model's dtype_bytes) | bf16 | fp8_e4m3: page bytes
     host_gib: float = 0.0  # > 0: host tier bytes per rank, split like the device bytes
     host_exclusive: bool = True  # a block onboarded from host leaves it (kvstore/tiers/stack)
+    # the disk tiers are one volume every rank reads and writes, as the operator mounts one
+    # (a rank finds blocks another wrote); False: each rank's disk holds its own blocks only
+    disk_shared: bool = True
     chunk_tokens: int = 8192
     max_context_tokens: int = 131072
     affinity: str = "strict"

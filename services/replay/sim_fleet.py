@@ -25,6 +25,7 @@ from pathlib import Path
 
 from ...kvstore.events import KVEvent
 from ...kvstore.manager import KVCacheManager
+from ...kvstore.tiers.disk_files import SharedBlockSet
 from ..core.cost_model import CostModel
 from ..router.admission import GENERATION_ROLES, AdmissionConfig, AdmissionQueue
 from ..router.handoff import GENERATION_PIN_SUFFIX
@@ -74,6 +75,9 @@ class SimFleet:
         )
         self.ranks: dict[str, SimRank] = {}
         self.chips: list[Chip] = []
+        # the fleet's one disk volume (the operator mounts one for all engine pods)
+        share = fleet.disk_pages > 0 and fleet.disk_shared
+        self.shared_disk: SharedBlockSet | None = SharedBlockSet() if share else None
         for index, (rank_id, role) in enumerate(rank_roles(fleet)):
             chip = None
             if fleet.ranks_per_chip > 1:
@@ -100,7 +104,7 @@ class SimFleet:
 
     def _build_rank(self, rank_id: str, role: Role, chip: Chip | None) -> SimRank:
         fleet = self.config.fleet
-        kv_config, tiers = rank_kvstore(fleet, self.config.model)
+        kv_config, tiers = rank_kvstore(fleet, self.config.model, self.shared_disk)
         rank: SimRank | None = None
 
         def forward(event: KVEvent) -> None:

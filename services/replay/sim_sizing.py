@@ -20,6 +20,7 @@ from ...kvstore.sizing import (
     plan_pools,
     rank_typical_step,
 )
+from ...kvstore.tiers.disk_files import SharedBlockSet
 from ...kvstore.tiers.stack import KVTiers
 from ..core.cost_figures import ModelShape
 from .sim_config import FleetOptions, kv_dtype_bytes
@@ -27,8 +28,12 @@ from .sim_config import FleetOptions, kv_dtype_bytes
 GIB = 1 << 30
 
 
-def rank_kvstore(fleet: FleetOptions, model: ModelShape) -> tuple[KVStoreConfig, KVTiers | None]:
-    """A new rank's kvstore config and its host/disk tiers (None without lower tiers)."""
+def rank_kvstore(
+    fleet: FleetOptions, model: ModelShape, shared_disk: SharedBlockSet | None = None
+) -> tuple[KVStoreConfig, KVTiers | None]:
+    """A new rank's kvstore config and its host/disk tiers (None without lower tiers); its disk
+    tier's blocks go in `shared_disk` where given (the fleet's one volume), else in its index
+    alone."""
     life_cycles = model.build_life_cycles()
     policy = rank_policy(fleet)
     step = typical_step(fleet, policy)
@@ -53,6 +58,7 @@ def rank_kvstore(fleet: FleetOptions, model: ModelShape) -> tuple[KVStoreConfig,
         host,
         plan_lower_tier(step, life_cycles, bs, fleet.disk_pages),
         dict.fromkeys((lc.name for lc in life_cycles), 0),
+        disk_files=shared_disk,
         host_exclusive=fleet.host_exclusive,
     )
     return kv_config, tiers
