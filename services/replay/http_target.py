@@ -102,6 +102,10 @@ class HttpTarget:
 class OpenAICompletionsTarget(HttpTarget):
     """Streams completions from an OpenAI-compatible server, the prompt as token ids."""
 
+    def prompt_of(self, tokens: list[int]) -> list[int] | str:
+        """The request's `prompt`: the token ids themselves."""
+        return tokens
+
     def request_body(
         self,
         conversation_id: str,
@@ -114,7 +118,7 @@ class OpenAICompletionsTarget(HttpTarget):
         return {
             **hints,
             "model": self.model,
-            "prompt": tokens,
+            "prompt": self.prompt_of(tokens),
             "max_tokens": max_tokens,
             "min_tokens": max_tokens,
             "ignore_eos": True,

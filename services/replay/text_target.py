@@ -8,8 +8,6 @@ ids: reuse and lengths are those of the token-id replay.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-
 from .http_target import OpenAICompletionsTarget
 from .target_types import TargetInfo
 
@@ -24,19 +22,11 @@ class TextCompletionsTarget(OpenAICompletionsTarget):
         info = await super().describe()
         return TargetInfo(min(info.vocab_size or TEXT_VOCAB, TEXT_VOCAB), info.max_model_len)
 
-    def request_body(
-        self,
-        conversation_id: str,
-        tokens: list[int],
-        max_tokens: int,
-        branch_hints: Sequence[int] = (),
-    ) -> dict:
+    def prompt_of(self, tokens: list[int]) -> str:
+        """The ids as ASCII text; one byte is one token, so branch hints stay text positions."""
         if tokens and max(tokens) >= TEXT_VOCAB:
             raise ValueError(
                 f"token id {max(tokens)} >= {TEXT_VOCAB}: --api text needs --vocab-size <= "
                 f"{TEXT_VOCAB} (one ASCII byte a token)"
             )
-        # One byte is one token, so the branch hints stay token positions of the text.
-        body = super().request_body(conversation_id, tokens, max_tokens, branch_hints)
-        body["prompt"] = bytes(tokens).decode("ascii")
-        return body
+        return bytes(tokens).decode("ascii")
