@@ -350,7 +350,8 @@ class SimRank(HandoffSide, HoldSide, StepPlanner[SimRequest, Chunk]):
         request.disk_pages_in += admitted.disk_pages_in
         request.computed = request.committed = start
         request.pages_tokens = admitted.allocation.num_tokens_with_pages
-        count = min(request.prompt_len - start, budget)
+        # the pages end where the match said the prefix would: a shorter reuse computes more
+        count = min(request.prompt_len - start, budget, request.pages_tokens - start)
         return Chunk(request, start, count, admitted.host_pages_in, admitted.disk_pages_in)
 
     def _recompute_tokens(self, victim: SimRequest) -> list[int]:
@@ -388,7 +389,10 @@ class SimRank(HandoffSide, HoldSide, StepPlanner[SimRequest, Chunk]):
             self.current = None
         # A hold's pages are the match's own now; its onboarding was charged when it ran.
         self.take_hold(request)
-        return KVAdmission(start, allocation, host, disk)
+        # What the admission really reused: less than the match where a block it counted was
+        # gone when read (another rank's index evicted it from the shared disk), as the engine's
+        # scheduler takes it.
+        return KVAdmission(allocation.num_reused_tokens, allocation, host, disk)
 
     def _allocate(self, request: SimRequest, count: int) -> None:
         """Pages for `count` more tokens (a decode step mostly needs none).
