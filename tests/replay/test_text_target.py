@@ -68,6 +68,7 @@ def replayed(tmp_path, name: str, *api: str) -> dict:
     return json.loads(out.read_text())
 
 
+@pytest.mark.slow  # a live two-rank fleet twice, two replays of 35k prompt tokens
 def test_text_reuses_what_token_ids_do_on_a_live_fleet(tmp_path) -> None:
     """If this fails, the text a text-only router forwards does not tokenise back to the
     replay's ids: prompts change length, or turns stop sharing their prefix."""
