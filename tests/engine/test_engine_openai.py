@@ -118,7 +118,10 @@ def test_client_that_disconnects_mid_stream_frees_its_pages(rank):
         httpx.Client(base_url=f"http://127.0.0.1:{rank.http_port}") as http,
         http.stream("POST", "/v1/completions", json=body) as response,
     ):
-        next(response.iter_lines())
+        # Keep the line iterator: a dropped one is closed at once, and closing it closes the
+        # connection, so the server would see the client leave before the test saw it live.
+        lines = response.iter_lines()
+        next(lines)
         # The load is published after each step, so the first token can arrive before it; and a
         # 2,100-token sequence in the test's small pools may be preempted (queued) for a while.
         wait_until(lambda: live_requests(rank.core) == 1, timeout=60)
