@@ -58,10 +58,25 @@ NOT_REGULAR = "not a regular file"
 OPEN_FLAGS = os.O_RDONLY | os.O_NONBLOCK | os.O_NOFOLLOW | os.O_CLOEXEC
 
 
-class DiskFiles:
-    """Reads and writes block files under `root`; safe to use from several processes at once."""
+class InPlaceWrites:
+    """The write queue's hooks where every write lands where it is made: nothing is pending,
+    refused later or left to land (write_behind.py's `WriteBehindFiles` has a queue)."""
 
-    pending_bytes = 0  # block copies queued for writing (write_behind.py queues; here none)
+    pending_bytes = 0  # block copies queued for writing
+
+    def settle(self) -> list[tuple[str, int, OSError]]:
+        """Writes refused since the last call: none, as every write was done in place."""
+        return []
+
+    def wait(self) -> None:
+        """Every write has landed when it returns."""
+
+    def close(self) -> None:
+        """Nothing is left to land."""
+
+
+class DiskFiles(InPlaceWrites):
+    """Reads and writes block files under `root`; safe to use from several processes at once."""
 
     def __init__(
         self, root: str | os.PathLike, fingerprints: Mapping[str, bytes], key: bytes | None = None
@@ -196,16 +211,6 @@ class DiskFiles:
         )
         self.remove(life_cycle, block_hash)
 
-    def settle(self) -> list[tuple[str, int, OSError]]:
-        """Writes refused since the last call: none, as every write here is done in place."""
-        return []
-
-    def wait(self) -> None:
-        """Every write here has landed when it returns."""
-
-    def close(self) -> None:
-        """Nothing is left to land."""
-
     def remove(self, life_cycle: str, block_hash: int) -> None:
         """Delete the block's file if present (another process may have removed it already)."""
         try:
@@ -272,20 +277,8 @@ class MarkerFiles(DiskFiles):
         return super().check_into(life_cycle, block_hash, None, contents)
 
 
-class NoDiskFiles:
+class NoDiskFiles(InPlaceWrites):
     """The byte-less stand-in: the simulator's disk tier is an index and nothing else."""
-
-    pending_bytes = 0
-
-    def settle(self) -> list[tuple[str, int, OSError]]:
-        """No write is refused."""
-        return []
-
-    def wait(self) -> None:
-        """Nothing to land."""
-
-    def close(self) -> None:
-        """Nothing to land."""
 
     def check_into(self, life_cycle: str, block_hash: int, out, contents: bytes = b""):
         """The index said the block is there; with no bytes that is all there is."""

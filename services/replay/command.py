@@ -14,6 +14,8 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from .target import HTTP_APIS
+
 DEFAULT_VOCAB_SIZE = 32000
 
 
@@ -79,7 +81,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("--model", default="kvfleet", help="model name sent to the target")
     parser.add_argument(
         "--api",
-        choices=("completions", "chat", "anthropic", "text"),
+        choices=HTTP_APIS,
         default="completions",
         help="what an http target is sent: token ids to /v1/completions (default), the same "
         "content as a text chat to /v1/chat/completions (with X-Conversation-Id) or to "
