@@ -7,7 +7,10 @@ it with its output and 1,024 new tokens, as an agent's next turn does. Where B's
 
 - `device`: retained on the device since its first turn;
 - `host`:   pushed to the host tier (another conversation of the same length filled the device
-            after B's first turn), so admission onboards it.
+            after B's first turn), so admission onboards it;
+- `disk`:   pushed, the same way, to a disk tier in a fresh folder (no host tier), so its
+            blocks' files are read and checked (by the core thread, or by the background
+            prefetch for a waiting request when it gets there first).
 
 The core's turns from B's submission to the one that admits it are timed; A decodes in each.
 `A's longest wait` is the longest of them (A's longest gap between two tokens), `hold` its part
@@ -15,11 +18,17 @@ before the step starts (the request's add and its admission: A runs nothing mean
 the step itself (A's decode and, in the admitting turn, B's first chunk; a free forward here).
 `B: submitted to joined` sums the turns. The phases below are inclusive wall times of the calls
 named, summed over those turns (nested ones indented). Page size as shipped (16), step budget
-8,192 tokens.
+8,192 tokens. A prefix of more than `onboard_pages_per_step` (256) host/disk pages comes up in
+pieces, a piece a turn (docs/engine.md): `pause per page onboarded` is the turns' time before
+their steps over the pages onboarded, what the simulator's `admit_ms_per_host_page` and
+`admit_ms_per_disk_page` are. `--kv-shape 1b` gives the KV pages the 1b preset's layout (16
+layers, 8 KV heads of 64: 512 KiB a page in bf16, as the H100 fleet's), for the copies' and the
+files' true sizes; the default is a tiny shape (the host work alone).
 
     .venv/bin/python bench/admit_stall_bench.py                       # 16k, 64k, 128k
     .venv/bin/python bench/admit_stall_bench.py --baseline main       # main beside this checkout
     .venv/bin/python bench/admit_stall_bench.py --prompts 131072 --where host --turns --profile
+    python bench/admit_stall_bench.py --device cuda --kv-shape 1b --prompts 65536 --where host,disk
 
 `--baseline REF` runs the same cases, with this file's code, on git REF's `kvstore/`,
 `services/` and `proto/` (a subprocess importing them as `kvfleet`), alternating with this
@@ -30,12 +39,14 @@ fresh core each) and the repeat whose `A waits` is the median counts.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import os
 import random
 import statistics
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -55,6 +66,7 @@ from host_bench_parts import (  # noqa: E402
 from kvfleet.services.engine.compute.backends import TorchCompute  # noqa: E402
 from kvfleet.services.engine.compute.sampling import SamplingParams  # noqa: E402
 from kvfleet.services.engine.config.engine_config import EngineConfig  # noqa: E402
+from kvfleet.services.engine.config.model_config import PRESETS, ModelConfig  # noqa: E402
 from kvfleet.services.engine.core.engine_core import EngineCore  # noqa: E402
 from kvfleet.services.engine.request.engine_request import GenerateCall  # noqa: E402
 
@@ -64,6 +76,23 @@ PAGE = 16  # EngineConfig's page size
 
 
 HOST_SHAPE = register_host_shape("admit-shape", 262144)
+KV_1B_SHAPE = "admit-1b-kv"
+
+
+def register_1b_kv_shape() -> str:
+    """The tiny shape with the 1b preset's KV layout (the forward is free either way)."""
+
+    def shape() -> ModelConfig:
+        return dataclasses.replace(
+            PRESETS[HOST_SHAPE](), num_layers=16, num_heads=8, num_kv_heads=8, head_dim=64,
+            name=KV_1B_SHAPE,
+        )  # fmt: skip
+
+    PRESETS.setdefault(KV_1B_SHAPE, shape)
+    return KV_1B_SHAPE
+
+
+SHAPES = {"tiny": HOST_SHAPE, "1b": register_1b_kv_shape()}
 
 
 class Phases(MethodTimer):
@@ -92,7 +121,7 @@ PHASES = [
     ("scheduler", "schedule", "schedule (admission)"),
     ("manager", "match", "  prefix match (each call)"),
     ("manager", "admit", "  admit"),
-    ("tiers", "stage", "    stage host blocks"),
+    ("tiers", "stage", "    stage host/disk blocks"),
     ("pools", "take", "    take pages (device evictions)"),
     ("tiers", "flush", "    offload evicted pages"),
     ("tiers", "onboard", "    copy host -> device"),
@@ -111,12 +140,15 @@ def owners(core) -> dict[str, list]:
     }
 
 
-def new_core(prompt: int, where: str, device: str) -> tuple[EngineCore, TorchCompute]:
+def new_core(
+    prompt: int, where: str, device: str, shape: str, disk_dir: str
+) -> tuple[EngineCore, TorchCompute]:
     prompt_pages = -(-(prompt + NEW_TOKENS + 64) // PAGE)
-    # host: the device holds about one prompt, so that another one pushes B's to host
-    device_pages = prompt_pages + 400 if where == "host" else 2 * prompt_pages + 600
+    # host/disk: the device holds about one prompt, so that another one pushes B's down
+    pushed = where in ("host", "disk")
+    device_pages = prompt_pages + 400 if pushed else 2 * prompt_pages + 600
     config = EngineConfig(
-        model=HOST_SHAPE,
+        model=shape,
         device=device,
         decode_graphs="off",
         max_batch_size=2,
@@ -124,6 +156,8 @@ def new_core(prompt: int, where: str, device: str) -> tuple[EngineCore, TorchCom
         page_size=PAGE,
         kv_pages=device_pages,
         host_kv_pages=3 * prompt_pages if where == "host" else None,
+        disk_tier_dir=disk_dir if where == "disk" else "",
+        disk_kv_pages=3 * prompt_pages if where == "disk" else None,
     )
     compute = TorchCompute(config)
     core = EngineCore(config, compute=compute)
@@ -158,11 +192,18 @@ def run_to_end(core: EngineCore, handle, decoding) -> list[int]:
 
 
 def one_admission(
-    prompt: int, where: str, device: str, profile: bool, show_turns: bool = False
+    prompt: int, where: str, args: argparse.Namespace, profile: bool
 ) -> dict[str, float]:
     """Seconds of the admitting turn, its hold and step, and each phase; pages onboarded."""
+    with tempfile.TemporaryDirectory(prefix="admit-stall-") as disk_dir:
+        return admission_in(prompt, where, args, profile, disk_dir)
+
+
+def admission_in(
+    prompt: int, where: str, args: argparse.Namespace, profile: bool, disk_dir: str
+) -> dict[str, float]:
     rng = random.Random(prompt)
-    core, _ = new_core(prompt, where, device)
+    core, _ = new_core(prompt, where, args.device, SHAPES[args.kv_shape], disk_dir)
     decoding = core.submit(
         GenerateCall("a", tuple(rng.randrange(256) for _ in range(64)),
                      SamplingParams(max_tokens=2000), "conv-a")
@@ -170,7 +211,7 @@ def one_admission(
     first_prompt = tuple(rng.randrange(256) for _ in range(prompt))
     first = core.submit(GenerateCall("b1", first_prompt, SamplingParams(max_tokens=4), "conv-b"))
     output = run_to_end(core, first, decoding)
-    if where == "host":
+    if where in ("host", "disk"):
         filler = core.submit(
             GenerateCall("fill", tuple(rng.randrange(256) for _ in range(prompt + 4096)),
                          SamplingParams(max_tokens=1), "conv-fill")
@@ -191,7 +232,7 @@ def one_admission(
         for thing in objects[owner]:
             phases.wrap(thing, attribute, name)
     phases.mark_step(core)
-    host_out = tiers["host"].pages_out
+    host_out, disk_out = tiers["host"].pages_out, tiers["disk"].pages_out
     second_prompt = (*first_prompt, *output, *(rng.randrange(256) for _ in range(NEW_TOKENS)))
     second = core.submit(GenerateCall("b2", second_prompt, SamplingParams(max_tokens=4), "conv-b"))
     a_before = len(core._sequences["a"][0].output)
@@ -222,10 +263,11 @@ def one_admission(
     decoded = len(core._sequences["a"][0].output) - a_before
     assert decoded == len(turns), "A decodes in every turn"
     onboarded = tiers["host"].pages_out - host_out
+    read = tiers["disk"].pages_out - disk_out
     run_to_end(core, second, decoding)
     core.manager.check_integrity()
     core.stop()
-    if show_turns:
+    if args.turns:
         print(
             f"{prompt}/{where}: ms of each turn until B joins",
             [round(w * 1e3, 1) for w, _ in turns],
@@ -244,10 +286,19 @@ def one_admission(
     out["  prefix match calls"] = float(phases.calls.get("  prefix match (each call)", 0))
     out["reused tokens"] = float(sequence.cached_tokens or 0)
     out["host pages onboarded"] = float(onboarded)
+    out["disk pages read (admission or prefetch)"] = float(read)
+    paused = sum(hold for _, hold in turns)
+    out["pause per page onboarded"] = paused / (onboarded + read) if onboarded + read else 0.0
     return out
 
 
-COUNTS = ("turns until B joins", "  prefix match calls", "reused tokens", "host pages onboarded")
+COUNTS = (
+    "turns until B joins",
+    "  prefix match calls",
+    "reused tokens",
+    "host pages onboarded",
+    "disk pages read (admission or prefetch)",
+)
 
 
 def measure(args) -> dict[str, dict[str, float]]:
@@ -257,7 +308,7 @@ def measure(args) -> dict[str, dict[str, float]]:
     for prompt in (int(p) for p in args.prompts.split(",")):
         for where in args.where.split(","):
             runs = [
-                one_admission(prompt, where, args.device, args.profile and r == 0, args.turns)
+                one_admission(prompt, where, args, args.profile and r == 0)
                 for r in range(args.repeats)
             ]
             runs.sort(key=lambda r: r["A's longest wait (one turn)"])
@@ -269,6 +320,7 @@ def measure_baseline(shim: Path, args, prompt: int, where: str) -> dict[str, flo
     """One case measured in a subprocess on the baseline's kvfleet."""
     command = [sys.executable, __file__, "--json", "--prompts", str(prompt), "--where", where]
     command += ["--repeats", str(args.repeats), "--device", args.device]
+    command += ["--kv-shape", args.kv_shape]
     env = {**os.environ, "PYTHONPATH": str(shim)}
     done = subprocess.run(command, env=env, check=True, capture_output=True, text=True)
     return json.loads(done.stdout.strip().splitlines()[-1])[f"{prompt}/{where}"]
@@ -284,6 +336,8 @@ def main() -> None:
     parser.add_argument("--where", default="device,host", help="where B's prefix is")
     parser.add_argument("--repeats", type=int, default=3, help="the median repeat counts")
     parser.add_argument("--device", default="cpu")
+    parser.add_argument("--kv-shape", choices=sorted(SHAPES), default="tiny",
+                        help="KV page layout (1b: the 1b preset's 512 KiB pages)")  # fmt: skip
     parser.add_argument("--profile", action="store_true", help="cProfile the turns until B joins")
     parser.add_argument("--turns", action="store_true", help="print each turn's ms until B joins")
     parser.add_argument("--baseline", help="git ref to measure beside this checkout")

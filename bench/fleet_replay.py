@@ -223,16 +223,21 @@ def start_sglang_fleet(args, policy: str, engine_yaml: Path, logs: Path) -> list
 
 
 def counter_sums(text: str, names: tuple[str, ...], prefixes: tuple[str, ...] = ()) -> dict:
-    """Sum each named counter (and every counter under `prefixes`) over its labels."""
+    """Sum each named counter (and every counter under `prefixes`) over its labels; those
+    under `prefixes` also per label set (the KV tiers' counters by tier and direction: what a
+    disk read or write cost the ranks is only told apart there)."""
     sums: dict[str, float] = {}
     for line in text.splitlines():
         if line.startswith("#") or " " not in line:
             continue
         series, value = line.rsplit(" ", 1)
         name = series.split("{", 1)[0]
-        if name in names or (name.endswith("_total") and name.startswith(prefixes)):
+        labelled = name.endswith("_total") and name.startswith(prefixes)
+        if name in names or labelled:
             key = series if name == "kvfleet_router_admissions_total" else name
             sums[key] = sums.get(key, 0.0) + float(value)
+            if labelled and series != name:
+                sums[series] = sums.get(series, 0.0) + float(value)
     return sums
 
 

@@ -130,6 +130,10 @@ class Hardware:
     # from the host tier (replay/sim_dispatch.py).
     admit_ms: float = 0.0
     admit_ms_per_host_page: float = 0.0
+    # ... and one per page read from the disk tier (the block file opened, read and checked
+    # on the core thread). When set, that read is the disk page's cost and the step copies the
+    # staged page to the device over the host link, as a host page (not at `disk_read_gb_s`).
+    admit_ms_per_disk_page: float = 0.0
     # The engine writes blocks evicted from its host tier (or from the device, with no host
     # tier) to the disk tier on its core thread, at the kvstore's flush while it plans a step:
     # the step, and every running sequence, waits that long per block written.
@@ -156,6 +160,7 @@ class Hardware:
                 "dispatch_ms_per_ktoken",
                 "admit_ms",
                 "admit_ms_per_host_page",
+                "admit_ms_per_disk_page",
                 "disk_write_ms_per_page",
                 "decode_overlap",
             )

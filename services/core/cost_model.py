@@ -93,13 +93,18 @@ class CostModel:
         attention_flops = 4 * model.layers * model.query_heads * model.head_dim
         program_rate = hardware.decode_program_gb_s * 1e9
         split = hardware.decode_split or kv_dtype_bytes == 1  # an fp8 cache always split
+        # a disk page read on the core thread (priced at its admission) reaches the device
+        # from its staging row over the host link
+        disk_link_gb_s = (
+            hardware.host_link_gb_s if hardware.admit_ms_per_disk_page else hardware.disk_read_gb_s
+        )
         return cls(
             linear_s_per_token=2 * params / (hardware.matmul_tflops * 1e12),
             attention_s_per_pair=attention_flops / (hardware.attention_tflops * 1e12),
             weights_read_s=params * model.dtype_bytes / (hardware.weights_read_tb_s * 1e12),
             decode_kv_s_per_token=kv_bytes_per_token / (hardware.decode_kv_read_tb_s * 1e12),
             host_copy_s_per_page=page_bytes / (hardware.host_link_gb_s * 1e9),
-            disk_copy_s_per_page=page_bytes / (hardware.disk_read_gb_s * 1e9),
+            disk_copy_s_per_page=page_bytes / (disk_link_gb_s * 1e9),
             step_overhead_s=hardware.step_overhead_ms / 1e3,
             handoff_s_per_byte=1 / (hardware.handoff_link_gb_s * 1e9),
             prefill_chunk_s=hardware.prefill_chunk_ms / 1e3,

@@ -62,6 +62,10 @@ class FleetOptions:
     retained_snapshot_sizing: bool = True  # pools count retained turns' from-end snapshots
     tick_seconds: float = 0.05
     max_decode_run_steps: int = 64
+    # the engine's `onboard_pages_per_step`: a request whose match has more host/disk pages,
+    # admitted while others run, brings this many up a step first (sim_onboard_ahead.py; 0:
+    # all at its admission); only with the admission's per-page figures (else: at once)
+    onboard_pages_per_step: int = 256
     ranks_per_chip: int = 1  # > 1: that many ranks share one accelerator (sim_chip.py)
     prefetch: bool = False  # router-driven prefetch: held blocks for a returning turn
     # a turn placed away from its home pulls the home's blocks; off as in the product, whose
@@ -102,6 +106,10 @@ class FleetOptions:
         if self.kv_cache_dtype not in KV_CACHE_DTYPES:
             raise SimConfigError(
                 f"fleet.kv_cache_dtype: {self.kv_cache_dtype!r} not in {sorted(KV_CACHE_DTYPES)}"
+            )
+        if self.onboard_pages_per_step < 0:
+            raise SimConfigError(
+                f"fleet.onboard_pages_per_step: {self.onboard_pages_per_step} must be >= 0"
             )
         if self.tick_seconds <= 0:
             raise SimConfigError(f"fleet.tick_seconds: {self.tick_seconds} must be > 0")

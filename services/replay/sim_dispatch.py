@@ -16,7 +16,8 @@ a request is admitted while another sequence decodes, the rank runs a median 32 
 steps after the freed slot (the path, with no trend in the prompt's length), then no step for
 a median 30 ms with nothing onboarded and 0.19 ms more per page onboarded from the host tier
 (up to a second and more at 5,000 pages). `hardware.dispatch_ms` and `dispatch_ms_per_ktoken`
-give the path; `admit_ms` and `admit_ms_per_host_page` the admission.
+give the path; `admit_ms`, `admit_ms_per_host_page` and `admit_ms_per_disk_page` the
+admission (a disk-tier block is read and checked on the core thread too).
 """
 
 from __future__ import annotations
@@ -29,7 +30,14 @@ def dispatch_seconds(hardware: Hardware, prompt_tokens: int) -> float:
     return (hardware.dispatch_ms + hardware.dispatch_ms_per_ktoken * prompt_tokens / 1e3) / 1e3
 
 
-def admission_seconds(hardware: Hardware, admitted: int, host_pages: int) -> float:
+def admission_seconds(
+    hardware: Hardware, admitted: int, host_pages: int, disk_pages: int = 0
+) -> float:
     """Seconds the rank's host spends admitting `admitted` requests that onboard `host_pages`
-    pages from the host tier, before the step that admits them can start."""
-    return (hardware.admit_ms * admitted + hardware.admit_ms_per_host_page * host_pages) / 1e3
+    pages from the host tier and `disk_pages` from the disk tier, before the step that admits
+    them can start."""
+    return (
+        hardware.admit_ms * admitted
+        + hardware.admit_ms_per_host_page * host_pages
+        + hardware.admit_ms_per_disk_page * disk_pages
+    ) / 1e3

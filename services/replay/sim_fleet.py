@@ -129,6 +129,7 @@ class SimFleet:
             chip,
             SimStepLog(log) if log else None,
             self.config.hardware,
+            fleet.onboard_pages_per_step,
         )
         return rank
 

@@ -168,7 +168,7 @@ class HoldSide:
         copy_s = host_pages * costs.host_copy_s_per_page + disk_pages * costs.disk_copy_s_per_page
         if self.hardware is None:
             return copy_s
-        return admission_seconds(self.hardware, 1, host_pages) + copy_s
+        return admission_seconds(self.hardware, 1, host_pages, disk_pages) + copy_s
 
     def take_hold(self, request: SimRequest) -> Hold | None:
         """The conversation's turn is being admitted: the hold's pages become its own match."""

@@ -38,6 +38,7 @@ from .sim_decode_run import DecodeRun, plan_decode_run
 from .sim_dispatch import admission_seconds
 from .sim_handoff import HandoffSide, ReservedCallback
 from .sim_holds import HoldSide
+from .sim_onboard_ahead import OnboardAhead
 from .sim_request import SimRequest
 from .sim_step import Chunk, KVAdmission, step_work
 from .sim_step_log import SimStepLog
@@ -65,6 +66,7 @@ class SimRank(HandoffSide, HoldSide, StepPlanner[SimRequest, Chunk]):
         chip: Chip | None = None,
         step_log: SimStepLog | None = None,
         hardware: Hardware | None = None,
+        onboard_pages_per_step: int = 0,
     ) -> None:
         StepPlanner.__init__(self, manager, max_batch_size, token_budget)
         self.rank_id = rank_id
@@ -86,6 +88,8 @@ class SimRank(HandoffSide, HoldSide, StepPlanner[SimRequest, Chunk]):
         self.step_log = step_log
         self.hardware = hardware  # its admission figures (sim_dispatch.admission_seconds)
         self._disk_pages_written = 0  # disk-tier writes charged to the core thread so far
+        self.onboard_ahead = OnboardAhead(onboard_pages_per_step, hardware)
+        self._pieces_s = 0.0  # this step's pieces of prefixes brought up ahead (core thread)
         self._core_free_s = 0.0  # the core thread runs other work until then (no step)
         self._core_debt_s = 0.0  # ... and this much after the step in flight
         # (when the last step's chip work began, its requests' ids): set after a decode step
@@ -184,6 +188,7 @@ class SimRank(HandoffSide, HoldSide, StepPlanner[SimRequest, Chunk]):
         if self._start_decode_run(ahead):
             return
         waiting = {id(request) for request in self.waiting}
+        self._pieces_s = 0.0
         chunks = self.plan_step()
         # NOTE: pages held by hand-offs come back without a step here, and wake the rank then.
         while not chunks and not self.idle and not self.pages_coming_back and not self.pulling:
@@ -196,7 +201,7 @@ class SimRank(HandoffSide, HoldSide, StepPlanner[SimRequest, Chunk]):
         # the admissions' and the disk writes' host work comes first: the step, and every
         # running sequence, waits
         admit_s = self._admission_seconds([c for c in chunks if id(c.request) in waiting])
-        admit_s += self._disk_write_seconds()
+        admit_s += self._disk_write_seconds() + self._pieces_s
         duration = self.costs.step_seconds(work)
         # the step's host work is this process's own; only the rest waits for the chip
         host_s = self.costs.host_seconds(duration)
@@ -240,7 +245,8 @@ class SimRank(HandoffSide, HoldSide, StepPlanner[SimRequest, Chunk]):
         if self.hardware is None or not admitted:
             return 0.0
         host_pages = sum(chunk.host_pages_in for chunk in admitted)
-        return admission_seconds(self.hardware, len(admitted), host_pages)
+        disk_pages = sum(chunk.disk_pages_in for chunk in admitted)
+        return admission_seconds(self.hardware, len(admitted), host_pages, disk_pages)
 
     def _disk_write_seconds(self) -> float:
         """The core thread's disk-tier writes since the last step (0 with no figure): the
@@ -339,10 +345,19 @@ class SimRank(HandoffSide, HoldSide, StepPlanner[SimRequest, Chunk]):
         return Chunk(request, request.computed, count)
 
     def _admit(self, request: SimRequest, budget: int) -> Chunk | None:
-        """Admit a waiting request into KV after its reusable prefix, or None when short."""
+        """Admit a waiting request into KV after its reusable prefix, or None when short (or
+        a piece of its prefix came up this step instead)."""
+        rid = request.request_id
+        piece_s = self.onboard_ahead.piece_seconds(
+            rid, lambda: self.manager.match(rid), bool(self.running)
+        )
+        if piece_s is not None:
+            self._pieces_s += piece_s
+            return None  # the running sequences step meanwhile
         admitted = self._admit_pages(request, budget)
         if admitted is None:
             return None
+        ahead_host, ahead_disk = self.onboard_ahead.joined(rid)
         start = admitted.start
         if request.cached_tokens is None:
             request.cached_tokens = start
@@ -352,7 +367,10 @@ class SimRank(HandoffSide, HoldSide, StepPlanner[SimRequest, Chunk]):
         request.pages_tokens = admitted.allocation.num_tokens_with_pages
         # the pages end where the match said the prefix would: a shorter reuse computes more
         count = min(request.prompt_len - start, budget, request.pages_tokens - start)
-        return Chunk(request, start, count, admitted.host_pages_in, admitted.disk_pages_in)
+        # the pieces' pages were charged as they came up: the admission onboards the rest
+        host_in = max(0, admitted.host_pages_in - ahead_host)
+        disk_in = max(0, admitted.disk_pages_in - ahead_disk)
+        return Chunk(request, start, count, host_in, disk_in)
 
     def _recompute_tokens(self, victim: SimRequest) -> list[int]:
         # NOTE: the recompute covers the prompt only; its generated tokens' KV is not modelled.
@@ -434,6 +452,7 @@ class SimRank(HandoffSide, HoldSide, StepPlanner[SimRequest, Chunk]):
 
     def _fail(self, request: SimRequest) -> None:
         """Drop a request that cannot fit on this rank even alone."""
+        self.onboard_ahead.joined(request.request_id)
         pools = {name: pool.num_usable for name, pool in self.manager.pools.items()}
         request.error = (
             f"rank {self.rank_id}: {request.prompt_len}-token prompt (+{request.generated} "

@@ -1,0 +1,133 @@
+"""A long host prefix comes up in pieces before its request joins, as the engine brings it up."""
+
+from __future__ import annotations
+
+import dataclasses
+import itertools
+
+import pytest
+from kvfleet.services.core.cost_model import CostModel
+from kvfleet.services.replay.driver import DriverOptions
+from kvfleet.services.replay.model import Conversation, Turn
+from kvfleet.services.replay.runner import run_arm
+from kvfleet.services.replay.sim_config import load_sim_config
+from kvfleet.services.replay.sim_dispatch import admission_seconds
+from kvfleet.services.replay.sim_target import SimTarget
+from kvfleet.services.replay.tokens import TokenSynthesizer
+
+BLOCK = 64
+PREFIX_BLOCKS = 40  # b's first turn: what its second turn finds on the host tier
+PER_PAGE_MS = 10.0  # the admission's figure per host page (large: the pauses stand out)
+
+
+def turn(index: int, blocks: int, output: int, think_s: float, name: str) -> Turn:
+    return Turn(
+        index=index,
+        arrival_s=0.0,
+        think_time_s=think_s,
+        input_tokens=blocks * BLOCK,
+        output_tokens=output,
+        hash_ids=tuple(range(1, blocks + 1)),
+        namespace=name,
+        block_size=BLOCK,
+    )
+
+
+# a decodes long; b's first turn ends, c's prompt pushes b's blocks to the host tier, and b's
+# second turn (its first turn, resent, plus 4 blocks) comes while a still decodes
+WORKLOAD = [
+    Conversation("a", "crafted", (turn(0, 8, 3000, 0.0, "a"),)),
+    Conversation(
+        "b",
+        "crafted",
+        (turn(0, PREFIX_BLOCKS, 4, 0.0, "b"), turn(1, PREFIX_BLOCKS + 4, 4, 3.0, "b")),
+    ),
+    Conversation("c", "crafted", (turn(0, 100, 4, 0.0, "c"),)),
+]
+
+
+async def replay(pages_per_step: int, per_page_ms: float = PER_PAGE_MS, disk: bool = False):
+    fleet = {
+        "ranks": "1",
+        "slots": "2",
+        "block_size": str(BLOCK),
+        "gpu_pages": "120",
+        "host_pages": "0" if disk else "400",
+        "disk_pages": "400" if disk else "0",
+        "retained_conversations": "0",
+        "onboard_pages_per_step": str(pages_per_step),
+    }
+    config = load_sim_config(None, fleet)
+    figure = "admit_ms_per_disk_page" if disk else "admit_ms_per_host_page"
+    hardware = dataclasses.replace(config.hardware, **{figure: per_page_ms})
+    target = SimTarget(dataclasses.replace(config, hardware=hardware))
+    try:
+        options = DriverOptions(sessions=3, time_scale=1.0, stagger_s=0.5)
+        result = await run_arm("sim", target, WORKLOAD, TokenSynthesizer(1, 32000), options, {})
+        (rank,) = target.fleet.ranks.values()
+        return {(r.conversation_id, r.turn_index): r for r in result.records}, rank
+    finally:
+        await target.aclose()
+
+
+def host_pages_onboarded(rank) -> int:
+    return rank.manager.tiers.metrics["host"].pages_out
+
+
+def longest_wait(record, joining) -> float:
+    """`record`'s longest wait between two tokens while `joining` waited for its first."""
+    window = [t for t in record.token_times_s if joining.arrival_s <= t]
+    window = window[: next(i for i, t in enumerate(window) if t > joining.first_token_s) + 1]
+    return max(b - a for a, b in itertools.pairwise(window))
+
+
+async def test_a_host_prefix_comes_up_a_piece_a_step_while_another_sequence_decodes() -> None:
+    """If this fails, the simulator admits a request with a long host prefix in one pause of
+    the whole batch (or not at all before its pieces), where the engine brings up
+    `onboard_pages_per_step` pages a step while the running sequences step between pieces:
+    with 8 pages a piece, b's 40 host pages come up in 4 pieces and the 8 left at its
+    admission, so a's longest wait is one piece's 80 ms, not the 400 ms of one admission."""
+    at_once, at_once_rank = await replay(pages_per_step=0)
+    pieces, rank = await replay(pages_per_step=8)
+    b_at_once, b_pieces = at_once[("b", 1)], pieces[("b", 1)]
+    assert b_at_once.reused_tokens == b_pieces.reused_tokens == PREFIX_BLOCKS * BLOCK
+    onboarded = host_pages_onboarded(rank)
+    assert onboarded == host_pages_onboarded(at_once_rank) >= 32  # c pushed b's prefix out
+    assert at_once_rank.onboard_ahead.pieces == 0
+    assert rank.onboard_ahead.pieces == -(-onboarded // 8) - 1  # the last 8 at the admission
+    piece_s = 8 * PER_PAGE_MS / 1e3
+    a_at_once, a_pieces = at_once[("a", 0)], pieces[("a", 0)]
+    assert a_pieces.token_times_s[-1] > b_pieces.first_token_s  # b joined while a decoded
+    assert longest_wait(a_at_once, b_at_once) >= onboarded * PER_PAGE_MS / 1e3
+    assert piece_s <= longest_wait(a_pieces, b_pieces) < 2 * piece_s
+    # the pieces' pauses and the admission's add up to one admission's (nothing twice)
+    assert rank.busy_s - at_once_rank.busy_s == pytest.approx(0.0, abs=0.05)
+    # b joins four steps later than in one go (the steps between pieces)
+    assert b_pieces.first_token_s > b_at_once.first_token_s
+
+
+async def test_a_disk_page_costs_its_read_on_the_core_thread_and_crosses_the_host_link() -> None:
+    """If this fails, a page read from the disk tier is priced as a copy at the disk's rate
+    inside the step where the engine reads and checks its file on the core thread before the
+    step (`admit_ms_per_disk_page`): with the figure set, b's disk prefix holds a's decode for
+    its pieces as host pages do, and the step's copy of a disk page is the host link's."""
+    pieces, rank = await replay(pages_per_step=8, disk=True)
+    assert pieces[("b", 1)].reused_tokens == PREFIX_BLOCKS * BLOCK
+    assert rank.onboard_ahead.pieces >= 3
+    assert longest_wait(pieces[("a", 0)], pieces[("b", 1)]) >= 8 * PER_PAGE_MS / 1e3
+    config = load_sim_config()
+    read = dataclasses.replace(config.hardware, admit_ms_per_disk_page=1.0)
+    costs = CostModel.from_figures(config.model, read, BLOCK)
+    plain = CostModel.from_figures(config.model, config.hardware, BLOCK)
+    assert costs.disk_copy_s_per_page == costs.host_copy_s_per_page
+    assert plain.disk_copy_s_per_page > plain.host_copy_s_per_page
+    assert admission_seconds(read, 0, 0, 3) == pytest.approx(0.003)
+
+
+async def test_without_a_per_page_figure_the_request_joins_at_once() -> None:
+    """If this fails, pieces that cost nothing still hold a request back (the packaged
+    figures have none): the simulator's admissions stay as before it modelled pieces."""
+    free, rank = await replay(pages_per_step=8, per_page_ms=0.0)
+    at_once, _ = await replay(pages_per_step=0, per_page_ms=0.0)
+    assert rank.onboard_ahead.pieces == 0
+    assert free[("b", 1)].first_token_s == pytest.approx(at_once[("b", 1)].first_token_s)
