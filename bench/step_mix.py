@@ -184,13 +184,15 @@ def starts_table(folders: list[Path]) -> None:
     print(f"p25 line: {1e3 * fixed:.1f} ms + {1e6 * slope:.3f} ms per 1,000 prompt tokens")
 
 
-def admissions_while_decoding(steps: list[dict]) -> list[tuple[float, float | None, int]]:
-    """(pause, path, host pages) of each step of one rank's replay that starts one new
+def admissions_while_decoding(
+    steps: list[dict],
+) -> list[tuple[float, float | None, int, int]]:
+    """(pause, path, host pages, disk pages) of each step of one rank's replay that starts one new
     request's first chunk while another sequence decodes: the pause is from the previous step's
     end to its start; the path, from the end of the step where a second sequence last decoded
     (its slot freed) to the previous step's end, when only one sequence decoded in between
-    (None otherwise); host pages, the step's pages onboarded from the host tier."""
-    out: list[tuple[float, float | None, int]] = []
+    (None otherwise); host and disk pages, the step's pages onboarded from those tiers."""
+    out: list[tuple[float, float | None, int, int]] = []
     open_ends: set[int] = set()
     for i, step in enumerate(steps):
         new = [span for span in step["prefill"] if span[0] not in open_ends]
@@ -208,8 +210,58 @@ def admissions_while_decoding(steps: list[dict]) -> list[tuple[float, float | No
         path = None
         if freed is not None and not freed["prefill"] and len(freed["decode"]) == 2:
             path = previous_end - freed["t"] - freed["s"]
-        out.append((step["t"] - previous_end, path, step["host_in"]))
+        out.append((step["t"] - previous_end, path, step["host_in"], step["disk_in"]))
     return out
+
+
+def pieces_while_decoding(steps: list[dict]) -> list[tuple[float, int, int]]:
+    """(pause, host pages, disk pages) of each step of one rank's replay that follows a decode
+    step, starts no new request, decodes, and onboarded pages since the step before: a piece of
+    a waiting request's host/disk prefix brought up ahead of its admission (the engine's
+    `onboard_pages_per_step`), read and copied on the core thread in the pause before it."""
+    out: list[tuple[float, int, int]] = []
+    open_ends: set[int] = set()
+    for i, step in enumerate(steps):
+        new = [span for span in step["prefill"] if span[0] not in open_ends]
+        open_ends |= {end for _, end in step["prefill"]}
+        previous = steps[i - 1] if i else None
+        if new or not step["decode"] or previous is None or previous["prefill"]:
+            continue
+        if not previous["decode"] or not (step["host_in"] or step["disk_in"]):
+            continue
+        out.append((step["t"] - previous["t"] - previous["s"], step["host_in"], step["disk_in"]))
+    return out
+
+
+def per_page_fit(rows: list[tuple[float, int, int]]) -> tuple[float, float, float]:
+    """Least squares of pause = fixed + host pages x a + disk pages x b: (fixed, a, b) in s."""
+    design = np.array([[1.0, host, disk] for _, host, disk in rows])
+    pauses = np.array([pause for pause, _, _ in rows])
+    (fixed, host_s, disk_s), *_ = np.linalg.lstsq(design, pauses, rcond=None)
+    return float(fixed), float(host_s), float(disk_s)
+
+
+def pieces_table(folders: list[Path]) -> None:
+    """The pauses of the pieces brought up ahead of admissions, over every log."""
+    rows = [
+        row
+        for folder in folders
+        for log in sorted(folder.glob("steps-*.jsonl*"))
+        for replay in split_replays(steps_of(log))
+        for row in pieces_while_decoding(replay)
+    ]
+    if not rows:
+        print("pieces brought up ahead of admissions while others decode: none")
+        return
+    q50, q90 = np.percentile([pause for pause, _, _ in rows], [50, 90])
+    host, disk = sum(r[1] for r in rows), sum(r[2] for r in rows)
+    print(f"pieces brought up ahead of admissions while others decode: {len(rows)} "
+          f"({host:,} host pages, {disk:,} disk pages), pause p50/p90 "
+          f"{1e3 * q50:.0f}/{1e3 * q90:.0f} ms")  # fmt: skip
+    if len(rows) >= 3:
+        fixed, host_s, disk_s = per_page_fit(rows)
+        print(f"pieces' pause fit: {1e3 * fixed:.1f} ms + {1e3 * host_s:.3f} ms per host page"
+              f" + {1e3 * disk_s:.3f} ms per disk page")  # fmt: skip
 
 
 def admissions_table(folders: list[Path]) -> None:
@@ -221,9 +273,10 @@ def admissions_table(folders: list[Path]) -> None:
         for replay in split_replays(steps_of(log))
         for row in admissions_while_decoding(replay)
     ]
-    paths = [path for _, path, _ in rows if path is not None]
-    cold = [pause for pause, _, pages in rows if pages == 0]
-    onboarded = [(pause, pages) for pause, _, pages in rows if pages > 0]
+    paths = [path for _, path, _, _ in rows if path is not None]
+    cold = [pause for pause, _, host, disk in rows if host == disk == 0]
+    onboarded = [(pause, host) for pause, _, host, disk in rows if host > 0 and disk == 0]
+    from_disk = [(pause, host, disk) for pause, _, host, disk in rows if disk > 0]
     print(f"admissions while another sequence decodes: {len(rows)}")
     if paths:
         q25, q50, q75 = np.percentile(paths, [25, 50, 75])
@@ -239,6 +292,10 @@ def admissions_table(folders: list[Path]) -> None:
         per_page = (sum(pause for pause, _ in onboarded) - fixed * len(onboarded)) / pages
         print(f"pause, host pages onboarded: {len(onboarded)} ({pages:,} pages), "
               f"{1e3 * per_page:.3f} ms per page beyond the fixed part")  # fmt: skip
+    if from_disk:
+        print(f"pause, disk pages read: {len(from_disk)} admissions "
+              f"({sum(d for _, _, d in from_disk):,} disk pages)")  # fmt: skip
+    pieces_table(folders)
 
 
 def folder_mixes(folder: Path, costs: CostModel | None = None) -> list[Mix]:

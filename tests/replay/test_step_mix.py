@@ -6,6 +6,8 @@ import importlib.util
 import sys
 from pathlib import Path
 
+import pytest
+
 BENCH = Path(__file__).resolve().parents[2] / "bench"
 sys.path.insert(0, str(BENCH))  # step_mix imports step_costs as the bench scripts do
 spec = importlib.util.spec_from_file_location("step_mix", BENCH / "step_mix.py")
@@ -57,9 +59,35 @@ def test_an_admission_while_decoding_splits_into_the_path_and_the_pause() -> Non
              admitting,
              step(0.8, 0.01, decode=(304, 501))]  # fmt: skip
     rows = step_mix.admissions_while_decoding(steps)
-    assert [(round(pause, 6), round(path, 6), pages) for pause, path, pages in rows] == [
-        (0.35, 0.04, 40)
+    assert [(round(pause, 6), round(path, 6), host, disk) for pause, path, host, disk in rows] == [
+        (0.35, 0.04, 40, 0)
     ]
+
+
+def test_a_piece_brought_up_ahead_is_the_pause_before_a_decode_step_with_pages() -> None:
+    """If this fails, the pieces' per-page figures (`admit_ms_per_host_page`,
+    `admit_ms_per_disk_page`) are read from the wrong steps: a piece is a step that decodes,
+    starts no new request and onboarded pages, after a decode step; its pause runs from that
+    step's end. A new request's admission, or a decode with nothing onboarded, is no piece."""
+    pieces = [step(0.30, 0.01, decode=(302,)), step(0.50, 0.01, decode=(303,))]
+    pieces[0]["host_in"], pieces[1]["host_in"], pieces[1]["disk_in"] = 256, 200, 56
+    admitting = step(0.60, 0.3, prefill=((96, 500),), decode=(305,))
+    admitting["host_in"] = 10
+    steps = [step(0.0, 0.1, prefill=((0, 300),)),
+             step(0.1, 0.01, decode=(301,)),
+             pieces[0], pieces[1],
+             step(0.55, 0.01, decode=(304,)),  # nothing onboarded: no piece
+             admitting,
+             step(0.95, 0.01, decode=(306, 501))]  # fmt: skip
+    rows = step_mix.pieces_while_decoding(steps)
+    assert [(round(pause, 6), host, disk) for pause, host, disk in rows] == [
+        (0.19, 256, 0),
+        (0.19, 200, 56),
+    ]
+    fixed, host_s, disk_s = step_mix.per_page_fit(
+        [(0.002 + 0.0002 * h + 0.001 * d, h, d) for h, d in ((256, 0), (100, 50), (10, 200))]
+    )
+    assert (fixed, host_s, disk_s) == pytest.approx((0.002, 0.0002, 0.001))
 
 
 def test_a_steady_decode_is_classed_by_what_else_ran_on_the_chip() -> None:
