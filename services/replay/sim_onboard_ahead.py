@@ -56,7 +56,8 @@ class OnboardAhead:
             plan = self._plans[request_id] = [_lower_positions(match_of()), 0]
         positions, done = plan
         if len(positions) - done <= step:
-            del self._plans[request_id]
+            # NOTE: the plan stays until the request joins: the pieces' pages do not move here,
+            # so a fresh plan after an admission short of room would bring them up again.
             return None
         piece = positions[done : done + step]
         host = sum(h for h, _ in piece)

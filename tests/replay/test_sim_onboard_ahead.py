@@ -6,12 +6,14 @@ import dataclasses
 import itertools
 
 import pytest
+from kvfleet.kvstore.results import PrefixMatch
 from kvfleet.services.core.cost_model import CostModel
 from kvfleet.services.replay.driver import DriverOptions
 from kvfleet.services.replay.model import Conversation, Turn
 from kvfleet.services.replay.runner import run_arm
 from kvfleet.services.replay.sim_config import load_sim_config
 from kvfleet.services.replay.sim_dispatch import admission_seconds
+from kvfleet.services.replay.sim_onboard_ahead import OnboardAhead
 from kvfleet.services.replay.sim_target import SimTarget
 from kvfleet.services.replay.tokens import TokenSynthesizer
 
@@ -131,3 +133,27 @@ async def test_without_a_per_page_figure_the_request_joins_at_once() -> None:
     at_once, _ = await replay(pages_per_step=0, per_page_ms=0.0)
     assert rank.onboard_ahead.pieces == 0
     assert free[("b", 1)].first_token_s == pytest.approx(at_once[("b", 1)].first_token_s)
+
+
+def test_pieces_are_brought_up_once_even_when_the_admission_waits_for_room() -> None:
+    """If this fails, a request whose pieces are all up but whose admission then finds no room
+    brings its whole prefix up again at the next step (and is charged again), where the
+    engine's pieces stay on the device, held: a plan is made once, at the first piece, and
+    kept until the request joins; a host and a disk page are priced by their own figures."""
+    hardware = dataclasses.replace(
+        load_sim_config().hardware, admit_ms_per_host_page=1.0, admit_ms_per_disk_page=5.0
+    )
+    ahead = OnboardAhead(pages_per_step=2, hardware=hardware)
+    where = ("device", "host", "host", "disk", "host", "disk", "")
+    match = PrefixMatch(7, 7, {"full": (0,) * 7}, {"full": where})
+    calls = []
+
+    def match_of():
+        calls.append(1)
+        return match
+
+    seconds = [ahead.piece_seconds("r", match_of, True) for _ in range(5)]
+    assert seconds == [pytest.approx(0.002), pytest.approx(0.006), None, None, None]
+    assert ahead.pieces == 2 and len(calls) == 1
+    assert ahead.joined("r") == (3, 1)  # what the pieces charged
+    assert ahead.piece_seconds("r", match_of, False) is None  # nothing else runs: at once
