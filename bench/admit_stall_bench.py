@@ -30,6 +30,8 @@ files' true sizes; the default is a tiny shape (the host work alone).
     .venv/bin/python bench/admit_stall_bench.py --prompts 131072 --where host --turns --profile
     python bench/admit_stall_bench.py --device cuda --kv-shape 1b --prompts 65536 --where host,disk
 
+`--disk-read-threads N` and `--disk-write-behind` set the engine's `disk_read_threads` and
+`disk_write_behind` (an A/B of a default on one tree).
 `--baseline REF` runs the same cases, with this file's code, on git REF's `kvstore/`,
 `services/` and `proto/` (a subprocess importing them as `kvfleet`), alternating with this
 checkout case by case so that both see the same load. Each case is run `--repeats` times (a
@@ -141,15 +143,15 @@ def owners(core) -> dict[str, list]:
 
 
 def new_core(
-    prompt: int, where: str, device: str, shape: str, disk_dir: str
+    prompt: int, where: str, args: argparse.Namespace, disk_dir: str
 ) -> tuple[EngineCore, TorchCompute]:
     prompt_pages = -(-(prompt + NEW_TOKENS + 64) // PAGE)
     # host/disk: the device holds about one prompt, so that another one pushes B's down
     pushed = where in ("host", "disk")
     device_pages = prompt_pages + 400 if pushed else 2 * prompt_pages + 600
     config = EngineConfig(
-        model=shape,
-        device=device,
+        model=SHAPES[args.kv_shape],
+        device=args.device,
         decode_graphs="off",
         max_batch_size=2,
         max_num_batched_tokens=STEP_TOKENS,
@@ -158,6 +160,8 @@ def new_core(
         host_kv_pages=3 * prompt_pages if where == "host" else None,
         disk_tier_dir=disk_dir if where == "disk" else "",
         disk_kv_pages=3 * prompt_pages if where == "disk" else None,
+        disk_write_behind=args.disk_write_behind,
+        **({"disk_read_threads": args.disk_read_threads} if args.disk_read_threads else {}),
     )
     compute = TorchCompute(config)
     core = EngineCore(config, compute=compute)
@@ -203,7 +207,7 @@ def admission_in(
     prompt: int, where: str, args: argparse.Namespace, profile: bool, disk_dir: str
 ) -> dict[str, float]:
     rng = random.Random(prompt)
-    core, _ = new_core(prompt, where, args.device, SHAPES[args.kv_shape], disk_dir)
+    core, _ = new_core(prompt, where, args, disk_dir)
     decoding = core.submit(
         GenerateCall("a", tuple(rng.randrange(256) for _ in range(64)),
                      SamplingParams(max_tokens=2000), "conv-a")
@@ -338,6 +342,10 @@ def main() -> None:
     parser.add_argument("--device", default="cpu")
     parser.add_argument("--kv-shape", choices=sorted(SHAPES), default="tiny",
                         help="KV page layout (1b: the 1b preset's 512 KiB pages)")  # fmt: skip
+    parser.add_argument("--disk-read-threads", type=int, default=0,
+                        help="block files an admission reads at once (0: default)")  # fmt: skip
+    parser.add_argument("--disk-write-behind", action="store_true",
+                        help="block files written by a thread of their own")  # fmt: skip
     parser.add_argument("--profile", action="store_true", help="cProfile the turns until B joins")
     parser.add_argument("--turns", action="store_true", help="print each turn's ms until B joins")
     parser.add_argument("--baseline", help="git ref to measure beside this checkout")

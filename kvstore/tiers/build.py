@@ -11,6 +11,7 @@ from typing import Any
 
 from ..config import KVStoreConfig
 from .disk_files import DiskFiles, MarkerFiles, NoDiskFiles
+from .disk_tier import DISK_READ_THREADS
 from .layout import KVLayout
 from .stack import KVTiers
 from .write_behind import WriteBehindFiles
@@ -32,6 +33,7 @@ class TierConfig:
     disk_dir: str | None = None
     disk_prefetch_num_reqs: int = 0
     prefetch_queue_blocks: int = 256
+    disk_read_threads: int = DISK_READ_THREADS  # an admission's block files read at once
     host_exclusive: bool = True  # a block onboarded from host leaves it (KVTiers)
     # block files written by a thread of their own, so the core thread does not wait on file I/O
     # (write_behind.py); off: written where they are evicted
@@ -54,6 +56,7 @@ def build_tiers(
     common: dict[str, Any] = {
         "disk_prefetch_num_reqs": tiers.disk_prefetch_num_reqs,
         "prefetch_queue_blocks": tiers.prefetch_queue_blocks,
+        "disk_read_threads": tiers.disk_read_threads,
         "host_exclusive": tiers.host_exclusive,
     }
     if layout is None:

@@ -6,13 +6,19 @@ block another rank wrote is found through the files and adopted into the index w
 A refused write (ENOSPC, EIO, EFBIG...) pauses this rank's disk writes (`WriteBackoff`): 1 s,
 doubling per failure up to a minute, reset by a write that succeeds. Reads go on meanwhile,
 and the tier comes back by itself once the volume takes writes again.
+
+An admission's blocks are read `read_threads` at a time (`read_many`): a file's read and its
+keyed hash release the GIL, so the core thread's wait for a long disk prefix shrinks with the
+threads. The threads only fill the caller's rows and say what was wrong; the index changes,
+and the removal of bad files, stay with the caller's thread, in the blocks' order.
 """
 
 from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
 
 from .disk_files import MISSING, NOT_REGULAR, DiskFiles, NoDiskFiles
 from .metrics import TierMetrics
@@ -20,6 +26,12 @@ from .tier_index import TierIndex
 from .write_behind import MAX_PENDING_BYTES
 
 log = logging.getLogger(__name__)
+
+# Block files an admission reads at once (`DiskTier.read_many`): measured on the H100 fleet's
+# host (bench/disk_read_bench.py, docs/tiers.md "Reads").
+DISK_READ_THREADS = 4
+# One block file to read: (block hash, the row its payload goes to, the contents it must hold).
+BlockRead = tuple[int, "memoryview | None", bytes]
 
 
 class WriteBackoff:
@@ -56,11 +68,21 @@ class WriteBackoff:
 class DiskTier:
     """Index + files; evicting a block from the index deletes its file."""
 
-    def __init__(self, index: TierIndex, files: DiskFiles | NoDiskFiles, metrics: TierMetrics):
+    def __init__(
+        self,
+        index: TierIndex,
+        files: DiskFiles | NoDiskFiles,
+        metrics: TierMetrics,
+        read_threads: int = DISK_READ_THREADS,
+    ):
+        if read_threads < 1:
+            raise ValueError(f"read_threads must be >= 1, got {read_threads}")
         self.index = index
         self.files = files
         self.metrics = metrics
         self.writes = WriteBackoff()
+        self.read_threads = read_threads
+        self._readers: ThreadPoolExecutor | None = None  # made at the first read of many
 
     def has(self, life_cycle: str, block_hash: int) -> bool:
         """True if this rank indexed the block or any rank's file for it exists (no mutation)."""
@@ -123,16 +145,43 @@ class DiskTier:
         self.settle()
 
     def close(self) -> None:
-        """Finish queued disk writes and stop their thread."""
+        """Finish queued disk writes and stop their thread and the readers."""
         self.files.close()
         self.settle()
+        if self._readers is not None:
+            self._readers.shutdown(wait=True)
+            self._readers = None
+
+    def read_many(self, life_cycle: str, reads: Sequence[BlockRead]) -> list[bool]:
+        """`read` of each block, the files read `read_threads` at a time: True for each block
+        now in its row (pinned until the onboarding ends), False for a miss."""
+        if len(reads) < 2 or self.read_threads == 1:
+            return [self.read(life_cycle, *one) for one in reads]
+        if self._readers is None:
+            self._readers = ThreadPoolExecutor(self.read_threads, thread_name_prefix="kv-disk-read")
+        # NOTE: pinned before any is read: adopting another rank's block below may evict from
+        # the index, and must not take (and delete the file of) a block already in a row.
+        for block_hash, _, _ in reads:
+            if self.index.lookup(life_cycle, block_hash) is not None:
+                self.index.pin(life_cycle, block_hash)
+        check = self.files.check_into
+        problems = list(self._readers.map(lambda one: check(life_cycle, *one), reads))
+        return [
+            self._found(life_cycle, block_hash, problem)
+            for (block_hash, _, _), problem in zip(reads, problems, strict=True)
+        ]
 
     def read(
         self, life_cycle: str, block_hash: int, out: memoryview | None, contents: bytes = b""
     ) -> bool:
         """Read the block with these `contents` into `out` and pin it until the onboarding
         ends; False on a miss."""
-        problem = self.files.check_into(life_cycle, block_hash, out, contents)
+        return self._found(
+            life_cycle, block_hash, self.files.check_into(life_cycle, block_hash, out, contents)
+        )
+
+    def _found(self, life_cycle: str, block_hash: int, problem: str | None) -> bool:
+        """Index and pin a block read whole (`problem` None), else count the miss."""
         if problem is None:
             if self.keep(life_cycle, block_hash):
                 self.index.pin(life_cycle, block_hash)

@@ -39,7 +39,7 @@ from ..deadlines import Deadlines
 from ..events import KVEvent, KVEventKind, KVEventListener, ignore_event
 from ..results import LOWER_TIERS, PrefixMatch
 from .disk_files import DiskFiles, NoDiskFiles
-from .disk_tier import DiskTier
+from .disk_tier import DISK_READ_THREADS, DiskTier
 from .metrics import DEVICE, DISK, HOST, TierMetrics, new_tier_metrics
 from .page_bytes import NoBytes, TierBytes
 from .prefetch import BlockKey, Prefetcher
@@ -74,6 +74,7 @@ class KVTiers:
         disk_prefetch_num_reqs: int = 0,
         prefetch_queue_blocks: int = 256,
         host_exclusive: bool = True,
+        disk_read_threads: int = DISK_READ_THREADS,
     ) -> None:
         if disk_prefetch_num_reqs < 0:
             raise ValueError(f"disk_prefetch_num_reqs must be >= 0, got {disk_prefetch_num_reqs}")
@@ -84,7 +85,9 @@ class KVTiers:
         self.host = TierIndex(HOST, host_pages, self.kept)
         self.metrics: dict[str, TierMetrics] = new_tier_metrics()
         files = NoDiskFiles() if disk_files is None else disk_files
-        self.disk = DiskTier(TierIndex(DISK, disk_pages, self.kept), files, self.metrics[DISK])
+        self.disk = DiskTier(
+            TierIndex(DISK, disk_pages, self.kept), files, self.metrics[DISK], disk_read_threads
+        )
         self.disk_prefetch_num_reqs = disk_prefetch_num_reqs
         # Exclusive: a block onboarded from host leaves host (its next device eviction copies
         # it down again), so host and device never hold the same block twice and the two
@@ -254,6 +257,21 @@ class KVTiers:
                 zip(disk_blocks, self.bytes.new_rows(name, len(disk_blocks)), strict=True)
             )
             started = time.perf_counter()
+            expected = {key: contents(key[0]) if self.keeps_contents else b"" for key in disk_rows}
+            # the files are read several at once; the index changes follow in order
+            read = dict(
+                zip(
+                    disk_rows,
+                    self.disk.read_many(
+                        name,
+                        [
+                            (h, self.bytes.payload(row), expected[(i, h)])
+                            for (i, h), row in disk_rows.items()
+                        ],
+                    ),
+                    strict=True,
+                )
+            )
             rows = []
             for index, block_hash, tier in blocks:
                 if tier == HOST:
@@ -262,12 +280,12 @@ class KVTiers:
                     slot = cast(int, self.host.lookup(name, block_hash))  # pinned: held
                     row = self.bytes.host_row(name, slot)
                 else:
-                    row = disk_rows[(index, block_hash)]
-                    expected = contents(index) if self.keeps_contents else b""
-                    if not self.disk.read(name, block_hash, self.bytes.payload(row), expected):
+                    key = (index, block_hash)
+                    if not read[key]:
                         bad += 1
                         continue
-                    self.remember(block_hash, functools.partial(bytes, expected))
+                    row = disk_rows[key]
+                    self.remember(block_hash, functools.partial(bytes, expected[key]))
                 rows.append(StagedBlock(index, block_hash, tier, row))
             self.metrics[DEVICE].copy_seconds += time.perf_counter() - started
             staged[name] = rows

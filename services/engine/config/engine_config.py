@@ -86,6 +86,9 @@ class EngineConfig:
     disk_kv_gib: float = 32.0  # this rank's share of the shared disk volume
     disk_kv_pages: int | None = None
     disk_prefetch_num_reqs: int = 4
+    # Block files an admission reads at once, on threads of their own (the core thread waits
+    # for them): 4 cut the H100 host's read of a long disk prefix (docs/tiers.md, "Reads").
+    disk_read_threads: int = 4
     # Block files written by a thread of their own instead of the core thread, which plans and
     # launches every step (kvstore/tiers/write_behind.py): off until measured on a GPU fleet.
     disk_write_behind: bool = False
@@ -160,6 +163,8 @@ class EngineConfig:
         for name in ("host_kv_gib", "host_kv_pages", "disk_kv_gib", "disk_kv_pages"):
             if (getattr(self, name) or 0) < 0:
                 raise ValueError(f"{name} must be >= 0, got {getattr(self, name)}")
+        if self.disk_read_threads < 1:
+            raise ValueError(f"disk_read_threads must be >= 1, got {self.disk_read_threads}")
         if self.disk_prefetch_num_reqs < 0:
             raise ValueError(
                 f"disk_prefetch_num_reqs must be >= 0, got {self.disk_prefetch_num_reqs}"

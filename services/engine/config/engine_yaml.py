@@ -10,7 +10,8 @@ Layout (snake_case; the operator renders it, docs/operator.md documents it):
     reuse: {policy: per_conversation, max_num_turns: 5, checkpoint: true,
             keep_root: false, keep_branch_points: 2, discover_branch_points: false}
     kv_tiers: {gpu_memory_fraction: 0.9, host_gib: 0, host_pages: null, host_exclusive: true,
-               disk: {enabled: false, dir: ..., gib: 32, pages: null, prefetch_num_reqs: 4}}
+               disk: {enabled: false, dir: ..., gib: 32, pages: null, prefetch_num_reqs: 4,
+                      read_threads: 4}}
     engine: {<any EngineConfig field>: value}   # tuning the operator does not render
 
 A misspelt key would otherwise run the engine on a default nobody chose, so it fails the
@@ -63,6 +64,7 @@ class DiskSection(_Strict):
     gib: float | None = None
     pages: int | None = None
     prefetch_num_reqs: int | None = None
+    read_threads: int | None = None
     write_behind: bool | None = None
 
 
@@ -114,6 +116,7 @@ DISK_FIELDS = {
     "gib": "disk_kv_gib",
     "pages": "disk_kv_pages",
     "prefetch_num_reqs": "disk_prefetch_num_reqs",
+    "read_threads": "disk_read_threads",
     "write_behind": "disk_write_behind",
 }
 

@@ -236,6 +236,7 @@ def tier_config(
         disk_pages=disk if disk_dir else {},
         disk_dir=disk_dir,
         disk_prefetch_num_reqs=config.disk_prefetch_num_reqs,
+        disk_read_threads=config.disk_read_threads,
         host_exclusive=config.host_kv_exclusive,
         disk_write_behind=config.disk_write_behind,
     )
