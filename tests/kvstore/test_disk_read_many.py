@@ -98,3 +98,13 @@ def test_reading_another_ranks_block_never_evicts_a_block_of_the_same_read(tmp_p
 def test_threads_must_be_at_least_one(tmp_path) -> None:
     with pytest.raises(ValueError, match="read_threads"):
         tier(tmp_path, threads=0)
+
+
+def test_a_byteless_tier_reads_on_the_callers_thread(tmp_path) -> None:
+    """If this fails, the simulator's tiers (no payload to read) hand every block check to a
+    thread pool, which costs far more than the check: a replay of hours ran for minutes."""
+    disk = tier(tmp_path, threads=4)
+    for h in (1, 2):
+        disk.store("full", h, lambda h=h: memoryview(payload(h)), contents(h))
+    assert disk.read_many("full", [(h, None, contents(h)) for h in (1, 2)]) == [True, True]
+    assert disk._readers is None
