@@ -214,12 +214,14 @@ def admissions_while_decoding(
     return out
 
 
-def pieces_while_decoding(steps: list[dict]) -> list[tuple[float, int, int]]:
-    """(pause, host pages, disk pages) of each step of one rank's replay that follows a decode
-    step, starts no new request, decodes, and onboarded pages since the step before: a piece of
-    a waiting request's host/disk prefix brought up ahead of its admission (the engine's
-    `onboard_pages_per_step`), read and copied on the core thread in the pause before it."""
-    out: list[tuple[float, int, int]] = []
+def pieces_while_decoding(steps: list[dict]) -> list[tuple[float, int, int, int]]:
+    """(pause, host pages, disk pages, pages written to disk) of each step of one rank's replay
+    that follows a decode step, starts no new request, decodes, and onboarded pages since the
+    step before: a piece of a waiting request's host/disk prefix brought up ahead of its
+    admission (the engine's `onboard_pages_per_step`), read and copied on the core thread in
+    the pause before it, with the disk writes of the evictions it made (0 where the log does
+    not count them: logs before `disk_out`)."""
+    out: list[tuple[float, int, int, int]] = []
     open_ends: set[int] = set()
     for i, step in enumerate(steps):
         new = [span for span in step["prefill"] if span[0] not in open_ends]
@@ -229,16 +231,18 @@ def pieces_while_decoding(steps: list[dict]) -> list[tuple[float, int, int]]:
             continue
         if not previous["decode"] or not (step["host_in"] or step["disk_in"]):
             continue
-        out.append((step["t"] - previous["t"] - previous["s"], step["host_in"], step["disk_in"]))
+        pause = step["t"] - previous["t"] - previous["s"]
+        out.append((pause, step["host_in"], step["disk_in"], step.get("disk_out", 0)))
     return out
 
 
-def per_page_fit(rows: list[tuple[float, int, int]]) -> tuple[float, float, float]:
-    """Least squares of pause = fixed + host pages x a + disk pages x b: (fixed, a, b) in s."""
-    design = np.array([[1.0, host, disk] for _, host, disk in rows])
-    pauses = np.array([pause for pause, _, _ in rows])
-    (fixed, host_s, disk_s), *_ = np.linalg.lstsq(design, pauses, rcond=None)
-    return float(fixed), float(host_s), float(disk_s)
+def per_page_fit(rows: list[tuple[float, int, int, int]]) -> tuple[float, float, float, float]:
+    """Least squares of pause = fixed + host pages x a + disk pages read x b + pages written
+    x c: (fixed, a, b, c) in s (c is 0 when no row counts writes)."""
+    design = np.array([[1.0, host, disk, out] for _, host, disk, out in rows])
+    pauses = np.array([row[0] for row in rows])
+    (fixed, host_s, disk_s, write_s), *_ = np.linalg.lstsq(design, pauses, rcond=None)
+    return float(fixed), float(host_s), float(disk_s), float(write_s)
 
 
 def pieces_table(folders: list[Path]) -> None:
@@ -253,15 +257,16 @@ def pieces_table(folders: list[Path]) -> None:
     if not rows:
         print("pieces brought up ahead of admissions while others decode: none")
         return
-    q50, q90 = np.percentile([pause for pause, _, _ in rows], [50, 90])
-    host, disk = sum(r[1] for r in rows), sum(r[2] for r in rows)
+    q50, q90 = np.percentile([row[0] for row in rows], [50, 90])
+    host, disk, out = (sum(r[i] for r in rows) for i in (1, 2, 3))
     print(f"pieces brought up ahead of admissions while others decode: {len(rows)} "
-          f"({host:,} host pages, {disk:,} disk pages), pause p50/p90 "
+          f"({host:,} host pages, {disk:,} disk pages read, {out:,} written), pause p50/p90 "
           f"{1e3 * q50:.0f}/{1e3 * q90:.0f} ms")  # fmt: skip
-    if len(rows) >= 3:
-        fixed, host_s, disk_s = per_page_fit(rows)
+    if len(rows) >= 4:
+        fixed, host_s, disk_s, write_s = per_page_fit(rows)
         print(f"pieces' pause fit: {1e3 * fixed:.1f} ms + {1e3 * host_s:.3f} ms per host page"
-              f" + {1e3 * disk_s:.3f} ms per disk page")  # fmt: skip
+              f" + {1e3 * disk_s:.3f} ms per disk page read"
+              f" + {1e3 * write_s:.3f} ms per page written")  # fmt: skip
 
 
 def admissions_table(folders: list[Path]) -> None:

@@ -7,6 +7,7 @@ tier with the same greedy tokens as an engine that computes everything.
 
 from __future__ import annotations
 
+import json
 import random
 import shutil
 from pathlib import Path
@@ -258,6 +259,31 @@ def test_an_idle_rank_starts_a_queued_turns_reads_in_its_first_step(served_disk,
         _check_clean(core)
     finally:
         core.stop()
+
+
+def test_the_step_log_counts_each_steps_disk_writes(tmp_path):
+    """If this fails, the step log cannot tell a pause for disk writes from one for an
+    onboarding (the per-page figures the simulator prices admissions with are read from these
+    pauses): every page written to the disk tier is counted once, by the step it came before."""
+    log = tmp_path / "steps.jsonl"
+    config = DEVICE_ONLY.with_changes(
+        host_kv_pages=8,
+        disk_tier_dir=str(tmp_path / "disk"),
+        disk_kv_pages=512,
+        step_log_path=str(log),
+    )
+    core = _core(config, "tiers-step-log")
+    try:
+        first, _ = two_turns(2, "c")
+        run_call(core, first)
+        _flood(core, seed=23)
+        written = _tier_metrics(core)[DISK].pages_in
+    finally:
+        core.stop()
+    steps = [json.loads(line) for line in log.read_text().splitlines()]
+    assert written > 0
+    assert sum(step["disk_out"] for step in steps) == written
+    assert sum(step["disk_out"] > 0 for step in steps) >= 2  # spread over the steps they preceded
 
 
 def test_tier_counters_are_exported_to_the_ranks_prometheus_registry():

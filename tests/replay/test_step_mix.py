@@ -79,15 +79,17 @@ def test_a_piece_brought_up_ahead_is_the_pause_before_a_decode_step_with_pages()
              step(0.55, 0.01, decode=(304,)),  # nothing onboarded: no piece
              admitting,
              step(0.95, 0.01, decode=(306, 501))]  # fmt: skip
+    pieces[1]["disk_out"] = 30
     rows = step_mix.pieces_while_decoding(steps)
-    assert [(round(pause, 6), host, disk) for pause, host, disk in rows] == [
-        (0.19, 256, 0),
-        (0.19, 200, 56),
+    assert [(round(pause, 6), host, disk, out) for pause, host, disk, out in rows] == [
+        (0.19, 256, 0, 0),
+        (0.19, 200, 56, 30),
     ]
-    fixed, host_s, disk_s = step_mix.per_page_fit(
-        [(0.002 + 0.0002 * h + 0.001 * d, h, d) for h, d in ((256, 0), (100, 50), (10, 200))]
+    work = ((256, 0, 0), (100, 50, 10), (10, 200, 0), (50, 0, 120))
+    fit = step_mix.per_page_fit(
+        [(0.002 + 0.0002 * h + 0.001 * d + 0.0007 * w, h, d, w) for h, d, w in work]
     )
-    assert (fixed, host_s, disk_s) == pytest.approx((0.002, 0.0002, 0.001))
+    assert fit == pytest.approx((0.002, 0.0002, 0.001, 0.0007))
 
 
 def test_a_steady_decode_is_classed_by_what_else_ran_on_the_chip() -> None:

@@ -4,8 +4,9 @@ Each line: `t` (wall clock at the step's start, seconds since the epoch, so the 
 sharing a GPU line up), `s` (the step's seconds, as `kvfleet_engine_step_seconds` measures
 them), `prefill` ([start, end) token spans of prompt chunks), `decode` (each decoding
 sequence's context length), `host_in` / `disk_in` (pages the KV tiers onboarded since the
-step before). These are the cost model's `StepWork`, so `bench/step_costs.py` prices every
-logged step with a simulator's hardware figures and compares (docs/sim-vs-live.md).
+step before), `disk_out` (pages written to the disk tier since the step before). The first
+four are the cost model's `StepWork`, so `bench/step_costs.py` prices every logged step with
+a simulator's hardware figures and compares (docs/sim-vs-live.md).
 Written by the core thread only; off unless `EngineConfig.step_log_path` is set.
 """
 
@@ -15,6 +16,7 @@ import time
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
+from ....kvstore.tiers.metrics import DISK
 from ...core.cost_model import StepWork
 from ...core.step_line import step_line
 from ..compute.step_work import OnboardedPages, step_work
@@ -26,18 +28,24 @@ class StepLog:
 
     def __init__(self, path: str | Path, tier_metrics: Mapping) -> None:
         self._file = Path(path).open("a", encoding="utf-8")  # noqa: SIM115 (closed by close())
+        self._tiers = tier_metrics
         self._onboarded = OnboardedPages(tier_metrics)
-        self._pending: tuple[float, StepWork] = (0.0, StepWork())
+        self._written = self._disk_written()
+        self._pending: tuple[float, StepWork, int] = (0.0, StepWork(), 0)
 
     def before(self, chunks: Sequence[ScheduledChunk]) -> None:
         """A step is about to run these chunks (read now: running them moves the sequences)."""
         host, disk = self._onboarded.since_last()
-        self._pending = (time.time(), step_work(chunks, host, disk))
+        written, self._written = self._disk_written() - self._written, self._disk_written()
+        self._pending = (time.time(), step_work(chunks, host, disk), written)
 
     def after(self, seconds: float) -> None:
         """The step begun last took `seconds`."""
-        started, work = self._pending
-        self._file.write(step_line(started, seconds, work))
+        started, work, written = self._pending
+        self._file.write(step_line(started, seconds, work, written))
+
+    def _disk_written(self) -> int:
+        return self._tiers[DISK].pages_in if DISK in self._tiers else 0
 
     def close(self) -> None:
         """Flush and close (the core has stopped stepping)."""
