@@ -3,21 +3,43 @@
 # bf16, as the H100 fleet's): what a page onboarded from the host tier, or read from a disk
 # tier, holds the core thread there (the simulator's admit_ms_per_host_page and
 # admit_ms_per_disk_page), and the disk case with the reads on 1 thread against the default,
-# and with the block files written behind. Needs the fleet replay's pack and call 1
-# (fleet_replay.sh's header):
-#   call 2, carry [".gpuwt"]:  cd .gpuwt && bash bench/gpu/admit_stall.sh [&& ... fleet_replay.sh run]
+# and with the block files written behind. The model's forward is free, so no flash-attn: one
+# call, with this checkout and the wheels the image lacks (fleet_replay.sh's list, in .whl):
+#   here:  bash bench/gpu/admit_stall.sh pack <checkout>/.gpuas
+#   call, carry [".gpuas"]:  cd .gpuas && bash bench/gpu/admit_stall.sh run
 # Writes $OUT/admit_stall.txt.
 set -uo pipefail
 cd "$(dirname "$0")/../.."
-source bench/gpu/device_env.sh
-out="${OUT:-/tmp}"
-bench() {
-  echo "## $*"
-  python3 bench/admit_stall_bench.py --device cuda --kv-shape 1b --prompts "${PROMPTS:-65536}" \
-    --repeats "${REPEATS:-3}" "$@" 2>&1 | grep -v "fleet secret"
-}
-{
-  bench --where host,disk
-  bench --where disk --disk-read-threads 1
-  bench --where disk --disk-write-behind
-} | tee "$out/admit_stall.txt"
+case "${1:-}" in
+  pack)
+    dest=${2:?pack DEST}
+    rm -rf "$dest" && mkdir -p "$dest/.whl"
+    git ls-files -z | xargs -0 cp --parents -t "$dest"
+    git diff --quiet || echo "note: uncommitted changes travel too"
+    for wheel in "${WHEELS:-../main/.whl}"/*.whl; do
+      case "$(basename "$wheel")" in grpcio_tools-* | sglang_router-*) ;; *) cp "$wheel" "$dest/.whl/" ;; esac
+    done
+    du -sh "$dest"
+    ;;
+  run)
+    python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
+      --target /tmp/site .whl/*.whl || exit 2
+    mkdir -p /tmp/kvshim/kvfleet
+    for d in services kvstore proto operator; do ln -sfn "$PWD/$d" /tmp/kvshim/kvfleet/$d; done
+    export PYTHONPATH=/tmp/kvshim:/tmp/site PYTHONUNBUFFERED=1
+    nvidia-smi --query-gpu=name --format=csv,noheader
+    out="${OUT:-/tmp}"
+    bench() {
+      echo "## $*"
+      python3 bench/admit_stall_bench.py --device cuda --kv-shape 1b --prompts "${PROMPTS:-65536}" \
+        --repeats "${REPEATS:-3}" "$@" 2>&1 | grep -v "fleet secret"
+    }
+    {
+      bench --where host,disk
+      bench --where disk --disk-read-threads 1
+      bench --where disk --disk-read-threads 8
+      bench --where disk --disk-write-behind
+    } | tee "$out/admit_stall.txt"
+    ;;
+  *) echo "usage: $0 pack DEST | run"; exit 2 ;;
+esac
