@@ -7,10 +7,11 @@ A refused write (ENOSPC, EIO, EFBIG...) pauses this rank's disk writes (`WriteBa
 doubling per failure up to a minute, reset by a write that succeeds. Reads go on meanwhile,
 and the tier comes back by itself once the volume takes writes again.
 
-An admission's blocks are read `read_threads` at a time (`read_many`): a file's read and its
-keyed hash release the GIL, so the core thread's wait for a long disk prefix shrinks with the
-threads. The threads only fill the caller's rows and say what was wrong; the index changes,
-and the removal of bad files, stay with the caller's thread, in the blocks' order.
+An admission's blocks may be read `read_threads` at a time (`read_many`; 1 by default): a
+file's read and its keyed hash release the GIL, so on a host with cores to spare the core
+thread's wait for a long disk prefix can shrink with the threads. The threads only fill the
+caller's rows and say what was wrong; the index changes, and the removal of bad files, stay
+with the caller's thread, in the blocks' order.
 """
 
 from __future__ import annotations
@@ -27,9 +28,10 @@ from .write_behind import MAX_PENDING_BYTES
 
 log = logging.getLogger(__name__)
 
-# Block files an admission reads at once (`DiskTier.read_many`): measured on the H100 fleet's
-# host (bench/disk_read_bench.py, docs/tiers.md "Reads").
-DISK_READ_THREADS = 4
+# Block files an admission reads at once (`DiskTier.read_many`). 1 (one after another, on the
+# caller's thread) until more is measured faster on a GPU host: on the 2-core CI machine 4 gave
+# no gain (bench/admit_stall_bench.py --disk-read-threads, docs/tiers.md "Reads").
+DISK_READ_THREADS = 1
 # One block file to read: (block hash, the row its payload goes to, the contents it must hold).
 BlockRead = tuple[int, "memoryview | None", bytes]
 

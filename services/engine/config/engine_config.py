@@ -87,8 +87,9 @@ class EngineConfig:
     disk_kv_pages: int | None = None
     disk_prefetch_num_reqs: int = 4
     # Block files an admission reads at once, on threads of their own (the core thread waits
-    # for them): 4 cut the H100 host's read of a long disk prefix (docs/tiers.md, "Reads").
-    disk_read_threads: int = 4
+    # for them); 1: one after another on the core thread, until more is measured faster on a
+    # GPU host (docs/tiers.md, "Reads").
+    disk_read_threads: int = 1
     # Block files written by a thread of their own instead of the core thread, which plans and
     # launches every step (kvstore/tiers/write_behind.py): off until measured on a GPU fleet.
     disk_write_behind: bool = False

@@ -11,7 +11,7 @@ Layout (snake_case; the operator renders it, docs/operator.md documents it):
             keep_root: false, keep_branch_points: 2, discover_branch_points: false}
     kv_tiers: {gpu_memory_fraction: 0.9, host_gib: 0, host_pages: null, host_exclusive: true,
                disk: {enabled: false, dir: ..., gib: 32, pages: null, prefetch_num_reqs: 4,
-                      read_threads: 4}}
+                      read_threads: 1}}
     engine: {<any EngineConfig field>: value}   # tuning the operator does not render
 
 A misspelt key would otherwise run the engine on a default nobody chose, so it fails the
