@@ -245,15 +245,20 @@ def per_page_fit(rows: list[tuple[float, int, int, int]]) -> tuple[float, float,
     return float(fixed), float(host_s), float(disk_s), float(write_s)
 
 
-def pieces_table(folders: list[Path]) -> None:
-    """The pauses of the pieces brought up ahead of admissions, over every log."""
-    rows = [
+def rows_of_every_replay(folders: list[Path], rows_of) -> list:
+    """`rows_of(replay)` over every replay of every rank log in the folders."""
+    return [
         row
         for folder in folders
         for log in sorted(folder.glob("steps-*.jsonl*"))
         for replay in split_replays(steps_of(log))
-        for row in pieces_while_decoding(replay)
+        for row in rows_of(replay)
     ]
+
+
+def pieces_table(folders: list[Path]) -> None:
+    """The pauses of the pieces brought up ahead of admissions, over every log."""
+    rows = rows_of_every_replay(folders, pieces_while_decoding)
     if not rows:
         print("pieces brought up ahead of admissions while others decode: none")
         return
@@ -271,13 +276,7 @@ def pieces_table(folders: list[Path]) -> None:
 
 def admissions_table(folders: list[Path]) -> None:
     """The path and the pause of admissions while another sequence decodes, over every log."""
-    rows = [
-        row
-        for folder in folders
-        for log in sorted(folder.glob("steps-*.jsonl*"))
-        for replay in split_replays(steps_of(log))
-        for row in admissions_while_decoding(replay)
-    ]
+    rows = rows_of_every_replay(folders, admissions_while_decoding)
     paths = [path for _, path, _, _ in rows if path is not None]
     cold = [pause for pause, _, host, disk in rows if host == disk == 0]
     onboarded = [(pause, host) for pause, _, host, disk in rows if host > 0 and disk == 0]
