@@ -2,8 +2,8 @@
 # bench/admit_stall_bench.py on the device's GPU with the 1b preset's KV pages (512 KiB in
 # bf16, as the H100 fleet's): what a page onboarded from the host tier, or read from a disk
 # tier, holds the core thread there (the simulator's admit_ms_per_host_page and
-# admit_ms_per_disk_page), and the disk case with the reads on 1 thread against the default,
-# and with the block files written behind. The model's forward is free, so no flash-attn: one
+# admit_ms_per_disk_page), and the disk case with the reads on 4 and 8 threads against the
+# default (1), and with the block files written behind. The model's forward is free, so no flash-attn: one
 # call, with this checkout and the wheels the image lacks (fleet_replay.sh's list, in .whl):
 #   here:  bash bench/gpu/admit_stall.sh pack <checkout>/.gpuas
 #   call, carry [".gpuas"]:  cd .gpuas && bash bench/gpu/admit_stall.sh run
@@ -36,7 +36,7 @@ case "${1:-}" in
     }
     {
       bench --where host,disk
-      bench --where disk --disk-read-threads 1
+      bench --where disk --disk-read-threads 4
       bench --where disk --disk-read-threads 8
       bench --where disk --disk-write-behind
     } | tee "$out/admit_stall.txt"
