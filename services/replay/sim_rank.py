@@ -88,7 +88,10 @@ class SimRank(HandoffSide, HoldSide, StepPlanner[SimRequest, Chunk]):
         self.step_log = step_log
         self.hardware = hardware  # its admission figures (sim_dispatch.admission_seconds)
         self._disk_pages_written = 0  # disk-tier writes charged to the core thread so far
-        self.onboard_ahead = OnboardAhead(onboard_pages_per_step, hardware)
+        # NOTE: the engine's piece is a prefix hold, which on window or state life cycles
+        # resumes nowhere mid-prompt: such a model's admission onboards everything at once
+        whole = all(lc.kind == "full" for lc in manager.life_cycles.values())
+        self.onboard_ahead = OnboardAhead(onboard_pages_per_step if whole else 0, hardware)
         self._pieces_s = 0.0  # this step's pieces of prefixes brought up ahead (core thread)
         self._core_free_s = 0.0  # the core thread runs other work until then (no step)
         self._core_debt_s = 0.0  # ... and this much after the step in flight

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import itertools
+from pathlib import Path
 
 import pytest
 from kvfleet.kvstore.results import PrefixMatch
@@ -18,6 +19,7 @@ from kvfleet.services.replay.sim_target import SimTarget
 from kvfleet.services.replay.tokens import TokenSynthesizer
 
 BLOCK = 64
+HYBRID = Path(__file__).resolve().parents[2] / "bench" / "sim_hybrid.yaml"
 PREFIX_BLOCKS = 40  # b's first turn: what its second turn finds on the host tier
 PER_PAGE_MS = 10.0  # the admission's figure per host page (large: the pauses stand out)
 
@@ -157,3 +159,23 @@ def test_pieces_are_brought_up_once_even_when_the_admission_waits_for_room() -> 
     assert ahead.pieces == 2 and len(calls) == 1
     assert ahead.joined("r") == (3, 1)  # what the pieces charged
     assert ahead.piece_seconds("r", match_of, False) is None  # nothing else runs: at once
+
+
+async def test_a_model_with_a_window_layer_is_admitted_at_once() -> None:
+    """If this fails, the simulator brings a hybrid model's prefix up in pieces, where the
+    engine's piece (a prefix hold) resumes nowhere mid-prompt on a window or state life cycle
+    and the admission onboards everything at once."""
+    config = load_sim_config(HYBRID, {"ranks": "1", "onboard_pages_per_step": "8"})
+    hardware = dataclasses.replace(config.hardware, admit_ms_per_host_page=PER_PAGE_MS)
+    target = SimTarget(dataclasses.replace(config, hardware=hardware))
+    try:
+        (rank,) = target.fleet.ranks.values()
+        assert rank.onboard_ahead.pages_per_step == 0
+    finally:
+        await target.aclose()
+    full = SimTarget(dataclasses.replace(load_sim_config(None, {"ranks": "1"}), hardware=hardware))
+    try:
+        (rank,) = full.fleet.ranks.values()
+        assert rank.onboard_ahead.pages_per_step == 256
+    finally:
+        await full.aclose()
