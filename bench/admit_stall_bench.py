@@ -325,6 +325,11 @@ def measure_baseline(shim: Path, args, prompt: int, where: str) -> dict[str, flo
     command = [sys.executable, __file__, "--json", "--prompts", str(prompt), "--where", where]
     command += ["--repeats", str(args.repeats), "--device", args.device]
     command += ["--kv-shape", args.kv_shape]
+    # the same engine settings on both sides (a ref without them fails on a non-default)
+    if args.disk_read_threads:
+        command += ["--disk-read-threads", str(args.disk_read_threads)]
+    if args.disk_write_behind:
+        command.append("--disk-write-behind")
     env = {**os.environ, "PYTHONPATH": str(shim)}
     done = subprocess.run(command, env=env, check=True, capture_output=True, text=True)
     return json.loads(done.stdout.strip().splitlines()[-1])[f"{prompt}/{where}"]

@@ -258,20 +258,11 @@ class KVTiers:
             )
             started = time.perf_counter()
             expected = {key: contents(key[0]) if self.keeps_contents else b"" for key in disk_rows}
-            # the files are read several at once; the index changes follow in order
-            read = dict(
-                zip(
-                    disk_rows,
-                    self.disk.read_many(
-                        name,
-                        [
-                            (h, self.bytes.payload(row), expected[(i, h)])
-                            for (i, h), row in disk_rows.items()
-                        ],
-                    ),
-                    strict=True,
-                )
-            )
+            # the files may be read several at once; the index changes follow in order
+            reads = [
+                (h, self.bytes.payload(row), expected[i, h]) for (i, h), row in disk_rows.items()
+            ]
+            read = dict(zip(disk_rows, self.disk.read_many(name, reads), strict=True))
             rows = []
             for index, block_hash, tier in blocks:
                 if tier == HOST:

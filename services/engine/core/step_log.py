@@ -30,22 +30,20 @@ class StepLog:
         self._file = Path(path).open("a", encoding="utf-8")  # noqa: SIM115 (closed by close())
         self._tiers = tier_metrics
         self._onboarded = OnboardedPages(tier_metrics)
-        self._written = self._disk_written()
+        self._written = tier_metrics[DISK].pages_in  # pages written to disk so far
         self._pending: tuple[float, StepWork, int] = (0.0, StepWork(), 0)
 
     def before(self, chunks: Sequence[ScheduledChunk]) -> None:
         """A step is about to run these chunks (read now: running them moves the sequences)."""
         host, disk = self._onboarded.since_last()
-        written, self._written = self._disk_written() - self._written, self._disk_written()
+        now = self._tiers[DISK].pages_in
+        written, self._written = now - self._written, now
         self._pending = (time.time(), step_work(chunks, host, disk), written)
 
     def after(self, seconds: float) -> None:
         """The step begun last took `seconds`."""
         started, work, written = self._pending
         self._file.write(step_line(started, seconds, work, written))
-
-    def _disk_written(self) -> int:
-        return self._tiers[DISK].pages_in if DISK in self._tiers else 0
 
     def close(self) -> None:
         """Flush and close (the core has stopped stepping)."""
