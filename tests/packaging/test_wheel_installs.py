@@ -77,7 +77,8 @@ def start_engine(kvfleet: Path, work: Path) -> None:
         base = f"http://127.0.0.1:{port}"
         assert http_json(f"{base}/health")["status"] == "ok"
         reply = http_json(
-            f"{base}/v1/completions", {"model": "tiny", "prompt": "hi", "max_tokens": 2}
+            f"{base}/v1/completions",
+            {"model": "tiny", "prompt": "hi", "max_tokens": 2, "ignore_eos": True},
         )
         assert reply["usage"]["completion_tokens"] == 2, reply
         assert engine.stop() == 0, engine.stderr_tail()
