@@ -280,6 +280,9 @@ class MarkerFiles(DiskFiles):
 class NoDiskFiles(InPlaceWrites):
     """The byte-less stand-in: the simulator's disk tier is an index and nothing else."""
 
+    # What another rank may change here: nothing (`SharedBlockSet` counts its changes).
+    version = 0
+
     def check_into(self, life_cycle: str, block_hash: int, out, contents: bytes = b""):
         """The index said the block is there; with no bytes that is all there is."""
         return None
@@ -309,6 +312,9 @@ class SharedBlockSet(NoDiskFiles):
 
     def __init__(self) -> None:
         self._blocks: set[tuple[str, int]] = set()
+        # Bumped by every block that comes or goes: another rank's write or eviction changes
+        # what this rank's matches find (KVTiers.index_version).
+        self.version = 0
 
     @property
     def blocks(self) -> int:
@@ -319,7 +325,9 @@ class SharedBlockSet(NoDiskFiles):
         return (life_cycle, block_hash) in self._blocks
 
     def write(self, life_cycle: str, block_hash: int, payload, contents: bytes = b"") -> None:
-        self._blocks.add((life_cycle, block_hash))
+        if (life_cycle, block_hash) not in self._blocks:
+            self._blocks.add((life_cycle, block_hash))
+            self.version += 1
 
     def check_into(self, life_cycle: str, block_hash: int, out, contents: bytes = b""):
         return None if (life_cycle, block_hash) in self._blocks else MISSING
@@ -328,4 +336,6 @@ class SharedBlockSet(NoDiskFiles):
         return (life_cycle, block_hash) in self._blocks
 
     def remove(self, life_cycle: str, block_hash: int) -> None:
-        self._blocks.discard((life_cycle, block_hash))
+        if (life_cycle, block_hash) in self._blocks:
+            self._blocks.discard((life_cycle, block_hash))
+            self.version += 1

@@ -136,12 +136,15 @@ class KVTiers:
         """True if a disk tier can hold any block (else nothing is prefetched from it)."""
         return any(self.disk.index.capacity.values()) or isinstance(self.disk.files, DiskFiles)
 
-    def index_version(self) -> tuple[int, int] | None:
+    def index_version(self) -> tuple[int, int, int] | None:
         """Changes whenever `locate` may answer differently; None where it cannot tell (a
         shared disk folder's files come and go with other ranks)."""
         if isinstance(self.disk.files, DiskFiles):
             return None
-        return self.host.version, self.disk.index.version
+        # NOTE: the volume's own count too: a block another rank evicts from a shared volume
+        # leaves this rank's index unchanged, and a match kept past it would stage that block
+        # again after every miss, for ever.
+        return self.host.version, self.disk.index.version, self.disk.files.version
 
     def locate(self, life_cycle: str, block_hash: int) -> str | None:
         """HOST or DISK for a block not on the device, else None (no mutation)."""

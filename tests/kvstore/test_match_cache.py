@@ -10,6 +10,8 @@ from kvfleet.kvstore.manager import KVCacheManager
 from kvfleet.kvstore.matching import match_prompt
 from kvfleet.kvstore.policies import AllReusable, PerConversation
 from kvfleet.kvstore.tiers.build import TierConfig, build_tiers
+from kvfleet.kvstore.tiers.disk_files import SharedBlockSet
+from kvfleet.kvstore.tiers.stack import KVTiers
 from test_properties import step
 
 BLOCK = 4
@@ -127,3 +129,39 @@ def test_a_dropped_conversation_leaves_no_kept_match_behind():
     manager.drop_conversation("c0")
     assert manager.match("t2") == fresh_match(manager, "t2")
     assert manager.match("t2").num_reusable_tokens == 0
+
+
+def shared_volume_manager(volume: SharedBlockSet, disk_pages: int) -> KVCacheManager:
+    """A rank's manager (device pages only, no host tier) whose disk tier is on `volume`."""
+    store = KVStoreConfig(
+        block_size=BLOCK,
+        life_cycles=(FullLifeCycle("full"),),
+        pool_pages={"full": 14},
+        reuse_policy=AllReusable(),
+        checkpoint=False,
+    )
+    tiers = KVTiers({"full": 0}, {"full": disk_pages}, {"full": 0}, disk_files=volume)
+    return KVCacheManager(store, lambda event: None, tiers)
+
+
+def test_a_block_another_rank_evicts_from_the_shared_volume_leaves_the_kept_match():
+    """If this fails, a request whose match found another rank's blocks on the simulator's
+    shared volume, which that rank's index then evicted, is admitted against the kept match:
+    every read misses, and the admission stages the same gone blocks again, for ever (a
+    simulator replay ran for hours on one admission)."""
+    volume = SharedBlockSet()
+    writer, reader, third = (shared_volume_manager(volume, 4) for _ in range(3))
+    for block_hash in range(4):
+        third.tiers.disk.store("full", block_hash, lambda: None)
+    prompt = [*BASES[0][:16], 1, 2, 3]
+    reader.add_request("r", prompt)
+    assert reader.match("r").num_reusable_tokens == 0
+    for block_hash in reader._requests["r"].sequence.hashes[:4]:
+        writer.tiers.disk.store("full", block_hash, lambda: None)
+    assert reader.match("r").num_reusable_tokens == 16  # the writer's blocks, on the volume
+    for block_hash in range(4):  # the writer adopts the third rank's blocks: its own four
+        assert writer.tiers.disk.read("full", block_hash, None)  # leave, files and all
+    assert reader.match("r") == fresh_match(reader, "r")
+    reader.admit("r", len(prompt))
+    assert reader.progress("r").num_computed_tokens == 0
+    reader.check_integrity()
