@@ -85,11 +85,16 @@ class DiskTier:
         self.writes = WriteBackoff()
         self.read_threads = read_threads
         self._readers: ThreadPoolExecutor | None = None  # made at the first read of many
+        # Blocks whose file failed its checks and could not be removed (a read-only volume):
+        # found again, they would be staged and missed again by every retry of an admission.
+        self._unreadable: set[tuple[str, int]] = set()
 
     def has(self, life_cycle: str, block_hash: int) -> bool:
         """True if this rank indexed the block or any rank's file for it exists (no mutation)."""
         if self.index.lookup(life_cycle, block_hash) is not None:
             return True
+        if (life_cycle, block_hash) in self._unreadable:
+            return False
         return self.files.contains(life_cycle, block_hash)
 
     def keep(self, life_cycle: str, block_hash: int) -> bool:
@@ -118,7 +123,8 @@ class DiskTier:
         known = self.index.lookup(life_cycle, block_hash) is not None
         if not self.keep(life_cycle, block_hash) or known:
             return False
-        if self.files.contains(life_cycle, block_hash):
+        unreadable = (life_cycle, block_hash) in self._unreadable
+        if self.files.contains(life_cycle, block_hash) and not unreadable:
             return False  # another rank wrote it: content-addressed, so these very bytes
         if self.files.pending_bytes >= MAX_PENDING_BYTES:
             self.wait()  # the writer is behind: its copies may not grow without bound
@@ -127,6 +133,7 @@ class DiskTier:
         except OSError:
             self.index.remove(life_cycle, block_hash)
             raise
+        self._unreadable.discard((life_cycle, block_hash))  # good bytes replaced the bad file
         return True
 
     def settle(self) -> None:
@@ -199,5 +206,7 @@ class DiskTier:
             self.metrics.refused_files += 1
         elif problem != MISSING and isinstance(self.files, DiskFiles):
             self.files.discard(life_cycle, block_hash, problem)
+            if self.files.contains(life_cycle, block_hash):  # its removal failed
+                self._unreadable.add((life_cycle, block_hash))
         self.index.remove(life_cycle, block_hash)
         self.metrics.misses += 1

@@ -53,6 +53,36 @@ def test_a_bad_block_file_is_a_miss_and_is_removed(damage, caplog):
     manager.tiers.close()
 
 
+@pytest.mark.timeout(60)  # the rule broken, the admission below never returns
+def test_a_bad_block_file_that_cannot_be_removed_is_not_matched_again(monkeypatch, caplog):
+    """If this fails, a damaged file on a volume that refuses its removal (read-only, another
+    owner's) is found by every retry of the admission, missed, and found again: the rank's
+    core thread spins on one request for ever."""
+    manager = _a_on_disk()
+    hashes = block_hashes(prompt_of(1), BLOCK)
+    path = manager.tiers.disk.files.path("full", hashes[2])
+    _flip_byte(path, -3)
+    real_unlink = type(path).unlink
+
+    def refused(self, missing_ok=False):
+        if self == path:
+            raise PermissionError(13, "Permission denied", str(self))
+        return real_unlink(self, missing_ok=missing_ok)
+
+    monkeypatch.setattr(type(path), "unlink", refused)
+    prompt = [*prompt_of(1), 5]
+    with caplog.at_level(logging.WARNING):
+        assert serve(manager, "a2", prompt) == 2 * BLOCK  # serve() checks the reused bytes
+    assert "cannot remove block" in caplog.text and path.exists()
+    assert not manager.tiers.disk.has("full", hashes[2])
+    for seed in range(2, 5):  # a2's blocks leave the device: the good block 2 replaces the bad
+        serve(manager, f"again{seed}", prompt_of(seed))
+    assert manager.tiers.disk.has("full", hashes[2])
+    assert serve(manager, "a3", prompt) == 4 * BLOCK  # block 2 read whole from its new file
+    manager.check_integrity()
+    manager.tiers.close()
+
+
 def test_disk_capacity_evicts_the_oldest_files():
     """Past its capacity the disk tier must delete its least recently used block files."""
     manager = make_tiered(device_pages=5, host_pages=2, disk_pages=4)
