@@ -169,6 +169,8 @@ def start_ranks(args, engine_yaml: Path, logs: Path, register: bool) -> list[sub
     env = {**os.environ, SECRET_ENV: secrets.token_hex(32)}
     procs = []
     for i in range(args.ranks):
+        # the engine appends to its step log: a draw run into the same folder starts a new one
+        (logs / f"steps-engine{i}.jsonl").unlink(missing_ok=True)
         router = ["--router", f"127.0.0.1:{RANK_PORT}"] if register else []
         engine = [*KVFLEET, "engine", "--host", "127.0.0.1", "--advertise-host", "127.0.0.1",
                   "--grpc-port", str(50061 + i), "--http-port", str(8101 + i),

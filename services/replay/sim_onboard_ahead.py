@@ -4,8 +4,8 @@ The engine's scheduler (`Scheduler._onboard_ahead`, docs/engine.md) admits a req
 match has more than `onboard_pages_per_step` host/disk pages, while other sequences run, only
 after bringing that many up a step: each piece is read and copied on the core thread before
 the step, so every running sequence waits for it. The H100 fleet's step logs show these pauses
-(4,430 pieces of 256 host pages in three replays, median 37 ms; docs/sim-vs-live.md, sixteenth
-look).
+(2,472 pieces in three replays, 256 pages each mostly, median 39 ms; docs/sim-vs-live.md,
+sixteenth and seventeenth looks).
 
 The simulator charges the pieces' time (the admission's per-page figures) and delays the
 admission by as many steps; the pages themselves move at the admission, in the kvstore, all
