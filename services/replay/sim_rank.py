@@ -37,8 +37,8 @@ from .sim_clock import VirtualClock
 from .sim_decode_run import DecodeRun, plan_decode_run
 from .sim_dispatch import admission_seconds
 from .sim_handoff import HandoffSide, ReservedCallback
-from .sim_holds import HoldSide
-from .sim_onboard_ahead import OnboardAhead
+from .sim_holds import Hold, HoldSide
+from .sim_onboard_ahead import AHEAD_HOLD_SECONDS, OnboardAhead, ahead_key
 from .sim_request import SimRequest
 from .sim_step import Chunk, KVAdmission, step_work
 from .sim_step_log import SimStepLog
@@ -93,6 +93,7 @@ class SimRank(HandoffSide, HoldSide, StepPlanner[SimRequest, Chunk]):
         whole = all(lc.kind == "full" for lc in manager.life_cycles.values())
         self.onboard_ahead = OnboardAhead(onboard_pages_per_step if whole else 0, hardware)
         self._pieces_s = 0.0  # this step's pieces of prefixes brought up ahead (core thread)
+        self._pieces_in = (0, 0)  # ... and the (host, disk) pages they brought up
         self._core_free_s = 0.0  # the core thread runs other work until then (no step)
         self._core_debt_s = 0.0  # ... and this much after the step in flight
         # (when the last step's chip work began, its requests' ids): set after a decode step
@@ -191,7 +192,7 @@ class SimRank(HandoffSide, HoldSide, StepPlanner[SimRequest, Chunk]):
         if self._start_decode_run(ahead):
             return
         waiting = {id(request) for request in self.waiting}
-        self._pieces_s = 0.0
+        self._pieces_s, self._pieces_in = 0.0, (0, 0)
         chunks = self.plan_step()
         # NOTE: pages held by hand-offs come back without a step here, and wake the rank then.
         while not chunks and not self.idle and not self.pages_coming_back and not self.pulling:
@@ -200,7 +201,7 @@ class SimRank(HandoffSide, HoldSide, StepPlanner[SimRequest, Chunk]):
         if not chunks:
             self._busy = False
             return
-        work = step_work(chunks)
+        work = step_work(chunks, self._pieces_in)
         # the admissions' and the disk writes' host work comes first: the step, and every
         # running sequence, waits
         admit_s = self._admission_seconds([c for c in chunks if id(c.request) in waiting])
@@ -351,16 +352,15 @@ class SimRank(HandoffSide, HoldSide, StepPlanner[SimRequest, Chunk]):
         """Admit a waiting request into KV after its reusable prefix, or None when short (or
         a piece of its prefix came up this step instead)."""
         rid = request.request_id
-        piece_s = self.onboard_ahead.piece_seconds(
+        blocks = self.onboard_ahead.next_piece_blocks(
             rid, lambda: self.manager.match(rid), bool(self.running)
         )
-        if piece_s is not None:
-            self._pieces_s += piece_s
+        if blocks is not None and self._bring_up_piece(request, blocks):
             return None  # the running sequences step meanwhile
         admitted = self._admit_pages(request, budget)
         if admitted is None:
             return None
-        ahead_host, ahead_disk = self.onboard_ahead.joined(rid)
+        self.onboard_ahead.forget(rid)
         start = admitted.start
         if request.cached_tokens is None:
             request.cached_tokens = start
@@ -370,10 +370,36 @@ class SimRank(HandoffSide, HoldSide, StepPlanner[SimRequest, Chunk]):
         request.pages_tokens = admitted.allocation.num_tokens_with_pages
         # the pages end where the match said the prefix would: a shorter reuse computes more
         count = min(request.prompt_len - start, budget, request.pages_tokens - start)
-        # the pieces' pages were charged as they came up: the admission onboards the rest
-        host_in = max(0, admitted.host_pages_in - ahead_host)
-        disk_in = max(0, admitted.disk_pages_in - ahead_disk)
-        return Chunk(request, start, count, host_in, disk_in)
+        return Chunk(request, start, count, admitted.host_pages_in, admitted.disk_pages_in)
+
+    def _bring_up_piece(self, request: SimRequest, blocks: int) -> bool:
+        """Hold the request's prompt up to `blocks` blocks, onboarding its host/disk blocks
+        there (the engine's piece), the previous piece's hold taken over; True when blocks came
+        up: the core thread's time for them is this step's (`_pieces_s`)."""
+        manager, key = self.manager, ahead_key(request.request_id)
+        piece_id = f"ahead-{self.rank_id}-{next(self._hold_ids)}"
+        end = blocks * manager.config.block_size + max(1, manager.config.max_replay_tokens)
+        manager.add_prefix_request(piece_id, request.request_id, end)
+        if manager.match(piece_id).num_reusable_tokens == 0 or not self._free_until(
+            lambda: manager.can_admit(piece_id, 0), keep=key
+        ):
+            manager.finish_request(piece_id)
+            self.onboard_ahead.forget(request.request_id)
+            return False
+        host, disk = self._lower_pages(manager.match(piece_id))
+        manager.admit(piece_id, 0)
+        self.release_hold_of(key)  # its pages are this piece's match now
+        host_pages, disk_pages = sum(host.values()), sum(disk.values())
+        hold = Hold(piece_id, key, self.clock.now(), host_pages, disk_pages)
+        self._keep(hold, AHEAD_HOLD_SECONDS)
+        self.onboard_ahead.brought(request.request_id, host_pages + disk_pages)
+        if not host_pages + disk_pages:
+            return False
+        # their read on the core thread pauses the rank before the step; their copies are the
+        # step's, as an admission's pages are
+        self._pieces_s += admission_seconds(self.hardware, 0, host_pages, disk_pages)
+        self._pieces_in = (self._pieces_in[0] + host_pages, self._pieces_in[1] + disk_pages)
+        return True
 
     def _recompute_tokens(self, victim: SimRequest) -> list[int]:
         # NOTE: the recompute covers the prompt only; its generated tokens' KV is not modelled.
@@ -410,6 +436,7 @@ class SimRank(HandoffSide, HoldSide, StepPlanner[SimRequest, Chunk]):
             self.current = None
         # A hold's pages are the match's own now; its onboarding was charged when it ran.
         self.take_hold(request)
+        self.release_hold_of(ahead_key(request.request_id))  # so are its pieces
         # What the admission really reused: less than the match where a block it counted was
         # gone when read (another rank's index evicted it from the shared disk), as the engine's
         # scheduler takes it.
@@ -455,7 +482,8 @@ class SimRank(HandoffSide, HoldSide, StepPlanner[SimRequest, Chunk]):
 
     def _fail(self, request: SimRequest) -> None:
         """Drop a request that cannot fit on this rank even alone."""
-        self.onboard_ahead.joined(request.request_id)
+        self.onboard_ahead.forget(request.request_id)
+        self.release_hold_of(ahead_key(request.request_id))
         pools = {name: pool.num_usable for name, pool in self.manager.pools.items()}
         request.error = (
             f"rank {self.rank_id}: {request.prompt_len}-token prompt (+{request.generated} "

@@ -30,13 +30,15 @@ class KVAdmission:
     disk_pages_in: int
 
 
-def step_work(chunks: list[Chunk]) -> StepWork:
-    """The cost model's view of a step: prefill spans, decode contexts, onboarded pages."""
+def step_work(chunks: list[Chunk], pieces_in: tuple[int, int] = (0, 0)) -> StepWork:
+    """The cost model's view of a step: prefill spans, decode contexts, onboarded pages (the
+    chunks' and `pieces_in`, the (host, disk) pages brought up ahead of an admission before
+    it)."""
     return StepWork(
         prefill_spans=tuple(
             (c.start, c.start + c.count) for c in chunks if not c.request.context_done
         ),
         decode_contexts=tuple(c.start for c in chunks if c.request.context_done),
-        host_pages_in=sum(c.host_pages_in for c in chunks),
-        disk_pages_in=sum(c.disk_pages_in for c in chunks),
+        host_pages_in=sum(c.host_pages_in for c in chunks) + pieces_in[0],
+        disk_pages_in=sum(c.disk_pages_in for c in chunks) + pieces_in[1],
     )

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import itertools
+import json
 from pathlib import Path
 
 import pytest
@@ -50,7 +51,9 @@ WORKLOAD = [
 ]
 
 
-async def replay(pages_per_step: int, per_page_ms: float = PER_PAGE_MS, disk: bool = False):
+async def replay(
+    pages_per_step: int, per_page_ms: float = PER_PAGE_MS, disk: bool = False, step_log: str = ""
+):
     fleet = {
         "ranks": "1",
         "slots": "2",
@@ -60,6 +63,7 @@ async def replay(pages_per_step: int, per_page_ms: float = PER_PAGE_MS, disk: bo
         "disk_pages": "400" if disk else "0",
         "retained_conversations": "0",
         "onboard_pages_per_step": str(pages_per_step),
+        "step_log": step_log,
     }
     config = load_sim_config(None, fleet)
     figure = "admit_ms_per_disk_page" if disk else "admit_ms_per_host_page"
@@ -137,14 +141,13 @@ async def test_without_a_per_page_figure_the_request_joins_at_once() -> None:
     assert free[("b", 1)].first_token_s == pytest.approx(at_once[("b", 1)].first_token_s)
 
 
-def test_pieces_are_brought_up_once_even_when_the_admission_waits_for_room() -> None:
-    """If this fails, a request whose pieces are all up but whose admission then finds no room
-    brings its whole prefix up again at the next step (and is charged again), where the
-    engine's pieces stay on the device, held: a plan is made once, at the first piece, and
-    kept until the request joins; a host and a disk page are priced by their own figures."""
-    hardware = dataclasses.replace(
-        load_sim_config().hardware, admit_ms_per_host_page=1.0, admit_ms_per_disk_page=5.0
-    )
+def test_a_plan_is_read_once_and_ends_when_the_rest_fits_one_piece() -> None:
+    """If this fails, the simulator's pieces are not the engine's: a plan is the match's
+    lower block positions read once, at the first piece; each piece holds the prompt up to the
+    block after its last position; when what is left fits one piece the plan ends and the
+    admission brings the rest up (a later admission short of room plans again from what is
+    still below the device)."""
+    hardware = dataclasses.replace(load_sim_config().hardware, admit_ms_per_host_page=1.0)
     ahead = OnboardAhead(pages_per_step=2, hardware=hardware)
     where = ("device", "host", "host", "disk", "host", "disk", "")
     match = PrefixMatch(7, 7, {"full": (0,) * 7}, {"full": where})
@@ -154,11 +157,31 @@ def test_pieces_are_brought_up_once_even_when_the_admission_waits_for_room() -> 
         calls.append(1)
         return match
 
-    seconds = [ahead.piece_seconds("r", match_of, True) for _ in range(5)]
-    assert seconds == [pytest.approx(0.002), pytest.approx(0.006), None, None, None]
-    assert ahead.pieces == 2 and len(calls) == 1
-    assert ahead.joined("r") == (3, 1)  # what the pieces charged
-    assert ahead.piece_seconds("r", match_of, False) is None  # nothing else runs: at once
+    assert [ahead.next_piece_blocks("r", match_of, True) for _ in range(3)] == [3, 5, None]
+    assert len(calls) == 1
+    assert ahead.next_piece_blocks("r", match_of, True) == 3 and len(calls) == 2  # planned anew
+    ahead.brought("r", 0)  # a piece that brought nothing up ends the plan
+    assert ahead.next_piece_blocks("r", match_of, True) == 3 and len(calls) == 3
+    assert ahead.next_piece_blocks("r", match_of, False) is None  # nothing else runs: at once
+    free = OnboardAhead(pages_per_step=2, hardware=load_sim_config().hardware)
+    assert free.next_piece_blocks("r", match_of, True) is None  # no figure: at once
+
+
+async def test_each_piece_brings_its_pages_up_in_its_own_step_and_holds_them(tmp_path) -> None:
+    """If this fails, the simulator's pieces move no page until the admission, where the
+    engine's piece is a prefix hold that takes device pages a step at a time (making room as an
+    admission does): the step log shows b's 40 host pages coming up 8 a step, four pieces and
+    the admission's last 8, not all at once."""
+    records, rank = await replay(pages_per_step=8, step_log=str(tmp_path))
+    assert records[("b", 1)].reused_tokens == PREFIX_BLOCKS * BLOCK
+    lines = [json.loads(line) for line in (tmp_path / "steps-rank-0.jsonl").open()]
+    onboarded = [line["host_in"] for line in lines if line["host_in"]]
+    assert sum(onboarded) == host_pages_onboarded(rank) and max(onboarded) == 8
+    assert len(onboarded) == rank.onboard_ahead.pieces + 1 == -(-sum(onboarded) // 8)
+    assert not rank.holds  # the admission took the last piece's hold over
+    # and each piece's kvstore request ended when the next took its pages over
+    assert not [key for key in rank.manager._requests if key.startswith("ahead-")]
+    rank.manager.check_integrity()
 
 
 async def test_a_model_with_a_window_layer_is_admitted_at_once() -> None:
