@@ -11,7 +11,8 @@ The simulator's piece is the engine's: a prefix hold (`SimRank` keeps it as a ho
 `ahead_key`) of the prompt up to the block after the piece's last lower block, admitted in the
 kvstore, so its pages come up to the device then and stay held, and the room for them is made
 as for an admission (retained turns released, then other holds cancelled). Each piece pauses
-the rank for what it onboarded (the admission's per-page figures and the copies); the next
+the rank before its step for what it onboarded (the admission's per-page figures; the copies
+are the step's, as an admission's are); the next
 piece's hold takes over the one before, and the request's admission finds the pieces' pages on
 the device and onboards only the rest. This class keeps the plans; with no per-page figure the
 request is admitted at once, as before the simulator modelled pieces.

@@ -180,7 +180,7 @@ async def test_each_piece_brings_its_pages_up_in_its_own_step_and_holds_them(tmp
     assert len(onboarded) == rank.onboard_ahead.pieces + 1 == -(-sum(onboarded) // 8)
     assert not rank.holds  # the admission took the last piece's hold over
     # and each piece's kvstore request ended when the next took its pages over
-    assert not [key for key in rank.manager._requests if key.startswith("ahead-")]
+    assert not [key for key in rank.manager.request_ids() if key.startswith("ahead-")]
     rank.manager.check_integrity()
 
 
