@@ -165,11 +165,8 @@ def slot_starts(steps: list[dict]) -> list[tuple[float, int]]:
 def starts_table(folders: list[Path]) -> None:
     """Quantiles of the slot-to-start seconds per prompt length, and a line through the p25s."""
     buckets: dict[int, list[float]] = defaultdict(list)
-    for folder in folders:
-        for log in sorted(folder.glob("steps-*.jsonl*")):
-            for replay in split_replays(steps_of(log)):
-                for seconds, prompt in slot_starts(replay):
-                    buckets[prompt // STARTS_BUCKET].append(seconds)
+    for seconds, prompt in rows_of_every_replay(folders, slot_starts):
+        buckets[prompt // STARTS_BUCKET].append(seconds)
     print("| prompt tokens | starts | p10 ms | p25 ms | p50 ms |")
     print("|---|---|---|---|---|")
     xs, p25s = [], []
@@ -245,15 +242,24 @@ def per_page_fit(rows: list[tuple[float, int, int, int]]) -> tuple[float, float,
     return float(fixed), float(host_s), float(disk_s), float(write_s)
 
 
+def every_replay(folders: list[Path]) -> list[list[dict]]:
+    """Every replay of every rank log in the folders, each once: an engine appends to its step
+    log, so a folder copied after a later draw on the same machine holds the earlier draws'
+    replays again, step for step."""
+    replays, seen = [], set()
+    for folder in folders:
+        for log in sorted(folder.glob("steps-*.jsonl*")):
+            for replay in split_replays(steps_of(log)):
+                key = tuple((step["t"], step["s"]) for step in replay)
+                if key not in seen:
+                    seen.add(key)
+                    replays.append(replay)
+    return replays
+
+
 def rows_of_every_replay(folders: list[Path], rows_of) -> list:
-    """`rows_of(replay)` over every replay of every rank log in the folders."""
-    return [
-        row
-        for folder in folders
-        for log in sorted(folder.glob("steps-*.jsonl*"))
-        for replay in split_replays(steps_of(log))
-        for row in rows_of(replay)
-    ]
+    """`rows_of(replay)` over every replay of the folders (`every_replay`)."""
+    return [row for replay in every_replay(folders) for row in rows_of(replay)]
 
 
 def pieces_table(folders: list[Path]) -> None:

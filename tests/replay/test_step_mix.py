@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import importlib.util
+import json
 import sys
 from pathlib import Path
 
@@ -30,6 +31,30 @@ def test_the_warm_up_is_left_out_and_a_long_idle_starts_another_replay() -> None
              step(500.0, 0.04, prefill=((0, 8192),))]  # fmt: skip
     replays = step_mix.split_replays(steps)
     assert [[s["t"] for s in replay] for replay in replays] == [[20.0, 20.1], [500.0]]
+
+
+def test_a_replay_a_later_log_holds_again_is_counted_once(tmp_path) -> None:
+    """If this fails, the per-page fits and pause counts over several draws count a draw again
+    for every later folder whose log holds it too (an engine appends to its step log: a draw
+    run on the same machine after another copies both), as the H100 disk-tier logs did; two
+    runs that only start alike are both kept."""
+
+    def write(folder: str, steps: list[dict]) -> Path:
+        path = tmp_path / folder / "steps-engine0.jsonl"
+        path.parent.mkdir()
+        path.write_text("".join(json.dumps(one) + "\n" for one in steps))
+        return path.parent
+
+    first = [step(20.0, 0.04, prefill=((0, 8192),)), step(20.1, 0.01, decode=(8193,))]
+    second = [step(900.0, 0.04, prefill=((0, 8192),)), step(900.1, 0.01, decode=(8193,))]
+    alike = [step(20.0, 0.04, prefill=((0, 8192),)), step(20.2, 0.01, decode=(8193,))]
+    folders = [write("draw1", first), write("draw2", first + second), write("sim", alike)]
+    replays = step_mix.every_replay(folders)
+    assert [[one["t"] for one in replay] for replay in replays] == [
+        [20.0, 20.1],
+        [900.0, 900.1],
+        [20.0, 20.2],
+    ]
 
 
 def test_a_freed_slot_is_timed_to_the_next_new_request() -> None:
