@@ -138,3 +138,33 @@ def test_a_steady_decode_is_classed_by_what_else_ran_on_the_chip() -> None:
     # rank 0's step at 0.04 idles 150 ms before its next and the one at 0.2 is followed by a
     # prefill: left out; rank 1's first decode runs beside rank 0's
     assert kinds[4:] == [(1, "with decode", 0.0095, 5)]
+
+
+def test_a_gap_between_tokens_is_classed_by_what_held_its_step() -> None:
+    """If this fails, bench/decode_gaps.py blames the wrong thing for the tail of the gaps
+    between tokens: a gap is step start to step start, one per sequence the second step
+    decodes; a chunk of prefill in the second step classes it first, then a pause over 5 ms
+    before it (a piece when pages came up, else a plain pause), then a first step over 15 ms;
+    the quantiles weigh each gap by its tokens."""
+    spec = importlib.util.spec_from_file_location("decode_gaps", BENCH / "decode_gaps.py")
+    decode_gaps = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(decode_gaps)
+    piece = step(0.05, 0.006, decode=(103, 203))
+    piece["host_in"] = 256
+    steps = [step(0.0, 0.006, decode=(100, 200)),
+             step(0.006, 0.006, decode=(101, 201)),  # decode
+             step(0.012, 0.02, decode=(102, 202)),  # decode (its own length comes next)
+             piece,  # after the long step and an 18 ms pause with pages: a piece
+             step(0.066, 0.006, decode=(104, 204)),  # 10 ms pause, nothing onboarded: pause
+             step(0.08, 0.2, prefill=((0, 4096),), decode=(105, 205)),  # prefill, paused too
+             step(0.28, 0.006, decode=(106,)),  # after a 200 ms step: long step
+             step(0.5, 0.1, prefill=((0, 64),))]  # fmt: skip
+    gaps = decode_gaps.decode_gaps(steps)
+    assert [(round(gap, 3), tokens, kind) for gap, tokens, kind in gaps] == [
+        (0.006, 2, "decode"), (0.006, 2, "decode"), (0.038, 2, "piece"), (0.016, 2, "pause"),
+        (0.014, 2, "prefill"), (0.2, 1, "long step"),
+    ]  # fmt: skip
+    row = decode_gaps.gaps_row(gaps)
+    assert (row["p50"], row["p90"]) == (pytest.approx(0.014), pytest.approx(0.038))
+    assert row["classes"]["piece"] == pytest.approx((2 / 11, 0.038, 2 / 3))
+    assert row["classes"]["long step"][2] == pytest.approx(1 / 3)

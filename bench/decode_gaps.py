@@ -1,0 +1,106 @@
+"""Where the gaps between a sequence's tokens come from: a fleet's logged steps against the
+simulator's.
+
+Reads step logs, one folder per run (the engine's `steps-engine<i>.jsonl[.xz]` or the
+simulator's `steps-rank-<i>.jsonl`, as bench/step_mix.py does: replays split, each once, the
+warm-up left out). Every pair of a rank's consecutive steps that both decode is one gap per
+sequence the second decodes (a token's inter-token latency, as the engine times it: step start
+to step start), put in the first class that fits:
+
+| class     | the gap                                                                      |
+|-----------|------------------------------------------------------------------------------|
+| prefill   | its second step also computes a prefill chunk (another request's)            |
+| piece     | the rank paused over PAUSE_S between the steps and onboarded pages (a piece  |
+|           | of a waiting request's prefix, docs/engine.md)                               |
+| pause     | the rank paused over PAUSE_S between the steps, onboarding nothing           |
+| long step | its first step ran over LONG_STEP_S (the chip shared, a long context)        |
+| decode    | none of these                                                                |
+
+Per run: the gaps' p50 and p90 weighted by tokens, and per class its share of the tokens, its
+p50 gap, and its share of the tokens at or over the p90: what makes the tail (the replays'
+`itl_p90_s`).
+
+Run: .venv/bin/python bench/decode_gaps.py FOLDER...
+"""
+
+from __future__ import annotations
+
+import argparse
+import itertools
+from pathlib import Path
+
+import numpy as np
+from step_mix import every_replay
+
+PAUSE_S = 0.005  # longer between two steps: the core thread ran something else (step_line.py)
+LONG_STEP_S = 0.015  # a decode step of this fleet's 1b ranks alone takes 4-8 ms
+CLASSES = ("prefill", "piece", "pause", "long step", "decode")
+
+
+def decode_gaps(steps: list[dict]) -> list[tuple[float, int, str]]:
+    """(gap, tokens, class) of each pair of one rank's consecutive steps that both decode: the
+    second's start minus the first's, the sequences the second decodes, the class (module
+    docstring)."""
+    out = []
+    for first, second in itertools.pairwise(steps):
+        if not first["decode"] or not second["decode"]:
+            continue
+        pause = second["t"] - first["t"] - first["s"]
+        if second["prefill"]:
+            kind = "prefill"
+        elif pause > PAUSE_S:
+            kind = "piece" if second["host_in"] or second["disk_in"] else "pause"
+        elif first["s"] > LONG_STEP_S:
+            kind = "long step"
+        else:
+            kind = "decode"
+        out.append((second["t"] - first["t"], len(second["decode"]), kind))
+    return out
+
+
+def weighted_quantile(values: np.ndarray, weights: np.ndarray, q: float) -> float:
+    """The value below which a share `q` of the weight lies."""
+    order = np.argsort(values, kind="stable")
+    cumulative = np.cumsum(weights[order]) / weights.sum()
+    return float(values[order][np.searchsorted(cumulative, q)])
+
+
+def gaps_row(gaps: list[tuple[float, int, str]]) -> dict:
+    """One run's p50/p90 (s) and, per class, (token share, p50 gap in s, share at/over p90)."""
+    values = np.array([gap for gap, _, _ in gaps])
+    tokens = np.array([count for _, count, _ in gaps], dtype=float)
+    p90 = weighted_quantile(values, tokens, 0.9)
+    at_tail = values >= p90
+    tail_tokens = tokens[at_tail].sum()
+    per_class = {}
+    for kind in CLASSES:
+        mask = np.array([k == kind for _, _, k in gaps])
+        if not mask.any():
+            continue
+        share = tokens[mask].sum() / tokens.sum()
+        tail = tokens[mask & at_tail].sum() / tail_tokens
+        per_class[kind] = (share, weighted_quantile(values[mask], tokens[mask], 0.5), tail)
+    return {"p50": weighted_quantile(values, tokens, 0.5), "p90": p90, "classes": per_class}
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("folders", type=Path, nargs="+")
+    args = p.parse_args()
+    header = [f"{kind}: tokens / p50 ms / of the tail" for kind in CLASSES]
+    print("| run | gaps | p50 / p90 ms | " + " | ".join(header) + " |")
+    print("|---|---|---|" + "---|" * len(CLASSES))
+    for folder in args.folders:
+        gaps = [gap for replay in every_replay([folder]) for gap in decode_gaps(replay)]
+        row = gaps_row(gaps)
+        cells = []
+        for kind in CLASSES:
+            share, p50, tail = row["classes"].get(kind, (0.0, 0.0, 0.0))
+            cells.append(f"{share:.1%} / {1e3 * p50:.0f} / {tail:.0%}")
+        quantiles = f"{1e3 * row['p50']:.1f} / {1e3 * row['p90']:.1f}"
+        name = "/".join(folder.parts[-2:])
+        print(f"| {name} | {len(gaps):,} | {quantiles} | " + " | ".join(cells) + " |")
+
+
+if __name__ == "__main__":
+    main()
