@@ -165,3 +165,76 @@ def test_a_block_another_rank_evicts_from_the_shared_volume_leaves_the_kept_matc
     reader.admit("r", len(prompt))
     assert reader.progress("r").num_computed_tokens == 0
     reader.check_integrity()
+
+
+def shared_volume_pair(per_conversation: bool, host_pages: int, disk_pages: int):
+    """Two ranks' managers (both life cycles, host and disk tiers) on one shared volume."""
+    volume = SharedBlockSet()
+    store = KVStoreConfig(
+        block_size=BLOCK,
+        life_cycles=LIFE_CYCLES,
+        pool_pages={"full": 14, "swa": 10},
+        reuse_policy=PerConversation(max_num_turns=1) if per_conversation else AllReusable(),
+        checkpoint=False,
+    )
+    names = [lc.name for lc in LIFE_CYCLES]
+    return [
+        KVCacheManager(
+            store,
+            lambda event: None,
+            KVTiers(
+                dict.fromkeys(names, host_pages),
+                dict.fromkeys(names, disk_pages),
+                dict.fromkeys(names, 0),
+                disk_files=volume,
+            ),
+        )
+        for _ in range(2)
+    ]
+
+
+@settings(max_examples=100, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(
+    per_conversation=st.booleans(),
+    host_pages=st.integers(0, 4),
+    disk_pages=st.integers(1, 6),
+    operations=st.lists(st.tuples(st.integers(0, 1), operation), min_size=20, max_size=40),
+)
+def test_a_kept_match_equals_a_fresh_one_on_a_shared_volume(
+    per_conversation, host_pages, disk_pages, operations
+):
+    """The same as above with two ranks writing, reading and evicting one shared volume, each
+    operation on either: a rank's kept match must follow the other rank's changes too (a block
+    the other wrote is found, one it evicted is gone), and every admission ends."""
+    ranks = shared_volume_pair(per_conversation, host_pages, disk_pages)
+    prompts: list[dict[str, int]] = [{}, {}]
+    for number, (rank, op) in enumerate(operations):
+        manager, live = ranks[rank], sorted(prompts[rank])
+        if op[0] in ("add", "turn"):
+            _, conversation, base, length = op
+            request_id = f"{op[0][0]}{number}"
+            prompt = BASES[base][:length] + tokens(1000 + number, 3)
+            manager.add_request(request_id, prompt, f"c{conversation}")
+            if op[0] == "add":
+                prompts[rank][request_id] = len(prompt)
+            else:  # a whole turn: its prompt computed, retained, finished
+                for _ in range(4 * len(prompt)):
+                    if manager.progress(request_id).context_done:
+                        break
+                    step(manager, request_id, len(prompt))
+                manager.finish_request(request_id)
+        elif op[0] == "step" and live:
+            request_id = live[op[1] % len(live)]
+            step(manager, request_id, prompts[rank][request_id])
+        elif op[0] == "finish" and live:
+            request_id = live[op[1] % len(live)]
+            manager.finish_request(request_id)
+            del prompts[rank][request_id]
+        elif op[0] == "drop":
+            manager.drop_conversation(f"c{op[1]}")
+        elif op[0] == "release" and manager.can_release_conversation(f"c{op[1]}"):
+            manager.release_conversation(f"c{op[1]}")
+        for other, requests in zip(ranks, prompts, strict=True):
+            for request_id in requests:
+                assert other.match(request_id) == fresh_match(other, request_id), request_id
+            other.check_integrity()
