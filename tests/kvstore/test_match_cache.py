@@ -19,14 +19,19 @@ LIFE_CYCLES = (FullLifeCycle("full"), WindowLifeCycle("swa", window_tokens=2 * B
 BASES = [tokens(seed, 40) for seed in range(3)]
 
 
-def tiered_manager(per_conversation: bool, host_pages: int, disk_pages: int) -> KVCacheManager:
-    store = KVStoreConfig(
+def store_config(per_conversation: bool) -> KVStoreConfig:
+    """Both life cycles' pools, small; one retained turn per conversation or all reusable."""
+    return KVStoreConfig(
         block_size=BLOCK,
         life_cycles=LIFE_CYCLES,
         pool_pages={"full": 14, "swa": 10},
         reuse_policy=PerConversation(max_num_turns=1) if per_conversation else AllReusable(),
         checkpoint=False,
     )
+
+
+def tiered_manager(per_conversation: bool, host_pages: int, disk_pages: int) -> KVCacheManager:
+    store = store_config(per_conversation)
     names = [lc.name for lc in LIFE_CYCLES]
     tiers = build_tiers(
         store, TierConfig(dict.fromkeys(names, host_pages), dict.fromkeys(names, disk_pages))
@@ -170,13 +175,7 @@ def test_a_block_another_rank_evicts_from_the_shared_volume_leaves_the_kept_matc
 def shared_volume_pair(per_conversation: bool, host_pages: int, disk_pages: int):
     """Two ranks' managers (both life cycles, host and disk tiers) on one shared volume."""
     volume = SharedBlockSet()
-    store = KVStoreConfig(
-        block_size=BLOCK,
-        life_cycles=LIFE_CYCLES,
-        pool_pages={"full": 14, "swa": 10},
-        reuse_policy=PerConversation(max_num_turns=1) if per_conversation else AllReusable(),
-        checkpoint=False,
-    )
+    store = store_config(per_conversation)
     names = [lc.name for lc in LIFE_CYCLES]
     return [
         KVCacheManager(
