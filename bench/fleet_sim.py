@@ -10,6 +10,7 @@ simulator once per start stagger and each cell gives the mean (min-max) of the d
 the simulator's runs, and the gap of the means.
 
 Run: .venv/bin/python bench/fleet_sim.py --hw DIR [DIR...] [--sim bench/gpu/sim_1b_h200_shared.yaml]
+     [--hardware admit_ms_per_host_page=0.178,admit_ms_per_disk_page=1.14]
      [--sessions DIR] [--out DIR] [--arms defaults,lenient/t2] [--staggers 0.5,1,1.5,2]
      [--jobs 2] [--step-logs]
 """
@@ -26,6 +27,7 @@ from pathlib import Path
 
 from fleet_arms import ARMS, arm_slug
 from fleet_replay import SHARED
+from sim_yaml import with_hardware_figures
 
 HERE = Path(__file__).resolve().parent
 # name, key, format; the comparison is the simulator's relative gap to hardware.
@@ -45,6 +47,8 @@ def parse_args() -> argparse.Namespace:
                    help="fleet_replay.py's output folder; more folders of the same fleet add "
                         "their draws")  # fmt: skip
     p.add_argument("--sim", type=Path, default=HERE / "gpu" / "sim_1b_h200_shared.yaml")
+    p.add_argument("--hardware", default="",
+                   help="hardware figures over --sim's: k=v,k=v")  # fmt: skip
     p.add_argument("--sessions", type=Path, default=SHARED / "traces" / "claude_code_weka",
                    help="where the fleet's session files are here")  # fmt: skip
     p.add_argument("--out", type=Path, default=None, help="sim JSON (default: --hw)")
@@ -137,6 +141,10 @@ def main() -> int:
             raise SystemExit(f"{other}: not the fleet of {args.hw[0]}")
     out = args.out or args.hw[0]
     out.mkdir(parents=True, exist_ok=True)
+    try:  # the merged YAML stays beside the runs' results
+        args.sim = with_hardware_figures(args.sim, args.hardware, out)
+    except ValueError as error:
+        raise SystemExit(str(error)) from None
     arms = args.arms.split(",") if args.arms else list(fleet["arms"])
     staggers = [float(s) for s in args.staggers.split(",")] if args.staggers else [None]
     draws = {}

@@ -20,10 +20,10 @@ import statistics
 import tempfile
 from pathlib import Path
 
-import yaml
 from rich.console import Console
 from rich.table import Table
 from sim_bench import HYBRID_MODEL, run_sim_arms
+from sim_yaml import with_hardware_figures
 
 ARMS: dict[str, dict[str, str]] = {
     "off": {"prefetch": "off", "migrate_kv": "off"},
@@ -173,14 +173,8 @@ def print_table(runs: dict[str, list[dict]], args: argparse.Namespace) -> None:
 
 def with_hardware(args: argparse.Namespace, folder: Path) -> argparse.Namespace:
     """`--hardware k=v,...` over the model file's hardware section: a merged file in `folder`."""
-    if not args.hardware:
-        return args
-    raw = yaml.safe_load(args.model.read_text()) or {}
-    figures = dict(item.split("=", 1) for item in args.hardware.split(","))
-    raw["hardware"] = {**raw.get("hardware", {}), **{k: float(v) for k, v in figures.items()}}
-    merged = folder / "sim.yaml"
-    merged.write_text(yaml.safe_dump(raw))
-    return argparse.Namespace(**{**vars(args), "model": merged})
+    model = with_hardware_figures(args.model, args.hardware, folder)
+    return argparse.Namespace(**{**vars(args), "model": model})
 
 
 def main() -> None:

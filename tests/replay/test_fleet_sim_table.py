@@ -7,10 +7,12 @@ import sys
 from pathlib import Path
 
 import pytest
+from kvfleet.services.replay.sim_config import load_sim_config
 
 BENCH = Path(__file__).resolve().parents[2] / "bench"
 sys.path.insert(0, str(BENCH))  # fleet_sim imports its sibling bench modules by name
 import fleet_sim  # noqa: E402
+import sim_yaml  # noqa: E402
 
 sys.path.remove(str(BENCH))
 
@@ -43,3 +45,24 @@ def test_folders_of_another_fleet_are_refused(tmp_path, monkeypatch):
                                       str(tmp_path / "b")])  # fmt: skip
     with pytest.raises(SystemExit, match="not the fleet of"):
         fleet_sim.main()
+
+
+def test_hardware_figures_change_only_the_named_ones_of_the_yaml(tmp_path):
+    """If this fails, `--hardware k=v` runs the simulator on other figures than the named
+    YAML's with those changed (the docs' commands would not give their tables), or takes a
+    malformed item silently."""
+    chip = BENCH / "gpu" / "sim_1b_h100_chip.yaml"
+    assert sim_yaml.with_hardware_figures(chip, "", tmp_path) == chip
+    merged = sim_yaml.with_hardware_figures(
+        chip, "admit_ms_per_host_page=0.178,admit_ms_per_disk_page=1.14", tmp_path
+    )
+    before, after = load_sim_config(chip), load_sim_config(merged)
+    assert (after.hardware.admit_ms_per_host_page, after.hardware.admit_ms_per_disk_page) == (
+        0.178,
+        1.14,
+    )
+    assert after.hardware.prefill_chunk_ms == before.hardware.prefill_chunk_ms == 35.0
+    assert (after.model, after.fleet) == (before.model, before.fleet)
+    for bad in ("admit_ms_per_host_page", "admit_ms=fast"):
+        with pytest.raises(ValueError, match="is not k=NUMBER"):
+            sim_yaml.with_hardware_figures(chip, bad, tmp_path)
