@@ -12,6 +12,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from operator_replicas import forbidden_lines
 
 TESTS = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(TESTS / "operator"))  # chart_tools, operator_testkit (no packages)
@@ -63,9 +64,7 @@ class ForbiddenLog(logging.Handler):
         self.lines: list[str] = []
 
     def emit(self, record: logging.LogRecord) -> None:
-        text = record.getMessage()
-        if "403" in text or "Forbidden" in text or "forbidden" in text:
-            self.lines.append(text)
+        self.lines += forbidden_lines([record.getMessage()])
 
 
 @pytest.fixture(scope="module")

@@ -10,6 +10,7 @@ import re
 import signal
 import subprocess
 import sys
+from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -23,6 +24,10 @@ _HANDLER = re.compile(r"\b(Handler|Timer) '")
 RESUMED = "Resuming operations"  # kopf: this replica now runs the handlers
 PAUSED = "Pausing operations"  # kopf: a peer of higher priority is alive
 STARTED = "Initial authentication has finished"  # kopf is past its start-up activities
+# An API refusal: "Forbidden" (kopf's APIForbiddenError, the client's "Reason: Forbidden") or a
+# 403 standing alone; not digits of a longer number, such as the pid in a peer id
+# ("Announced to peers as 'vm/13403/bb5b4d'").
+_FORBIDDEN = re.compile(r"orbidden|(?<![\w/])403(?![\w/])")
 
 
 @dataclass
@@ -53,7 +58,13 @@ class Replica:
         return next((at for at, line in self.lines() if text in line), None)
 
     def forbidden(self) -> list[str]:
-        return [text for _, text in self.lines() if "403" in text or "orbidden" in text]
+        """The lines where the API server refused it something."""
+        return forbidden_lines(text for _, text in self.lines())
+
+
+def forbidden_lines(lines: Iterable[str]) -> list[str]:
+    """The lines that tell of an API refusal (403 / Forbidden)."""
+    return [text for text in lines if _FORBIDDEN.search(text)]
 
 
 class Replicas:
