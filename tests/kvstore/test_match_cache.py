@@ -12,7 +12,7 @@ from kvfleet.kvstore.policies import AllReusable, PerConversation
 from kvfleet.kvstore.tiers.build import TierConfig, build_tiers
 from kvfleet.kvstore.tiers.disk_files import SharedBlockSet
 from kvfleet.kvstore.tiers.stack import KVTiers
-from test_properties import CHUNK, step
+from test_properties import step
 
 BLOCK = 4
 LIFE_CYCLES = (FullLifeCycle("full"), WindowLifeCycle("swa", window_tokens=2 * BLOCK))
@@ -192,23 +192,6 @@ def shared_volume_pair(per_conversation: bool, host_pages: int, disk_pages: int)
     ]
 
 
-def shared_volume_step(manager: KVCacheManager, request_id: str, prompt_len: int) -> None:
-    """`step`, where an admission may reuse less than its match said: a block this rank's
-    disk index lists can be gone from the volume (another rank evicted it), and the prefill
-    then starts where the reuse really ends, as the engine's scheduler starts it."""
-    progress = manager.progress(request_id)
-    if progress.admitted:
-        step(manager, request_id, prompt_len)
-        return
-    size = min(CHUNK, prompt_len - manager.match(request_id).num_reusable_tokens)
-    if not manager.can_admit(request_id, size):
-        return
-    reused = manager.admit(request_id, size).num_reused_tokens
-    manager.commit(request_id, reused + size)
-    if reused + size >= prompt_len:
-        manager.finish_context(request_id)
-
-
 @settings(max_examples=100, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(
     per_conversation=st.booleans(),
@@ -237,11 +220,11 @@ def test_a_kept_match_equals_a_fresh_one_on_a_shared_volume(
                 for _ in range(4 * len(prompt)):
                     if manager.progress(request_id).context_done:
                         break
-                    shared_volume_step(manager, request_id, len(prompt))
+                    step(manager, request_id, len(prompt))
                 manager.finish_request(request_id)
         elif op[0] == "step" and live:
             request_id = live[op[1] % len(live)]
-            shared_volume_step(manager, request_id, prompts[rank][request_id])
+            step(manager, request_id, prompts[rank][request_id])
         elif op[0] == "finish" and live:
             request_id = live[op[1] % len(live)]
             manager.finish_request(request_id)

@@ -62,11 +62,12 @@ def step(manager, request_id, prompt_len):
     """One scheduler step for a request: admit, a prefill chunk, or a decode token."""
     progress = manager.progress(request_id)
     if not progress.admitted:
-        reused = manager.match(request_id).num_reusable_tokens
-        size = min(CHUNK, prompt_len - reused)
+        size = min(CHUNK, prompt_len - manager.match(request_id).num_reusable_tokens)
         if not manager.can_admit(request_id, size):
             return
-        manager.admit(request_id, size)
+        # the prefill starts where the admission's reuse ends, as the engine's scheduler starts
+        # it: less than the match said where a disk block it counted was gone when read
+        reused = manager.admit(request_id, size).num_reused_tokens
         manager.commit(request_id, reused + size)
     elif progress.num_computed_tokens < prompt_len:
         size = min(CHUNK, prompt_len - progress.num_computed_tokens)
