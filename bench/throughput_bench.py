@@ -15,8 +15,10 @@ Triton decode kernels as shipped (model/decode_matmul.py: matmuls of at most 64 
 gate/up one applying the activation; kv/rope_store.py: RoPE with the K/V write); `cublas` runs
 neither (the path before them), `cublaslt` neither with torch's cuBLASLt preferred over cuBLAS,
 `triton-mm` the matmuls only, `rope-store` the RoPE write only, `kernels-ungated` both with the
-activation a kernel of its own. `--kernel-agreement MODES` also compares greedy tokens of those
-modes with `auto`'s.
+activation a kernel of its own. `ahead-unqueued` plans a step ahead only with no request
+waiting and every running sequence in the step in flight (the rule before: a queue, as
+`--grid-seqs` above `--grid-batch` makes, turned the overlap off). `--kernel-agreement MODES`
+also compares greedy tokens of those modes with `auto`'s.
 """
 
 from __future__ import annotations
@@ -43,6 +45,7 @@ from kvfleet.services.engine.compute.backends import TorchCompute  # noqa: E402
 from kvfleet.services.engine.compute.sampling import SamplingParams  # noqa: E402
 from kvfleet.services.engine.config.engine_config import EngineConfig  # noqa: E402
 from kvfleet.services.engine.config.model_config import PRESETS  # noqa: E402
+from kvfleet.services.engine.core import engine_core, lookahead  # noqa: E402
 from kvfleet.services.engine.core.engine_core import EngineCore  # noqa: E402
 from kvfleet.services.engine.core.gc_heap import freeze_startup_heap, thaw_heap  # noqa: E402
 from kvfleet.services.engine.kv import rope_store  # noqa: E402
@@ -55,7 +58,11 @@ MODES = {"off": ("off", False, False), "graphs": ("auto", False, False),
          "static": ("static", False, True), "rebuild": ("auto", True, True),
          "flash": ("auto", True, True), "cublaslt": ("auto", True, True),
          "triton-mm": ("auto", True, True), "rope-store": ("auto", True, True),
-         "cublas": ("auto", True, True), "kernels-ungated": ("auto", True, True)}  # fmt: skip
+         "cublas": ("auto", True, True), "kernels-ungated": ("auto", True, True),
+         "ahead-unqueued": ("auto", True, True)}  # fmt: skip
+# modes that plan ahead only with no request queued and every running sequence in flight
+# (the rule before requests waiting at the rank were planned ahead, lookahead.py)
+UNQUEUED_AHEAD = {"ahead-unqueued"}
 REBUILT_TABLES = {"rebuild"}  # modes whose decode steps rebuild page tables every step
 FLASH_DECODE = {"flash"}  # modes whose bf16 decode attention is flash-attn's, not Triton's
 BLAS_LT = {"cublaslt"}  # modes whose matmuls prefer cuBLASLt
@@ -197,6 +204,22 @@ def load_matmul_shapes(path: str) -> dict:
     return {(e.pop("cols"), e.pop("inner")): MatmulShape(**e) for e in entries}
 
 
+def use_lookahead_rule(mode: str) -> None:
+    """The shipped look-ahead rule, or for `ahead-unqueued` the one before it."""
+    engine_core.can_look_ahead = (
+        _unqueued_look_ahead if mode in UNQUEUED_AHEAD else lookahead.can_look_ahead
+    )
+
+
+def _unqueued_look_ahead(inflight, scheduler, manager, commands_waiting: bool) -> bool:
+    running = scheduler.running
+    if scheduler.waiting or len(running) != len(inflight.rows):
+        return False
+    if any(pool.num_available() < len(running) for pool in manager.pools.values()):
+        return False
+    return lookahead.can_look_ahead(inflight, scheduler, manager, commands_waiting)
+
+
 def use_kernels(mode: str) -> None:
     """The kernels of `mode`: cuBLAS or cuBLASLt, and the Triton decode kernels or none."""
     if torch.cuda.is_available():
@@ -312,6 +335,7 @@ def main() -> None:
             rebuild = mode in REBUILT_TABLES
             attn_flash.use_bf16_decode_kernel(mode not in FLASH_DECODE)
             use_kernels(mode)
+            use_lookahead_rule(mode)
             if grid and model in grid_models:
                 grid_config = base.with_changes(decode_graphs=graphs,
                                                 max_batch_size=args.grid_batch)  # fmt: skip

@@ -17,8 +17,9 @@ flight; no decode runs, whose steps would interleave with the other ranks').
 
 With `hardware.decode_overlap` a decode step hides its host work behind the step before, as
 the engine's overlapped decode does (services/engine/core/lookahead.py): where the engine
-would look ahead (the step before decoded exactly the running requests, none ended in it and
-none waits), the step's overhead counts only for what outlasts the chip time of the step
+would look ahead (this step decodes exactly the requests of the step before, none ended in
+it, and they come first among the running ones: requests may wait, a prefill short of pages may
+stall behind them), the step's overhead counts only for what outlasts the chip time of the step
 before, so a steady decode's cycle is the longer of the two, not their sum.
 """
 
@@ -210,7 +211,7 @@ class SimRank(HandoffSide, HoldSide, StepPlanner[SimRequest, Chunk]):
         # the step's host work is this process's own; only the rest waits for the chip
         host_s = self.costs.host_seconds(duration)
         chip_s = duration - host_s
-        if ahead is not None and not waiting and self._looks_ahead(ahead[1], chunks):
+        if ahead is not None and self._looks_ahead(ahead[1], chunks):
             # planned and launched while the step before ran on the chip (since ahead[0])
             hidden_s = min(host_s, self.clock.now() - ahead[0])
             host_s -= hidden_s
@@ -239,9 +240,13 @@ class SimRank(HandoffSide, HoldSide, StepPlanner[SimRequest, Chunk]):
 
     def _looks_ahead(self, before: frozenset[int], chunks: list[Chunk]) -> bool:
         """True when the engine would have planned this step while the step before (of the
-        requests `before`) ran: decodes of exactly the running requests, the same as before."""
-        return len(chunks) == len(self.running) == len(before) and all(
-            c.request.context_done and id(c.request) in before for c in chunks
+        requests `before`) ran: decodes of exactly the requests before, which come first among
+        the running ones (any other, a prefill short of pages, runs behind them)."""
+        flying = len(before)
+        return (
+            len(chunks) == flying <= len(self.running)
+            and all(c.request.context_done and id(c.request) in before for c in chunks)
+            and all(id(r) in before for r in self.running[:flying])
         )
 
     def _admission_seconds(self, admitted: list[Chunk]) -> float:

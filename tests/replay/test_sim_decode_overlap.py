@@ -35,10 +35,20 @@ def one_turn(name: str, blocks: int = PROMPT_BLOCKS, output_tokens: int = OUTPUT
 
 
 async def token_times(
-    conversations: list[Conversation], overhead_ms: float, overlap: bool, ranks_per_chip: int
+    conversations: list[Conversation],
+    overhead_ms: float,
+    overlap: bool,
+    ranks_per_chip: int,
+    slots: int = 2,
+    gpu_pages: int = 10000,
 ) -> tuple[dict[str, list[float]], CostModel]:
-    """Each request's token times (by conversation) on one rank of 2 slots, and the costs."""
-    options = {"ranks": "1", "slots": "2", "block_size": str(BLOCK), "gpu_pages": "10000"}
+    """Each request's token times (by conversation) on one rank (2 slots), and the costs."""
+    options = {
+        "ranks": "1",
+        "slots": str(slots),
+        "block_size": str(BLOCK),
+        "gpu_pages": str(gpu_pages),
+    }
     config = load_sim_config(None, {**options, "ranks_per_chip": str(ranks_per_chip)})
     hardware = dataclasses.replace(
         config.hardware, step_overhead_ms=overhead_ms, decode_overlap=overlap
@@ -109,3 +119,30 @@ async def test_a_step_after_a_request_ends_pays_its_host_work() -> None:
     assert gap == pytest.approx(host + chip_s(costs, (context + after - 1,)), rel=1e-9)
     # the one after that overlaps again
     assert times[after + 1] - times[after] == pytest.approx(host, rel=1e-3)
+
+
+@pytest.mark.parametrize(
+    "spare_pages",
+    [10, 100],  # w's first chunk does not fit: it waits; it fits: w runs, its prefill stalls
+    ids=["waiting", "prefill-stalled"],
+)
+async def test_a_request_short_of_pages_leaves_the_decode_overlapped(spare_pages: int) -> None:
+    """If this fails, the simulator takes the engine to read every step's tokens while a
+    request short of pages is at the rank: the engine plans ahead then too (lookahead.py), so
+    two sequences decoding with a third sent to the rank still pay only what of their host
+    work outlasts the step before's chip time."""
+    long_, short = one_turn("l", output_tokens=60), one_turn("s", output_tokens=30)
+    queued = one_turn("w", output_tokens=10)
+    # three slots, pages for two prompts: w waits at the rank for s's pages
+    pages = 2 * PROMPT_BLOCKS + spare_pages
+    by_request, costs = await token_times(
+        [long_, short, queued], 20.0, True, 1, slots=3, gpu_pages=pages
+    )
+    short_end = by_request["s"][-1]
+    assert by_request["w"][0] > short_end  # w waited for s's pages all along
+    # both decoding: from s's first token (its prefill's chunks ran beside l's decodes) to its end
+    times = [t for t in by_request["l"] if by_request["s"][0] <= t <= short_end]
+    steady = [b - a for a, b in itertools.pairwise(times)][2:]
+    assert len(steady) > 20
+    host = costs.step_overhead_s
+    assert all(gap == pytest.approx(host, rel=1e-3) for gap in steady)

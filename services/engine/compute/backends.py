@@ -142,7 +142,7 @@ class TorchCompute:
         if self.cache is None:
             raise RuntimeError("TorchCompute has no KV yet: call open_tiers() first")
         greedy = None
-        if self.decode is not None and self.decode.fits(chunks):
+        if self.takes_feed(chunks):
             logits, greedy = self.decode.run(chunks, feed)
         elif feed is not None:
             raise ValueError("only a decode-graph step takes its tokens from the device")
@@ -187,6 +187,11 @@ class TorchCompute:
             for row, token in zip(rows, sampled, strict=True):
                 tokens[row] = token
         return lambda: tokens
+
+    def takes_feed(self, chunks: Sequence[ScheduledChunk]) -> bool:
+        """Whether `launch` can take these chunks' input tokens from the device (a decode-graph
+        step)."""
+        return self.decode is not None and self.decode.fits(chunks)
 
     def stop_workers(self) -> None:
         """Tell a tensor-parallel rank's other workers to exit (nothing at TP-1)."""

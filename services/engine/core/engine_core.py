@@ -36,7 +36,7 @@ from ..request.scheduled_chunk import ScheduledChunk
 from ..request.sequence import Sequence
 from .drain import DiskDrain
 from .kv_events import BlockEvent, BlockTokens
-from .lookahead import InflightStep, can_look_ahead, feed_rows, mark_pending
+from .lookahead import InflightStep, can_look_ahead, feed_rows, mark_pending, settle
 from .metrics import EngineMetrics
 from .prefetch_holds import PrefetchResult
 from .request_checks import RequestBounds, check_request, longest_request, pool_shortfall
@@ -361,6 +361,12 @@ class EngineCore:
 
     def _step(self, chunks: list[ScheduledChunk]) -> None:
         launch = getattr(self.compute, "launch", None)
+        if self._inflight is not None and not self.compute.takes_feed(chunks):
+            # planned ahead with an admission's prefill: its tokens first, then the plan's inputs
+            self._resolve()
+            chunks = settle(chunks)
+            if not chunks:  # every sequence planned ended on its token (a failed request)
+                return
         if launch is not None:
             ahead = self._inflight
             feed = None if ahead is None else (ahead.device_tokens, feed_rows(chunks, ahead))

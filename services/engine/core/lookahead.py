@@ -4,18 +4,29 @@ After a greedy decode step is launched, its sequences get a PENDING placeholder 
 scheduler can plan the next step (one more token each, pages included) while the device still
 computes; that next step takes the pending tokens straight from the device (`feed_rows`), and
 the host learns them, and emits them, while the next step runs. The core looks ahead only where
-planning cannot depend on the tokens: no request waiting (no admission), pages free for every
-running sequence (no preemption, no release of retained turns), every running sequence in the
-step in flight, none constrained by a grammar (its next mask needs the token), none reaching
-max_tokens with its pending token, and no command queued (a cancel or a call on the core sees
-settled state). A stop token is learnt one step late: that sequence's row of the next step is
-computed and dropped.
+planning cannot depend on the tokens: a page for the next token of every sequence in flight (no
+preemption, no release of retained turns for them), those sequences first in the running order,
+none constrained by a grammar (its next mask needs the token), none reaching max_tokens with its
+pending token, and no command queued (a cancel or a call on the core sees settled state). A
+stop token is learnt one step late: that sequence's row of the next step is computed and
+dropped.
+
+Requests waiting at the rank, and running ones out of the step in flight (a prefill short of
+pages), are planned ahead as they would be after the tokens: neither reads a token of a
+sequence in flight, and those come first in the running order, so room made for the others
+never preempts one of them. The only difference is a sequence that ends on its pending token: it
+still holds its slot and pages while the plan is made, so a prefill that needed them comes one
+step later. A step with a prefill cannot take its inputs from the device, so the core reads the
+tokens in flight before launching it, and `settle` fills in the plan's pending inputs and drops
+the sequences that ended. Before this, a rank with a request waiting for room or a slot read
+every step's tokens before planning the next: each decode step paid its host work after the
+chip time, and on a chip shared by several ranks it waited for the chip again after it.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 PENDING = -1  # a sampled token that is still on the device
 
@@ -57,20 +68,43 @@ def feed_rows(chunks: Sequence, inflight: InflightStep) -> list[int]:
 
 
 def can_look_ahead(inflight: InflightStep, scheduler, manager, commands_waiting: bool) -> bool:
-    """Whether planning the next step now gives the same plan as after the tokens are known."""
-    if commands_waiting or scheduler.waiting:
+    """Whether planning the next step now gives the plan made after the tokens are known, but
+    for a sequence that ends on its pending token (its slot and pages are free a step later)."""
+    if commands_waiting:
         return False
     pending = inflight.rows
     running = scheduler.running
-    if len(running) != len(pending):
+    in_flight = len(pending)
+    if len(running) < in_flight:
         return False
-    for s in running:  # one pass: this runs for every sequence at every step
+    for position, s in enumerate(running):  # one pass: this runs for every sequence at every step
         sampling = s.sampling
+        # The step in flight's sequences come first: the plan grows them before any other, so
+        # making room for another never preempts one (its pending token unknown).
         # (a constrained sequence is never plain greedy: its next mask needs its token)
         if (
-            id(s) not in pending
+            (id(s) in pending) != (position < in_flight)
             or not sampling.plain_greedy
             or len(s.output) >= sampling.max_tokens
         ):
             return False
-    return all(pool.num_available() >= len(running) for pool in manager.pools.values())
+    # The next token of each sequence in flight fits: growing them never releases or preempts
+    # anything. (Most land in a page they hold: count those that need one only when short.)
+    if all(pool.num_available() >= in_flight for pool in manager.pools.values()):
+        return True
+    return manager.can_allocate_all([s.key for s in running[:in_flight]], 1)
+
+
+def settle(chunks: Sequence) -> list:
+    """A plan made ahead, once the tokens in flight are known: a chunk whose sequence ended is
+    dropped (its pages went with it), and a pending input is replaced by its token."""
+    settled = []
+    for chunk in chunks:
+        sequence = chunk.sequence
+        if sequence.finished:
+            continue
+        if PENDING in chunk.new_tokens:
+            end = chunk.start + len(chunk.new_tokens)
+            chunk = replace(chunk, new_tokens=tuple(sequence.tokens(chunk.start, end)))
+        settled.append(chunk)
+    return settled
