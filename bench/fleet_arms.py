@@ -15,6 +15,9 @@ class Arm:
     # sglang-router with this policy in front of the ranks instead of kvfleet's router (the
     # ranks register with no router; the replay sends prompts as text, which it needs)
     sglang_policy: str | None = None
+    # the ranks' look-ahead rule: "shipped", or "unqueued", the one before requests waiting at
+    # a rank were planned ahead (lookahead_before.py; hardware only, the simulator has one)
+    lookahead: str = "shipped"
 
 
 ARMS: dict[str, Arm] = {
@@ -33,6 +36,9 @@ ARMS: dict[str, Arm] = {
         {"max_num_turns": 2},
         {"affinity": "lenient", "max_num_turns": "2"},
     ),
+    # the defaults with the ranks' look-ahead rule before (a request waiting at a rank turned
+    # the overlapped decode off): a same-run baseline on hardware.
+    "ahead-unqueued": Arm(lookahead="unqueued"),
     # the defaults with an fp8 (e4m3) KV cache: the same bytes per rank hold twice the pages.
     "fp8": Arm((), {"kv_cache_dtype": "fp8_e4m3"}, {"kv_cache_dtype": "fp8_e4m3"}),
     # the defaults with disk-tier writes on a writer thread (kvstore/tiers/write_behind.py); the

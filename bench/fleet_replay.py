@@ -59,6 +59,8 @@ ENGINE_COUNTERS = tuple(
 )
 ENGINE_COUNTER_PREFIXES = ("kvfleet_engine_kv_tier_",)
 KVFLEET = [sys.executable, "-m", "kvfleet.services.cli"]
+# `kvfleet` with the ranks' look-ahead rule before (fleet_arms.Arm.lookahead)
+LOOKAHEAD_BEFORE = [sys.executable, str(Path(__file__).resolve().parent / "lookahead_before.py")]
 
 
 def parse_args() -> argparse.Namespace:
@@ -163,8 +165,11 @@ def log_file(path: Path):
     return path.open("w")
 
 
-def start_ranks(args, engine_yaml: Path, logs: Path, register: bool) -> list[subprocess.Popen]:
+def start_ranks(
+    args, engine_yaml: Path, logs: Path, register: bool, lookahead: str = "shipped"
+) -> list[subprocess.Popen]:
     """The engine ranks; with `register`, each joins kvfleet's router at RANK_PORT."""
+    command = KVFLEET if lookahead == "shipped" else LOOKAHEAD_BEFORE
     # One fleet secret, as the operator mounts one: the ranks read each other's disk-tier blocks.
     env = {**os.environ, SECRET_ENV: secrets.token_hex(32)}
     procs = []
@@ -172,7 +177,7 @@ def start_ranks(args, engine_yaml: Path, logs: Path, register: bool) -> list[sub
         # the engine appends to its step log: a draw run into the same folder starts a new one
         (logs / f"steps-engine{i}.jsonl").unlink(missing_ok=True)
         router = ["--router", f"127.0.0.1:{RANK_PORT}"] if register else []
-        engine = [*KVFLEET, "engine", "--host", "127.0.0.1", "--advertise-host", "127.0.0.1",
+        engine = [*command, "engine", "--host", "127.0.0.1", "--advertise-host", "127.0.0.1",
                   "--grpc-port", str(50061 + i), "--http-port", str(8101 + i),
                   "--metrics-port", str(ENGINE_METRICS + i), *router,
                   "--rank-id", f"rank-{i}", "--config", str(engine_yaml), "--model", args.model,
@@ -194,7 +199,7 @@ def start_fleet(args, arm, engine_yaml: Path, logs: Path) -> list[subprocess.Pop
     procs = [
         subprocess.Popen(router, stdout=log_file(logs / "router.log"), stderr=subprocess.STDOUT)
     ]
-    procs += start_ranks(args, engine_yaml, logs, register=True)
+    procs += start_ranks(args, engine_yaml, logs, register=True, lookahead=arm.lookahead)
     try:
         wait_ready(args.ranks, procs, logs / "router.log", 300)
     except RuntimeError:

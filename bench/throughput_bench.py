@@ -36,6 +36,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from gpu_common import import_engine, measure_ceilings, print_table
+from lookahead_before import use_rule
 from serving_steps import StepRecorder, count_launches, qwen3_0_6b_shape
 
 import_engine()  # the device machine runs this from the checkout, not installed
@@ -45,7 +46,6 @@ from kvfleet.services.engine.compute.backends import TorchCompute  # noqa: E402
 from kvfleet.services.engine.compute.sampling import SamplingParams  # noqa: E402
 from kvfleet.services.engine.config.engine_config import EngineConfig  # noqa: E402
 from kvfleet.services.engine.config.model_config import PRESETS  # noqa: E402
-from kvfleet.services.engine.core import engine_core, lookahead  # noqa: E402
 from kvfleet.services.engine.core.engine_core import EngineCore  # noqa: E402
 from kvfleet.services.engine.core.gc_heap import freeze_startup_heap, thaw_heap  # noqa: E402
 from kvfleet.services.engine.kv import rope_store  # noqa: E402
@@ -60,8 +60,7 @@ MODES = {"off": ("off", False, False), "graphs": ("auto", False, False),
          "triton-mm": ("auto", True, True), "rope-store": ("auto", True, True),
          "cublas": ("auto", True, True), "kernels-ungated": ("auto", True, True),
          "ahead-unqueued": ("auto", True, True)}  # fmt: skip
-# modes that plan ahead only with no request queued and every running sequence in flight
-# (the rule before requests waiting at the rank were planned ahead, lookahead.py)
+# modes that plan ahead only with no request queued (lookahead_before.py)
 UNQUEUED_AHEAD = {"ahead-unqueued"}
 REBUILT_TABLES = {"rebuild"}  # modes whose decode steps rebuild page tables every step
 FLASH_DECODE = {"flash"}  # modes whose bf16 decode attention is flash-attn's, not Triton's
@@ -204,22 +203,6 @@ def load_matmul_shapes(path: str) -> dict:
     return {(e.pop("cols"), e.pop("inner")): MatmulShape(**e) for e in entries}
 
 
-def use_lookahead_rule(mode: str) -> None:
-    """The shipped look-ahead rule, or for `ahead-unqueued` the one before it."""
-    engine_core.can_look_ahead = (
-        _unqueued_look_ahead if mode in UNQUEUED_AHEAD else lookahead.can_look_ahead
-    )
-
-
-def _unqueued_look_ahead(inflight, scheduler, manager, commands_waiting: bool) -> bool:
-    running = scheduler.running
-    if scheduler.waiting or len(running) != len(inflight.rows):
-        return False
-    if any(pool.num_available() < len(running) for pool in manager.pools.values()):
-        return False
-    return lookahead.can_look_ahead(inflight, scheduler, manager, commands_waiting)
-
-
 def use_kernels(mode: str) -> None:
     """The kernels of `mode`: cuBLAS or cuBLASLt, and the Triton decode kernels or none."""
     if torch.cuda.is_available():
@@ -335,7 +318,7 @@ def main() -> None:
             rebuild = mode in REBUILT_TABLES
             attn_flash.use_bf16_decode_kernel(mode not in FLASH_DECODE)
             use_kernels(mode)
-            use_lookahead_rule(mode)
+            use_rule("unqueued" if mode in UNQUEUED_AHEAD else "shipped")
             if grid and model in grid_models:
                 grid_config = base.with_changes(decode_graphs=graphs,
                                                 max_batch_size=args.grid_batch)  # fmt: skip
