@@ -13,15 +13,23 @@ from .cost_model import StepWork
 
 
 def step_line(
-    started: float, seconds: float, work: StepWork, disk_written: int | None = None
+    started: float,
+    seconds: float,
+    work: StepWork,
+    disk_written: int | None = None,
+    queue: tuple[int, bool] | None = None,
 ) -> str:
     """`t` (start), `s` (seconds), `prefill` spans, `decode` contexts, `host_in`, `disk_in`,
     and where the writer counts them, `disk_out`: pages written to the disk tier since the
-    step before (on the core thread, before this step: a pause as an onboarding is)."""
+    step before (on the core thread, before this step: a pause as an onboarding is), and
+    `queue` as `waiting` (requests left waiting at the rank by this step's plan) and `ahead`
+    (the step was planned while the one before ran on the device)."""
     line = {"t": round(started, 6), "s": round(seconds, 6),
             "prefill": [list(span) for span in work.prefill_spans],
             "decode": list(work.decode_contexts), "host_in": work.host_pages_in,
             "disk_in": work.disk_pages_in}  # fmt: skip
     if disk_written is not None:
         line["disk_out"] = disk_written
+    if queue is not None:
+        line["waiting"], line["ahead"] = queue
     return json.dumps(line, separators=(",", ":")) + "\n"

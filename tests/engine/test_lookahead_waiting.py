@@ -5,6 +5,7 @@ every step's tokens before planning the next."""
 from __future__ import annotations
 
 import dataclasses
+import json
 import random
 
 from engine_testkit import TEST_CONFIG, greedy, shared_compute
@@ -179,3 +180,21 @@ def test_a_sequence_out_of_the_step_in_flight_plans_ahead_only_behind_those_in_i
     assert ahead(flying) and ahead(flying, stalled)
     assert not ahead(stalled, flying)
     assert not ahead(stalled)  # the sequence in flight is gone (only a command does that)
+
+
+def test_the_step_log_says_which_steps_were_planned_ahead_and_who_waited(tmp_path):
+    """If this fails, a rank's step log no longer tells a pause between steps that had no plan
+    made ahead (the step before's tokens read first) from one that had, or how many requests
+    were waiting then: what docs/sim-vs-live.md reads the gaps between tokens by."""
+    path = tmp_path / "steps.jsonl"
+    config = AHEAD.with_changes(max_batch_size=2, step_log_path=str(path))
+    arrivals = [(0, GenerateCall(f"w{c}", prompt(c, 30), greedy(6), f"w{c}")) for c in range(3)]
+    serve(config, "ahead-step-log", arrivals)
+    steps = [json.loads(line) for line in path.read_text().splitlines()]
+    first = steps[0]
+    assert (len(first["prefill"]), first["waiting"], first["ahead"]) == (2, 1, False)
+    queued_decodes = [s for s in steps if len(s["decode"]) == 2 and s["waiting"] == 1]
+    # the first decode step follows the prefill (nothing in flight); the others are planned ahead
+    assert [s["ahead"] for s in queued_decodes] == [False] + [True] * (len(queued_decodes) - 1)
+    assert len(queued_decodes) >= 3
+    assert steps[-1]["waiting"] == 0

@@ -268,7 +268,8 @@ class EngineCore:
             chunks = self.scheduler.schedule()
             if chunks:
                 if self._step_log is not None:
-                    self._step_log.before(chunks)
+                    waiting = len(self.scheduler.waiting)
+                    self._step_log.before(chunks, waiting, self._inflight is not None)
                 started = time.perf_counter()
                 self._step(chunks)
                 # NOTE: with overlapped decode this is the wait for the previous step's tokens

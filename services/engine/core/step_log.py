@@ -4,7 +4,9 @@ Each line: `t` (wall clock at the step's start, seconds since the epoch, so the 
 sharing a GPU line up), `s` (the step's seconds, as `kvfleet_engine_step_seconds` measures
 them), `prefill` ([start, end) token spans of prompt chunks), `decode` (each decoding
 sequence's context length), `host_in` / `disk_in` (pages the KV tiers onboarded since the
-step before), `disk_out` (pages written to the disk tier since the step before). The first
+step before), `disk_out` (pages written to the disk tier since the step before), `waiting`
+(requests still waiting at the rank after this step's plan) and `ahead` (the step was planned
+while the one before ran on the device: `lookahead.py`). The first
 four are the cost model's `StepWork`, so `bench/step_costs.py` prices every logged step with
 a simulator's hardware figures and compares (docs/sim-vs-live.md).
 Written by the core thread only; off unless `EngineConfig.step_log_path` is set.
@@ -31,19 +33,25 @@ class StepLog:
         self._tiers = tier_metrics
         self._onboarded = OnboardedPages(tier_metrics)
         self._written = tier_metrics[DISK].pages_in  # pages written to disk so far
-        self._pending: tuple[float, StepWork, int] = (0.0, StepWork(), 0)
+        self._pending: tuple[float, StepWork, int, tuple[int, bool]] = (
+            0.0,
+            StepWork(),
+            0,
+            (0, False),
+        )
 
-    def before(self, chunks: Sequence[ScheduledChunk]) -> None:
-        """A step is about to run these chunks (read now: running them moves the sequences)."""
+    def before(self, chunks: Sequence[ScheduledChunk], waiting: int, ahead: bool) -> None:
+        """A step is about to run these chunks (read now: running them moves the sequences),
+        with `waiting` requests left waiting, planned `ahead` of the step before's tokens."""
         host, disk = self._onboarded.since_last()
         now = self._tiers[DISK].pages_in
         written, self._written = now - self._written, now
-        self._pending = (time.time(), step_work(chunks, host, disk), written)
+        self._pending = (time.time(), step_work(chunks, host, disk), written, (waiting, ahead))
 
     def after(self, seconds: float) -> None:
         """The step begun last took `seconds`."""
-        started, work, written = self._pending
-        self._file.write(step_line(started, seconds, work, written))
+        started, work, written, queue = self._pending
+        self._file.write(step_line(started, seconds, work, written, queue))
 
     def close(self) -> None:
         """Flush and close (the core has stopped stepping)."""
