@@ -18,7 +18,10 @@ to step start), put in the first class that fits:
 
 Per run: the gaps' p50 and p90 weighted by tokens, and per class its share of the tokens, its
 p50 gap, and its share of the tokens at or over the p90: what makes the tail (the replays'
-`itl_p90_s`).
+`itl_p90_s`). A second table sets the pauses beside the plain decode gaps: the first step's
+median seconds (a step planned ahead counts the wait for the tokens of the step before it, one
+planned after them only its launch) and, where the log says so (`ahead`, `waiting`), the
+share of second steps planned ahead and of those with a request waiting at the rank.
 
 Run: .venv/bin/python bench/decode_gaps.py FOLDER...
 """
@@ -58,6 +61,38 @@ def decode_gaps(steps: list[dict]) -> list[tuple[float, int, str]]:
     return out
 
 
+def pause_origins(steps: list[dict]) -> dict[str, list[tuple[float, bool | None, int | None]]]:
+    """For the pause and decode gaps of one rank's steps (classes as `decode_gaps`): per gap,
+    the first step's seconds and the second's `ahead` and `waiting` (None where not logged)."""
+    out: dict[str, list] = {"pause": [], "decode": []}
+    for (first, second), (_, _, kind) in zip(
+        (pair for pair in itertools.pairwise(steps) if pair[0]["decode"] and pair[1]["decode"]),
+        decode_gaps(steps),
+        strict=True,
+    ):
+        if kind in out:
+            out[kind].append((first["s"], second.get("ahead"), second.get("waiting")))
+    return out
+
+
+def origins_row(origins: dict[str, list]) -> list[str]:
+    """Per class (pause, decode): gaps, the first step's p50 ms, the second planned ahead, a
+    request waiting."""
+    cells = []
+    for kind in ("pause", "decode"):
+        rows = origins[kind]
+        if not rows:
+            cells.append("0 / - / - / -")
+            continue
+        first_ms = 1e3 * float(np.median([s for s, _, _ in rows]))
+        ahead = [a for _, a, _ in rows if a is not None]
+        waiting = [w for _, _, w in rows if w is not None]
+        ahead_cell = f"{np.mean(ahead):.0%}" if ahead else "-"
+        waiting_cell = f"{np.mean([w > 0 for w in waiting]):.0%}" if waiting else "-"
+        cells.append(f"{len(rows):,} / {first_ms:.2f} / {ahead_cell} / {waiting_cell}")
+    return cells
+
+
 def weighted_quantile(values: np.ndarray, weights: np.ndarray, q: float) -> float:
     """The value below which a share `q` of the weight lies."""
     order = np.argsort(values, kind="stable")
@@ -90,8 +125,15 @@ def main() -> None:
     header = [f"{kind}: tokens / p50 ms / of the tail" for kind in CLASSES]
     print("| run | gaps | p50 / p90 ms | " + " | ".join(header) + " |")
     print("|---|---|---|" + "---|" * len(CLASSES))
+    origins = []
     for folder in args.folders:
-        gaps = [gap for replay in every_replay([folder]) for gap in decode_gaps(replay)]
+        replays = list(every_replay([folder]))
+        gaps = [gap for replay in replays for gap in decode_gaps(replay)]
+        merged: dict[str, list] = {"pause": [], "decode": []}
+        for replay in replays:
+            for kind, rows in pause_origins(replay).items():
+                merged[kind] += rows
+        origins.append((folder, origins_row(merged)))
         row = gaps_row(gaps)
         cells = []
         for kind in CLASSES:
@@ -100,6 +142,12 @@ def main() -> None:
         quantiles = f"{1e3 * row['p50']:.1f} / {1e3 * row['p90']:.1f}"
         name = "/".join(folder.parts[-2:])
         print(f"| {name} | {len(gaps):,} | {quantiles} | " + " | ".join(cells) + " |")
+    print()
+    cells = "gaps / first step p50 ms / planned ahead / a request waiting"
+    print(f"| run | pause: {cells} | decode: {cells} |")
+    print("|---|---|---|")
+    for folder, row in origins:
+        print(f"| {'/'.join(folder.parts[-2:])} | " + " | ".join(row) + " |")
 
 
 if __name__ == "__main__":
