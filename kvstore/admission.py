@@ -225,6 +225,11 @@ def staged_match(
             continue
 
 
+class MatchShrankError(ValueError):
+    """The match shrank while it was staged (a disk block turned out unreadable) and no longer
+    fits: nothing was taken, and the request may try again with what is left."""
+
+
 def admit_match(
     state: RequestState,
     match: Callable[[], PrefixMatch],
@@ -236,13 +241,15 @@ def admit_match(
     """Land finished prefetches, match and stage, check the staged match still `fits`, then
     ref it and onboard its staged blocks: the request is admitted at the match's end.
 
-    Raises ValueError (nothing taken) when the match shrank and no longer fits.
+    Raises MatchShrankError (nothing taken) when the match shrank and no longer fits.
     """
     tiers.land_prefetched()
     current, staged = staged_match(match, tiers, state.sequence)
     try:
         if not fits(current):
-            raise ValueError(f"request {state.request_id!r}: its match shrank and no longer fits")
+            raise MatchShrankError(
+                f"request {state.request_id!r}: its match shrank and no longer fits"
+            )
         take_match(state, current, staged, pools, life_cycles, tiers)
     finally:
         tiers.release_pins()

@@ -241,7 +241,10 @@ class KVCacheManager:
         return count if self._fits(state, match, count) else None
 
     def admit(self, request_id: str, num_new_tokens: int) -> Allocation:
-        """Take the matched prefix and pages for the first `num_new_tokens` tokens after it."""
+        """Take the matched prefix and pages for the first `num_new_tokens` tokens after it.
+
+        Raises MatchShrankError (nothing taken) when a disk block of the match turned out
+        unreadable and the rest no longer fits: the caller may try again later."""
         self._check_tokens(num_new_tokens)
         if not self.can_admit(request_id, num_new_tokens):
             raise ValueError(f"request {request_id!r} cannot be admitted for {num_new_tokens}")

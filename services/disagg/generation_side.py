@@ -19,6 +19,7 @@ import time
 from collections.abc import Sequence as Seq
 from dataclasses import dataclass
 
+from ...kvstore.admission import MatchShrankError
 from ...kvstore.block_pool import NULL_PAGE
 from .blocks import NO_HASH, CorruptBlockError, KVBlock, install_blocks, kv_layout
 from .context_side import prompt_sequence
@@ -138,7 +139,11 @@ class GenerationSide:
         # window pool holds a window, not the prompt. Admission onboards host/disk blocks and
         # may reuse less than a match said (a disk file that failed its checks): it plans the
         # pages from what it did reuse, and those blocks arrive by hand-off too.
-        reused = manager.admit_computed(sequence.key).num_reused_tokens
+        try:
+            reused = manager.admit_computed(sequence.key).num_reused_tokens
+        except MatchShrankError as error:  # an unreadable disk block: the rest did not fit
+            manager.finish_request(sequence.key)
+            raise HandoffNoRoom(f"request {call.request_id}: {error}") from error
         k = reused // manager.config.block_size
         prompt = prompt_sequence(call.prompt_token_ids, manager.config.block_size, call.extra_key)
         hashes = prompt.hashes

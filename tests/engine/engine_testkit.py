@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import random
 import threading
 import time
@@ -132,3 +133,61 @@ def turn_after_host_flood(core: EngineCore, monkeypatch, new_tokens: int, seed: 
     outputs = run_call(core, second)
     metrics = core.call_on_core(lambda: dict(core.manager.tiers.metrics))
     return first, second, outputs, metrics, onboarded
+
+
+@dataclasses.dataclass
+class Served:
+    """What `serve_stepped` saw: each request's tokens, and its decode-graph steps."""
+
+    outputs: dict[str, list[int]]
+    # per decode-graph step: (inputs taken from the device, requests waiting, running ones
+    # left out of the step)
+    steps: list[tuple[bool, int, int]]
+
+
+def serve_stepped(config, storage: str, arrivals: list[tuple[int, GenerateCall]]) -> Served:
+    """Step a core from this thread (the same plans every run); each call is submitted before
+    the step of its index. Runs until every request has ended."""
+    compute = shared_compute(config, storage)
+    core = EngineCore(config, compute=compute)
+    served = Served({call.request_id: [] for _, call in arrivals}, [])
+    original = compute.decode.run if compute.decode is not None else None
+    handles = {}
+    try:
+        if original is not None:
+
+            def run(chunks, feed=None):
+                scheduler = core.scheduler
+                left_out = len(scheduler.running) - len(chunks)
+                served.steps.append((feed is not None, len(scheduler.waiting), left_out))
+                return original(chunks, feed)
+
+            compute.decode.run = run
+        for step in range(10_000):
+            for due, call in arrivals:
+                if due == step:
+                    handles[call.request_id] = core.submit(call)
+            core.run_once()
+            for request_id, handle in handles.items():
+                while (output := handle.poll()) is not None:
+                    assert not isinstance(output, Exception), output
+                    served.outputs[request_id].extend(output.token_ids)
+            if len(handles) == len(arrivals) and not core._handles:
+                break
+        else:
+            raise AssertionError("the requests never ended")
+        core.manager.check_integrity()
+        compute.cache.check_integrity()
+    finally:
+        if original is not None:
+            compute.decode.run = original
+        core.stop()
+    for _, call in arrivals:
+        assert len(served.outputs[call.request_id]) == call.sampling.max_tokens
+    return served
+
+
+def random_prompt(seed: int, length: int) -> tuple[int, ...]:
+    """`length` random byte-sized token ids, fixed by `seed`."""
+    rng = random.Random(seed)
+    return tuple(rng.randrange(256) for _ in range(length))

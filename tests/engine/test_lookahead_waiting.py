@@ -6,12 +6,10 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import random
 
-from engine_testkit import TEST_CONFIG, greedy, shared_compute
+from engine_testkit import TEST_CONFIG, greedy, random_prompt, serve_stepped
 from kvfleet.services.engine.config.model_config import PRESETS
 from kvfleet.services.engine.core import engine_core
-from kvfleet.services.engine.core.engine_core import EngineCore
 from kvfleet.services.engine.core.lookahead import PENDING, can_look_ahead, mark_pending, settle
 from kvfleet.services.engine.request.engine_request import GenerateCall
 from kvfleet.services.engine.request.scheduled_chunk import ScheduledChunk
@@ -22,73 +20,18 @@ AHEAD = TEST_CONFIG.with_changes(decode_graphs="static", overlap_decode=True)
 EAGER = TEST_CONFIG.with_changes(decode_graphs="off")
 
 
-@dataclasses.dataclass
-class Served:
-    outputs: dict[str, list[int]]
-    # per decode-graph step: (inputs taken from the device, requests waiting, running ones
-    # left out of the step)
-    steps: list[tuple[bool, int, int]]
-
-
-def serve(config, storage: str, arrivals: list[tuple[int, GenerateCall]]) -> Served:
-    """Step a core from this thread (the same plans every run); each call is submitted before
-    the step of its index. Runs until every request has ended."""
-    compute = shared_compute(config, storage)
-    core = EngineCore(config, compute=compute)
-    served = Served({call.request_id: [] for _, call in arrivals}, [])
-    original = compute.decode.run if compute.decode is not None else None
-    handles = {}
-    try:
-        if original is not None:
-
-            def run(chunks, feed=None):
-                scheduler = core.scheduler
-                left_out = len(scheduler.running) - len(chunks)
-                served.steps.append((feed is not None, len(scheduler.waiting), left_out))
-                return original(chunks, feed)
-
-            compute.decode.run = run
-        for step in range(10_000):
-            for due, call in arrivals:
-                if due == step:
-                    handles[call.request_id] = core.submit(call)
-            core.run_once()
-            for request_id, handle in handles.items():
-                while (output := handle.poll()) is not None:
-                    assert not isinstance(output, Exception), output
-                    served.outputs[request_id].extend(output.token_ids)
-            if len(handles) == len(arrivals) and not core._handles:
-                break
-        else:
-            raise AssertionError("the requests never ended")
-        core.manager.check_integrity()
-        compute.cache.check_integrity()
-    finally:
-        if original is not None:
-            compute.decode.run = original
-        core.stop()
-    for _, call in arrivals:
-        assert len(served.outputs[call.request_id]) == call.sampling.max_tokens
-    return served
-
-
-def prompt(seed: int, length: int) -> tuple[int, ...]:
-    rng = random.Random(seed)
-    return tuple(rng.randrange(256) for _ in range(length))
-
-
 def test_a_full_batch_with_a_queue_still_plans_each_step_ahead():
     """If this fails, a rank with requests queued behind a full batch reads every step's tokens
     before it plans the next (each decode step's host work after its chip time), or planning
     ahead changed what a request gets."""
     lengths = [14, 6, 21, 9, 12]
     arrivals = [
-        (0, GenerateCall(f"q{c}", prompt(c, 20 + 9 * c), greedy(n), f"q{c}"))
+        (0, GenerateCall(f"q{c}", random_prompt(c, 20 + 9 * c), greedy(n), f"q{c}"))
         for c, n in enumerate(lengths)
     ]
     two_slots = {"max_batch_size": 2}
-    ahead = serve(AHEAD.with_changes(**two_slots), "ahead-queue", arrivals)
-    eager = serve(EAGER.with_changes(**two_slots), "ahead-queue-eager", arrivals)
+    ahead = serve_stepped(AHEAD.with_changes(**two_slots), "ahead-queue", arrivals)
+    eager = serve_stepped(EAGER.with_changes(**two_slots), "ahead-queue-eager", arrivals)
     assert ahead.outputs == eager.outputs
     assert sum(1 for fed, waiting, _ in ahead.steps if fed and waiting) >= 10
 
@@ -99,11 +42,11 @@ def test_a_prefill_short_of_pages_leaves_the_decode_planned_ahead():
     planning ahead changed what either request gets (the prefill is preempted and resumes as
     the tokens-first core does it)."""
     arrivals = [
-        (0, GenerateCall("long", prompt(1, 1000), greedy(300), "long")),
-        (40, GenerateCall("late", prompt(2, 1600), greedy(8), "late")),
+        (0, GenerateCall("long", random_prompt(1, 1000), greedy(300), "long")),
+        (40, GenerateCall("late", random_prompt(2, 1600), greedy(8), "late")),
     ]
-    ahead = serve(AHEAD, "ahead-stall", arrivals)
-    eager = serve(EAGER, "ahead-stall-eager", arrivals)
+    ahead = serve_stepped(AHEAD, "ahead-stall", arrivals)
+    eager = serve_stepped(EAGER, "ahead-stall-eager", arrivals)
     assert ahead.outputs == eager.outputs
     stalled = [fed for fed, _, left_out in ahead.steps if left_out]
     # (measured: 103 of 109 planned ahead; the rest follow a preemption or a page boundary
@@ -188,8 +131,10 @@ def test_the_step_log_says_which_steps_were_planned_ahead_and_who_waited(tmp_pat
     were waiting then: what docs/sim-vs-live.md reads the gaps between tokens by."""
     path = tmp_path / "steps.jsonl"
     config = AHEAD.with_changes(max_batch_size=2, step_log_path=str(path))
-    arrivals = [(0, GenerateCall(f"w{c}", prompt(c, 30), greedy(6), f"w{c}")) for c in range(3)]
-    serve(config, "ahead-step-log", arrivals)
+    arrivals = [
+        (0, GenerateCall(f"w{c}", random_prompt(c, 30), greedy(6), f"w{c}")) for c in range(3)
+    ]
+    serve_stepped(config, "ahead-step-log", arrivals)
     steps = [json.loads(line) for line in path.read_text().splitlines()]
     first = steps[0]
     assert (len(first["prefill"]), first["waiting"], first["ahead"]) == (2, 1, False)

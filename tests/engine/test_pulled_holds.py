@@ -6,6 +6,7 @@ A real manager (full attention, blocks of 4, 16 pages) holds two conversations' 
 
 from __future__ import annotations
 
+from kvfleet.kvstore.admission import MatchShrankError
 from kvfleet.kvstore.config import KVStoreConfig
 from kvfleet.kvstore.life_cycles import FullLifeCycle
 from kvfleet.kvstore.manager import KVCacheManager
@@ -53,3 +54,20 @@ def test_the_moved_turn_takes_its_pulled_hold():
     assert "y" not in holds
     assert "x" in holds
     assert len(holds.manager.request_ids()) == 1  # x's hold alone
+
+
+def test_a_prefetch_whose_match_shrank_is_not_held_and_leaves_nothing(monkeypatch):
+    """If this fails, a prefetch whose disk block turned out unreadable (the rest of its match
+    no longer fits) raises out of the core's call, or leaves its kvstore request behind."""
+    holds = _holds()
+    manager = holds.manager
+
+    def shrank(request_id, num_new_tokens):
+        raise MatchShrankError(f"request {request_id!r}: its match shrank and no longer fits")
+
+    holds.release("x")
+    monkeypatch.setattr(manager, "admit", shrank)
+    assert not holds.hold("x", X, 60).held
+    assert "x" not in holds
+    assert manager.request_ids() == ("moved-y",)
+    manager.check_integrity()

@@ -26,6 +26,7 @@ from collections import OrderedDict
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
+from ....kvstore.admission import MatchShrankError
 from ....kvstore.manager import KVCacheManager
 from ....kvstore.tiers.metrics import DISK, HOST
 
@@ -98,7 +99,11 @@ class PrefetchHolds:
             return PrefetchResult(False)
         host = sum(tier == HOST for where in match.locations.values() for tier in where)
         disk = sum(tier == DISK for where in match.locations.values() for tier in where)
-        manager.admit(request_id, 0)
+        try:
+            manager.admit(request_id, 0)
+        except MatchShrankError:  # an unreadable disk block: what is left did not fit
+            manager.finish_request(request_id)
+            return PrefetchResult(False)
         self._holds[conversation_id] = _Hold(request_id, self.clock() + hold_seconds)
         return PrefetchResult(True, host, disk)
 

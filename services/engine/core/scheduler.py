@@ -18,6 +18,7 @@ import itertools
 from collections.abc import Callable
 from functools import partial
 
+from ....kvstore.admission import MatchShrankError
 from ....kvstore.manager import KVCacheManager
 from ....kvstore.results import LOWER_TIERS
 from ....kvstore.tiers.metrics import DEVICE
@@ -157,7 +158,10 @@ class Scheduler(StepPlanner[Sequence, ScheduledChunk]):
             return None
         # NOTE: admission onboards host/disk blocks and may reuse less than the match said
         # (a disk file that failed its checks); the chunk starts where reuse really ends.
-        reused = self.manager.admit(sequence.key, count).num_reused_tokens
+        try:
+            reused = self.manager.admit(sequence.key, count).num_reused_tokens
+        except MatchShrankError:
+            return None  # what is left of its match did not fit: it waits, and matches again
         self.holds.take(conversation)  # the sequence holds the pages now
         self.holds.release(_ahead_key(sequence))
         sequence.admitted = True
@@ -213,7 +217,12 @@ class Scheduler(StepPlanner[Sequence, ScheduledChunk]):
             del self._ahead[sequence.key]
             return False
         before = manager.tiers.metrics[DEVICE].pages_in
-        manager.admit(request_id, 0)
+        try:
+            manager.admit(request_id, 0)
+        except MatchShrankError:  # the admission onboards what is left
+            manager.finish_request(request_id)
+            del self._ahead[sequence.key]
+            return False
         self.holds.keep(_ahead_key(sequence), request_id, AHEAD_HOLD_SECONDS)
         brought = manager.tiers.metrics[DEVICE].pages_in - before
         self.onboarded_ahead += brought
