@@ -30,6 +30,7 @@ import itertools
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
+from ...kvstore.admission import MatchShrankError
 from ...kvstore.block_pool import NULL_PAGE
 from ...kvstore.tiers.metrics import DISK, HOST
 from .sim_clock import ScheduledEvent
@@ -93,7 +94,11 @@ class HoldSide:
             manager.finish_request(hold_id)
             return False
         host, disk = self._lower_pages(match)
-        manager.admit(hold_id, 0)
+        try:
+            manager.admit(hold_id, 0)
+        except MatchShrankError:  # a block of the shared disk was gone: as the engine, no hold
+            manager.finish_request(hold_id)
+            return False
         host_pages, disk_pages = sum(host.values()), sum(disk.values())
         # The engine onboards on its core thread, as at a turn's admission: no step meanwhile.
         done_s = self._hold_core(self._onboard_seconds(host_pages, disk_pages))

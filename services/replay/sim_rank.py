@@ -27,6 +27,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
+from ...kvstore.admission import MatchShrankError
 from ...kvstore.manager import KVCacheManager
 from ...kvstore.tiers.metrics import DISK
 from ..core.cost_figures import Hardware
@@ -392,7 +393,12 @@ class SimRank(HandoffSide, HoldSide, StepPlanner[SimRequest, Chunk]):
             self.onboard_ahead.forget(request.request_id)
             return False
         host, disk = self._lower_pages(manager.match(piece_id))
-        manager.admit(piece_id, 0)
+        try:
+            manager.admit(piece_id, 0)
+        except MatchShrankError:  # the admission brings up what is left, as the engine's
+            manager.finish_request(piece_id)
+            self.onboard_ahead.forget(request.request_id)
+            return False
         self.release_hold_of(key)  # its pages are this piece's match now
         host_pages, disk_pages = sum(host.values()), sum(disk.values())
         hold = Hold(piece_id, key, self.clock.now(), host_pages, disk_pages)
@@ -432,13 +438,15 @@ class SimRank(HandoffSide, HoldSide, StepPlanner[SimRequest, Chunk]):
         start = match.num_reusable_tokens
         host_pages, disk_pages = self._lower_pages(match)
         host, disk = sum(host_pages.values()), sum(disk_pages.values())
-        request.host_bytes_in += self._bytes(host_pages)
-        request.disk_bytes_in += self._bytes(disk_pages)
         self.current = request
         try:
             allocation = manager.admit(rid, min(request.prompt_len - start, budget))
+        except MatchShrankError:  # what is left of its match did not fit: it waits, as the engine's
+            return None
         finally:
             self.current = None
+        request.host_bytes_in += self._bytes(host_pages)
+        request.disk_bytes_in += self._bytes(disk_pages)
         # A hold's pages are the match's own now; its onboarding was charged when it ran.
         self.take_hold(request)
         self.release_hold_of(ahead_key(request.request_id))  # so are its pieces
