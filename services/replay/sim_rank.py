@@ -441,8 +441,12 @@ class SimRank(HandoffSide, HoldSide, StepPlanner[SimRequest, Chunk]):
         self.current = request
         try:
             allocation = manager.admit(rid, min(request.prompt_len - start, budget))
-        except MatchShrankError:  # what is left of its match did not fit: it waits, as the engine's
-            return None
+        except MatchShrankError:
+            # What is left of its match did not fit (fewer disk blocks each time). With others
+            # running it waits a step, as in the engine; alone, the engine's next loop matches
+            # again at once.
+            self.current = None
+            return None if self.running else self._admit_pages(request, budget)
         finally:
             self.current = None
         request.host_bytes_in += self._bytes(host_pages)

@@ -25,3 +25,21 @@ async def test_a_turn_whose_match_shrank_waits_and_every_turn_ends(monkeypatch) 
     times, _ = await token_times(turns, 0.2, True, 1)
     assert refused == ["sim-1"] * 3
     assert [len(times["l"]), len(times["w"])] == [60, 10]
+
+
+async def test_a_lone_turn_whose_match_shrank_matches_again_at_once(monkeypatch) -> None:
+    """If this fails, the simulator fails a turn the engine serves: alone on its rank, a turn
+    whose match shrank is matched again in the engine's next loop, with nothing to wait for."""
+    refused = []
+    original = KVCacheManager.admit
+
+    def admit(manager, request_id, num_new_tokens):
+        if len(refused) < 2:
+            refused.append(request_id)
+            raise MatchShrankError(f"request {request_id!r}: its match shrank and no longer fits")
+        return original(manager, request_id, num_new_tokens)
+
+    monkeypatch.setattr(KVCacheManager, "admit", admit)
+    times, _ = await token_times([one_turn("a", output_tokens=10)], 0.2, True, 1)
+    assert refused == ["sim-0"] * 2
+    assert len(times["a"]) == 10
