@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import argparse
 import itertools
+from collections.abc import Iterator
 from pathlib import Path
 
 import numpy as np
@@ -40,11 +41,9 @@ LONG_STEP_S = 0.015  # a decode step of this fleet's 1b ranks alone takes 4-8 ms
 CLASSES = ("prefill", "piece", "pause", "long step", "decode")
 
 
-def decode_gaps(steps: list[dict]) -> list[tuple[float, int, str]]:
-    """(gap, tokens, class) of each pair of one rank's consecutive steps that both decode: the
-    second's start minus the first's, the sequences the second decodes, the class (module
-    docstring)."""
-    out = []
+def decode_pairs(steps: list[dict]) -> Iterator[tuple[dict, dict, str]]:
+    """(first, second, class) of each pair of one rank's consecutive steps that both decode
+    (classes: the module docstring)."""
     for first, second in itertools.pairwise(steps):
         if not first["decode"] or not second["decode"]:
             continue
@@ -57,19 +56,23 @@ def decode_gaps(steps: list[dict]) -> list[tuple[float, int, str]]:
             kind = "long step"
         else:
             kind = "decode"
-        out.append((second["t"] - first["t"], len(second["decode"]), kind))
-    return out
+        yield first, second, kind
+
+
+def decode_gaps(steps: list[dict]) -> list[tuple[float, int, str]]:
+    """(gap, tokens, class) of each decode pair (`decode_pairs`): the second step's start minus
+    the first's, the sequences the second decodes, the class."""
+    return [
+        (second["t"] - first["t"], len(second["decode"]), kind)
+        for first, second, kind in decode_pairs(steps)
+    ]
 
 
 def pause_origins(steps: list[dict]) -> dict[str, list[tuple[float, bool | None, int | None]]]:
-    """For the pause and decode gaps of one rank's steps (classes as `decode_gaps`): per gap,
-    the first step's seconds and the second's `ahead` and `waiting` (None where not logged)."""
+    """For the pause and decode gaps of one rank's steps: per gap, the first step's seconds and
+    the second's `ahead` and `waiting` (None where not logged)."""
     out: dict[str, list] = {"pause": [], "decode": []}
-    for (first, second), (_, _, kind) in zip(
-        (pair for pair in itertools.pairwise(steps) if pair[0]["decode"] and pair[1]["decode"]),
-        decode_gaps(steps),
-        strict=True,
-    ):
+    for first, second, kind in decode_pairs(steps):
         if kind in out:
             out[kind].append((first["s"], second.get("ahead"), second.get("waiting")))
     return out

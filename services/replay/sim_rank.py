@@ -445,7 +445,6 @@ class SimRank(HandoffSide, HoldSide, StepPlanner[SimRequest, Chunk]):
             # What is left of its match did not fit (fewer disk blocks each time). With others
             # running it waits a step, as in the engine; alone, the engine's next loop matches
             # again at once.
-            self.current = None
             return None if self.running else self._admit_pages(request, budget)
         finally:
             self.current = None
