@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import itertools
 from collections.abc import Callable
+from dataclasses import dataclass
 from functools import partial
 
 from ....kvstore.admission import MatchShrankError
@@ -48,8 +49,7 @@ class Scheduler(StepPlanner[Sequence, ScheduledChunk]):
         # this many a step before its admission (`_onboard_ahead`); 0: all at its admission.
         self.onboard_pages_per_step = onboard_pages_per_step
         self.onboarded_ahead = 0  # pages brought up ahead of admissions
-        # sequence key -> [its match's host/disk block positions, how many are brought up]
-        self._ahead: dict[str, list] = {}
+        self._ahead: dict[str, AheadPlan] = {}  # sequence key -> its pieces' plan
         self._ahead_ids = itertools.count()
 
     # -- membership ------------------------------------------------------------------------------
@@ -64,7 +64,7 @@ class Scheduler(StepPlanner[Sequence, ScheduledChunk]):
         """Forget a finished or cancelled sequence and release every page it holds."""
         self.park(sequence)
         self.holds.release(_ahead_key(sequence))
-        self._ahead.pop(sequence.key, None)
+        self._drop_plan(sequence.key)
         if sequence.key in self.manager.request_ids():
             self.manager.finish_request(sequence.key)
 
@@ -176,60 +176,58 @@ class Scheduler(StepPlanner[Sequence, ScheduledChunk]):
         in one go is a pause of the whole batch). True when blocks came up: the sequence is
         admitted at a later step, once the rest fit in one piece.
 
-        The blocks to bring up are read from the match once (`_ahead`, the plan); a piece is a
-        hold (`PrefetchHolds.keep`) of the prompt up to the block after its last one, so it
-        reuses what the previous piece brought up. The admission itself is the ordinary one:
-        it finds those blocks on the device, or onboards whatever is not. Room is made as for
-        the admission (retained turns released, then other holds); where none can be made, or
-        a piece brings nothing up, the admission goes as before.
+        The blocks to bring up are read from the match once (`AheadPlan`); a piece is a hold
+        (`PrefetchHolds.keep`) of the prompt up to the block after its last one, so it reuses
+        what the previous piece brought up. The admission itself is the ordinary one: it finds
+        those blocks on the device, or onboards whatever is not. Room is made as for the
+        admission (retained turns released, then other holds); where none can be made the
+        plan and the piece's request are kept for the next step (a waiting request is asked
+        every step: planning again would walk its whole prefix each time), and the admission
+        goes as before; a piece that brings nothing up ends the plan.
         """
         step = self.onboard_pages_per_step
         if step <= 0 or not self.running:
-            self._ahead.pop(sequence.key, None)
+            self._drop_plan(sequence.key)
             return False
         manager = self.manager
         plan = self._ahead.get(sequence.key)
         if plan is None:
-            match = manager.match(sequence.key)
-            lower = sorted(
-                {
-                    index
-                    for where in match.locations.values()
-                    for index, tier in enumerate(where)
-                    if tier in LOWER_TIERS
-                }
-            )
-            plan = self._ahead[sequence.key] = [lower, 0]
-        lower, done = plan
-        if len(lower) - done <= step:
-            del self._ahead[sequence.key]
+            plan = self._ahead[sequence.key] = AheadPlan(_lower_positions(manager, sequence.key))
+        if len(plan.lower) - plan.done <= step:
+            self._drop_plan(sequence.key)
             return False  # the admission brings the rest up
-        config = manager.config
-        end_tokens = (lower[done + step - 1] + 1) * config.block_size
-        end_tokens += max(1, config.max_replay_tokens)  # a match stops this far before the end
-        request_id = f"onboard-ahead-{next(self._ahead_ids)}"
-        manager.add_prefix_request(request_id, sequence.key, end_tokens)
-        fits = partial(manager.can_admit, request_id, 0)
-        if manager.match(request_id).num_reusable_tokens == 0 or not self._free_for(
-            fits, _ahead_key(sequence)
-        ):
-            manager.finish_request(request_id)
-            del self._ahead[sequence.key]
+        if plan.piece is None:
+            config = manager.config
+            end_tokens = (plan.lower[plan.done + step - 1] + 1) * config.block_size
+            end_tokens += max(1, config.max_replay_tokens)  # a match stops this far before the end
+            plan.piece = f"onboard-ahead-{next(self._ahead_ids)}"
+            manager.add_prefix_request(plan.piece, sequence.key, end_tokens)
+        piece = plan.piece
+        if manager.match(piece).num_reusable_tokens == 0:
+            self._drop_plan(sequence.key)
             return False
+        if not self._free_for(partial(manager.can_admit, piece, 0), _ahead_key(sequence)):
+            return False  # no room yet: the plan and its piece wait for the next step
         before = manager.tiers.metrics[DEVICE].pages_in
         try:
-            manager.admit(request_id, 0)
+            manager.admit(piece, 0)
         except MatchShrankError:  # the admission onboards what is left
-            manager.finish_request(request_id)
-            del self._ahead[sequence.key]
+            self._drop_plan(sequence.key)
             return False
-        self.holds.keep(_ahead_key(sequence), request_id, AHEAD_HOLD_SECONDS)
+        plan.piece = None  # the hold owns it now
+        self.holds.keep(_ahead_key(sequence), piece, AHEAD_HOLD_SECONDS)
         brought = manager.tiers.metrics[DEVICE].pages_in - before
         self.onboarded_ahead += brought
-        plan[1] = done + step
+        plan.done += step
         if not brought:
-            del self._ahead[sequence.key]
+            self._drop_plan(sequence.key)
         return brought > 0
+
+    def _drop_plan(self, key: str) -> None:
+        """End a sequence's pieces' plan, forgetting a piece not yet held."""
+        plan = self._ahead.pop(key, None)
+        if plan is not None and plan.piece is not None:
+            self.manager.finish_request(plan.piece)
 
     def _chunk(self, sequence: Sequence, start: int, count: int) -> ScheduledChunk:
         tokens = tuple(sequence.tokens(start, start + count))
@@ -253,6 +251,29 @@ class Scheduler(StepPlanner[Sequence, ScheduledChunk]):
     def _on_preempted(self, victim: Sequence, num_tokens: int) -> None:
         victim.kv_prompt_len = num_tokens
         victim.admitted = False
+
+
+@dataclass
+class AheadPlan:
+    """A waiting sequence's pieces: its match's host/disk block positions, how many of them
+    are brought up, and the next piece's prefix request while it waits for room."""
+
+    lower: list[int]
+    done: int = 0
+    piece: str | None = None
+
+
+def _lower_positions(manager: KVCacheManager, key: str) -> list[int]:
+    """The block positions where any life cycle's block of the match is on host or disk."""
+    match = manager.match(key)
+    return sorted(
+        {
+            index
+            for where in match.locations.values()
+            for index, tier in enumerate(where)
+            if tier in LOWER_TIERS
+        }
+    )
 
 
 def _ahead_key(sequence: Sequence) -> str:
