@@ -164,6 +164,7 @@ class Scheduler(StepPlanner[Sequence, ScheduledChunk]):
             return None  # what is left of its match did not fit: it waits, and matches again
         self.holds.take(conversation)  # the sequence holds the pages now
         self.holds.release(_ahead_key(sequence))
+        self._drop_plan(sequence.key)  # admitted beside a piece still waiting for room
         sequence.admitted = True
         if sequence.cached_tokens is None:
             sequence.cached_tokens = reused
