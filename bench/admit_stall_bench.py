@@ -195,6 +195,17 @@ def run_to_end(core: EngineCore, handle, decoding) -> list[int]:
                 return tokens
 
 
+def timed_turns(core: EngineCore, decoding, count: int) -> list[float]:
+    """Seconds of each of `count` core turns (reading the decoding request's tokens)."""
+    seconds = []
+    for _ in range(count):
+        started = time.perf_counter()
+        core.run_once()
+        seconds.append(time.perf_counter() - started)
+        drain(decoding)
+    return seconds
+
+
 def one_admission(
     prompt: int, where: str, args: argparse.Namespace, profile: bool
 ) -> dict[str, float]:
@@ -224,12 +235,7 @@ def admission_in(
     tiers = core.manager.tiers.metrics
     for _ in range(5):
         core.run_once()
-    decode_steps = []
-    for _ in range(10):
-        started = time.perf_counter()
-        core.run_once()
-        decode_steps.append(time.perf_counter() - started)
-    drain(decoding)
+    decode_steps = timed_turns(core, decoding, 10)
     phases = Phases()
     objects = owners(core)
     for owner, attribute, name in PHASES:

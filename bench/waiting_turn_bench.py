@@ -42,7 +42,13 @@ from gpu_common import import_engine, print_table
 
 import_engine()
 
-from admit_stall_bench import NEW_TOKENS, drain, new_core, run_to_end  # noqa: E402
+from admit_stall_bench import (  # noqa: E402
+    NEW_TOKENS,
+    drain,
+    new_core,
+    run_to_end,
+    timed_turns,
+)
 from host_bench_parts import baseline_tree  # noqa: E402
 from kvfleet.kvstore import manager as manager_module  # noqa: E402
 from kvfleet.kvstore.tiers.metrics import DEVICE  # noqa: E402
@@ -93,12 +99,7 @@ def measured(core, prompt: int, turns: int, walks: list[int]) -> dict[str, float
     while "a" not in core._sequences or not core._sequences["a"][0].context_done:
         core.run_once()
         drain(decoding)
-    plain = []
-    for _ in range(20):
-        started = time.perf_counter()
-        core.run_once()
-        plain.append(time.perf_counter() - started)
-        drain(decoding)
+    plain = timed_turns(core, decoding, 20)
     second_prompt = (*first_prompt, *output, *(rng.randrange(256) for _ in range(NEW_TOKENS)))
     core.submit(GenerateCall("b2", second_prompt, SamplingParams(max_tokens=4), "conv-b"))
     pages_in = core.manager.tiers.metrics[DEVICE]
