@@ -39,6 +39,9 @@ ARMS: dict[str, Arm] = {
     # the defaults with the ranks' look-ahead rule before (a request waiting at a rank turned
     # the overlapped decode off): a same-run baseline on hardware.
     "ahead-unqueued": Arm(lookahead="unqueued"),
+    # the defaults with a long host/disk prefix onboarded at its admission in one go, not in
+    # pieces of 256 pages a step (the engine's `onboard_pages_per_step`)
+    "pieces-off": Arm((), {"onboard_pages_per_step": 0}, {"onboard_pages_per_step": "0"}),
     # the defaults with an fp8 (e4m3) KV cache: the same bytes per rank hold twice the pages.
     "fp8": Arm((), {"kv_cache_dtype": "fp8_e4m3"}, {"kv_cache_dtype": "fp8_e4m3"}),
     # the defaults with disk-tier writes on a writer thread (kvstore/tiers/write_behind.py); the

@@ -78,7 +78,9 @@ def turn_rows(folder: Path) -> tuple[list[tuple[float, float, int, int]], tuple[
     logs = rank_logs(folder)
     found = []
     for record in records_of(folder):
-        if record["turn_index"] > 0 and (chunks := chunks_of(record, logs[record["rank"]])):
+        if record["turn_index"] == 0 or record.get("error") or record["rank"] not in logs:
+            continue  # a first turn, or a request that failed (no rank, no first token)
+        if chunks := chunks_of(record, logs[record["rank"]]):
             found.append((record, *chunks))
     offset = float(np.median([last["t"] + last["s"] - r["first_token_s"] for r, _, last in found]))
     rows = []

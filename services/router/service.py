@@ -137,8 +137,15 @@ class RouterServicer(router_pb2_grpc.RouterServicer):
             pending = self._pending(request, request_id, explicit[0] if explicit else None, relax)
             return self._wait_for_admission(pending, context)
 
+        # The engine's id of each placement: a retry gets its own, as the rank an abandoned
+        # stream left may still hold the attempt before (its cancel still on the way there).
+        engine_ids: list[str] = []
+
         def forward(admission: Admission, first: bool) -> Iterator[router_pb2.GenerateResponse]:
-            return self._forward(request, request_id, admission, context, first, handoff)
+            engine_ids.append(attempt_id(request_id, len(engine_ids)))
+            return self._forward(
+                request, request_id, engine_ids[-1], admission, context, first, handoff
+            )
 
         def lost_before_output(reason: str) -> None:
             if explicit and not relax:
@@ -151,7 +158,8 @@ class RouterServicer(router_pb2_grpc.RouterServicer):
         if admission is None:
             return  # the client went away
         if handoff:  # the context slot is given back already; now the generation half
-            yield from self._handoff.run(request, request_id, admission, handoff[0], context)
+            # the context rank parked the turn under its attempt's id
+            yield from self._handoff.run(request, engine_ids[-1], admission, handoff[0], context)
         elif self._prefetch is not None:
             self._prefetch.turn_ended(request.conversation_id, admission.rank.address)
 
@@ -188,14 +196,16 @@ class RouterServicer(router_pb2_grpc.RouterServicer):
         self,
         request,
         request_id: str,
+        engine_id: str,
         admission: Admission,
         context,
         first: bool,
         handoff: list[common_pb2.GenerationChunk],
     ) -> Iterator[router_pb2.GenerateResponse]:
-        """Stream the rank's chunks; a context rank's hand-off chunk is kept in `handoff`."""
+        """Stream the rank's chunks (as `request_id`'s; the rank knows the attempt as
+        `engine_id`); a context rank's hand-off chunk is kept in `handoff`."""
         engine_request = engine_pb2.EngineGenerateRequest(
-            request_id=request_id,
+            request_id=engine_id,
             conversation_id=request.conversation_id,
             sampling=request.sampling,
             max_tokens=request.max_tokens,
@@ -223,6 +233,7 @@ class RouterServicer(router_pb2_grpc.RouterServicer):
             if is_handoff(chunk):
                 handoff.append(chunk)
                 chunk = as_first_token(chunk)
+            chunk.request_id = request_id
             yield router_pb2.GenerateResponse(chunk=chunk, rank_id=rank_id, placement=placement)
         if finished < admission.request.slots:
             raise TruncatedStream(
@@ -234,3 +245,9 @@ class RouterServicer(router_pb2_grpc.RouterServicer):
         code = grpc_code(error)
         self._runtime.metrics.failed.labels(code.name).inc()
         context.abort(code, str(error))
+
+
+def attempt_id(request_id: str, earlier_attempts: int) -> str:
+    """The id a placement's engine knows the turn by: the router's for the first, a suffixed
+    one after (`id~2`, `id~3`, ...), so a retry never meets the attempt it replaces."""
+    return request_id if not earlier_attempts else f"{request_id}~{earlier_attempts + 1}"

@@ -58,7 +58,7 @@ def test_kvfleet_up_smoke_serves_a_model_dir(tmp_path):
     made = subprocess.run(write, cwd=REPO, env=env, capture_output=True, text=True, timeout=120)
     assert made.returncode == 0, made.stderr
     result = subprocess.run(
-        [*cli, "up", "--smoke", "--router-port", "0", "--http-port", "0",
+        [*cli, "up", "--smoke", "--router-port", "0", "--http-port", "0", "--metrics-port", "0",
          "--model-path", str(tmp_path / "m")],
         cwd=REPO, env=env, capture_output=True, text=True, timeout=180,
     )  # fmt: skip

@@ -36,8 +36,15 @@ class FakeEngine(engine_pb2_grpc.EngineServicer):
         self.fail_times: int | None = None
         # Set by a test: this many calls end the stream at once, sending nothing.
         self.end_early_times = 0
-        # Set by a test: after this many chunks a call hangs (sends nothing) until `release`.
+        # Set by a test: after this many chunks a call hangs (sends nothing) until `release`;
+        # only the next `hang_times` calls (None: every one).
         self.hang_after: int | None = None
+        self.hang_times: int | None = None
+        # Set by a test: a hanging call that its caller cancelled keeps its request id this
+        # long (a rank whose core learns of the cancel a step later). As the engine does, a
+        # call whose request id is running is refused (INVALID_ARGUMENT).
+        self.late_cancel_s = 0.0
+        self._running_ids: set[str] = set()
         self.release = threading.Event()
         self._beating = threading.Event()
         self._beating.set()
@@ -61,6 +68,19 @@ class FakeEngine(engine_pb2_grpc.EngineServicer):
     def Generate(self, request, context):
         slots = max(1, request.num_samples)
         with self._lock:
+            if request.request_id in self._running_ids:
+                duplicate = True
+            else:
+                duplicate = False
+                self._running_ids.add(request.request_id)
+        if duplicate:
+            context.abort(
+                grpc.StatusCode.INVALID_ARGUMENT, f"request_id: {request.request_id!r} is running"
+            )
+        with self._lock:
+            hangs = self.hang_after is not None and self.hang_times != 0
+            if hangs and self.hang_times is not None:
+                self.hang_times -= 1
             self.in_flight += slots
             self.max_in_flight = max(self.max_in_flight, self.in_flight)
             self.served.append(request.request_id)
@@ -83,10 +103,11 @@ class FakeEngine(engine_pb2_grpc.EngineServicer):
             sent = 0
             for sample in range(slots):
                 for i in range(request.max_tokens):
-                    if self.hang_after is not None and sent >= self.hang_after:
+                    if hangs and sent >= self.hang_after:
                         self.hanging.set()
                         while not (self.release.wait(0.05) or self._stop.is_set()):
                             if not context.is_active():
+                                self._stop.wait(self.late_cancel_s)
                                 return
                     if self._stop.wait(self.delay) or not context.is_active():
                         return
@@ -111,6 +132,7 @@ class FakeEngine(engine_pb2_grpc.EngineServicer):
         finally:
             with self._lock:
                 self.in_flight -= slots
+                self._running_ids.discard(request.request_id)
 
     @staticmethod
     def _handoff_chunk(request) -> common_pb2.GenerationChunk:

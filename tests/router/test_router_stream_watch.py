@@ -113,3 +113,21 @@ def test_calls_in_flight_to_a_removed_rank_are_cancelled(start_fleet):
     assert outcome["conv-b"][0].rank_id == "r1"
     assert outcome["conv-b"][-1].chunk.finished
     assert server.metrics.ranks_removed._value.get() == 1
+
+
+def test_a_retry_on_the_rank_that_still_holds_the_attempt_before_is_served(start_fleet):
+    """If this fails, a turn whose stream went idle is placed again with the request id of
+    the attempt it replaces; when the retry lands on the same rank before that rank has
+    dropped the cancelled attempt (its core learns of a cancel between steps), the rank
+    refuses it as already running, and the client gets INVALID_ARGUMENT for a good turn."""
+    server, stub, (r0, r1) = start_fleet(stream_idle_seconds=STREAM_IDLE_SECONDS)
+    r1.kill()  # the retry can only go back to r0 once it registers again
+    wait_until(lambda: list(server.runtime.ranks()) == ["r0"])
+    r0.hang_after, r0.hang_times, r0.late_cancel_s = 0, 1, 10.0
+    responses = list(stub.Generate(turn("conv-retried"), timeout=60))
+    assert {r.rank_id for r in responses} == {"r0"}
+    assert responses[-1].chunk.finished
+    assert server.metrics.retries._value.get() == 1
+    first, retry = r0.served
+    assert retry != first  # the retry's own id on the rank, the turn's own to its client
+    assert {r.chunk.request_id for r in responses} == {first}
