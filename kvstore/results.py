@@ -34,6 +34,17 @@ class PrefixMatch:
         where = self.locations.get(life_cycle, ())
         return sum(where.count(tier) for tier in LOWER_TIERS)
 
+    def lower_positions(self) -> list[int]:
+        """Block positions where any life cycle's block is on host or disk, in order."""
+        return sorted(
+            {
+                index
+                for where in self.locations.values()
+                for index, tier in enumerate(where)
+                if tier in LOWER_TIERS
+            }
+        )
+
 
 @dataclass(frozen=True)
 class Allocation:

@@ -22,7 +22,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from ...kvstore.results import LOWER_TIERS, PrefixMatch
+from ...kvstore.results import PrefixMatch
 from ..core.cost_figures import Hardware
 
 # How long a piece's hold lasts if its request never joins (the engine's AHEAD_HOLD_SECONDS).
@@ -61,7 +61,7 @@ class OnboardAhead:
             return None
         plan = self._plans.get(request_id)
         if plan is None:
-            plan = self._plans[request_id] = [_lower_positions(match_of()), 0]
+            plan = self._plans[request_id] = [match_of().lower_positions(), 0]
         positions, done = plan
         if len(positions) - done <= step:
             del self._plans[request_id]
@@ -80,16 +80,3 @@ class OnboardAhead:
     def forget(self, request_id: str) -> None:
         """The request joined, left, or its piece found no room: its plan ends."""
         self._plans.pop(request_id, None)
-
-
-def _lower_positions(match: PrefixMatch) -> list[int]:
-    """The block positions where any life cycle's block is on a lower tier, in order (the
-    engine's plan: the union of the positions)."""
-    return sorted(
-        {
-            index
-            for where in match.locations.values()
-            for index, tier in enumerate(where)
-            if tier in LOWER_TIERS
-        }
-    )

@@ -9,7 +9,6 @@ from __future__ import annotations
 import dataclasses
 import random
 
-import pytest
 from engine_testkit import greedy, shared_compute
 from kvfleet.kvstore import manager as manager_module
 from kvfleet.services.engine.config.model_config import PRESETS
@@ -73,8 +72,3 @@ def test_a_request_waiting_for_room_does_not_walk_its_prefix_each_step(monkeypat
     at_once = dataclasses.replace(CONFIG, onboard_pages_per_step=0)
     b_once, a_once, _, _ = waiting_turn(at_once, "ahead-no-room-off", [])
     assert (b_tokens, a_tokens) == (b_once, a_once)
-
-
-@pytest.fixture(autouse=True)
-def _full_attention_preset(monkeypatch):
-    monkeypatch.setitem(PRESETS, "tiny-full-attention", tiny_full_attention)

@@ -21,7 +21,6 @@ from functools import partial
 
 from ....kvstore.admission import MatchShrankError
 from ....kvstore.manager import KVCacheManager
-from ....kvstore.results import LOWER_TIERS
 from ....kvstore.tiers.metrics import DEVICE
 from ...core.step_planner import StepPlanner
 from ..request.scheduled_chunk import ScheduledChunk
@@ -193,7 +192,9 @@ class Scheduler(StepPlanner[Sequence, ScheduledChunk]):
         manager = self.manager
         plan = self._ahead.get(sequence.key)
         if plan is None:
-            plan = self._ahead[sequence.key] = AheadPlan(_lower_positions(manager, sequence.key))
+            plan = self._ahead[sequence.key] = AheadPlan(
+                manager.match(sequence.key).lower_positions()
+            )
         if len(plan.lower) - plan.done <= step:
             self._drop_plan(sequence.key)
             return False  # the admission brings the rest up
@@ -262,19 +263,6 @@ class AheadPlan:
     lower: list[int]
     done: int = 0
     piece: str | None = None
-
-
-def _lower_positions(manager: KVCacheManager, key: str) -> list[int]:
-    """The block positions where any life cycle's block of the match is on host or disk."""
-    match = manager.match(key)
-    return sorted(
-        {
-            index
-            for where in match.locations.values()
-            for index, tier in enumerate(where)
-            if tier in LOWER_TIERS
-        }
-    )
 
 
 def _ahead_key(sequence: Sequence) -> str:
