@@ -25,7 +25,7 @@ _sym_db = _symbol_database.Default()
 from kvfleet.proto import common_pb2 as kvfleet_dot_proto_dot_common__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1akvfleet/proto/engine.proto\x12\x07kvfleet\x1a\x1akvfleet/proto/common.proto\"m\n\x0fPrefetchRequest\x12\x17\n\x0f\x63onversation_id\x18\x01 \x01(\t\x12\x14\n\x0chold_seconds\x18\x02 \x01(\x01\x12+\n\x10prompt_token_ids\x18\x03 \x01(\x0b\x32\x11.kvfleet.TokenIds\"G\n\rPrefetchReply\x12\x0c\n\x04held\x18\x01 \x01(\x08\x12\x13\n\x0bhost_blocks\x18\x02 \x01(\r\x12\x13\n\x0b\x64isk_blocks\x18\x03 \x01(\r\"\xfc\x02\n\x15\x45ngineGenerateRequest\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\x17\n\x0f\x63onversation_id\x18\x02 \x01(\t\x12-\n\x10prompt_token_ids\x18\x03 \x01(\x0b\x32\x11.kvfleet.TokenIdsH\x00\x12\x15\n\x0bprompt_text\x18\x04 \x01(\tH\x00\x12)\n\x08sampling\x18\x05 \x01(\x0b\x32\x17.kvfleet.SamplingParams\x12\x12\n\nmax_tokens\x18\x06 \x01(\x05\x12\x13\n\x0bnum_samples\x18\x07 \x01(\r\x12\x19\n\x11kv_source_address\x18\x08 \x01(\t\x12\x19\n\x11handoff_token_ids\x18\t \x03(\r\x12\x12\n\ncache_salt\x18\n \x01(\t\x12\x14\n\x0c\x62ranch_hints\x18\x0b \x03(\r\x12\x19\n\x11retention_seconds\x18\x0c \x01(\r\x12\x17\n\x0fkv_home_address\x18\r \x01(\tB\x08\n\x06prompt\"z\n\rKvPullRequest\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\x14\n\x0c\x62lock_hashes\x18\x02 \x03(\x04\x12+\n\x10prompt_token_ids\x18\x03 \x01(\x0b\x32\x11.kvfleet.TokenIds\x12\x12\n\ncache_salt\x18\x04 \x01(\t\"h\n\x0bKvBlockData\x12\x12\n\nblock_hash\x18\x01 \x01(\x04\x12\x13\n\x0blayer_group\x18\x02 \x01(\r\x12\x0c\n\x04\x64\x61ta\x18\x03 \x01(\x0c\x12\r\n\x05\x63rc32\x18\x04 \x01(\r\x12\x13\n\x0b\x62lock_index\x18\x05 \x01(\r2\xda\x01\n\x06\x45ngine\x12\x46\n\x08Generate\x12\x1e.kvfleet.EngineGenerateRequest\x1a\x18.kvfleet.GenerationChunk0\x01\x12>\n\x0cPullKvBlocks\x12\x16.kvfleet.KvPullRequest\x1a\x14.kvfleet.KvBlockData0\x01\x12H\n\x14PrefetchConversation\x12\x18.kvfleet.PrefetchRequest\x1a\x16.kvfleet.PrefetchReplyb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1akvfleet/proto/engine.proto\x12\x07kvfleet\x1a\x1akvfleet/proto/common.proto\"m\n\x0fPrefetchRequest\x12\x17\n\x0f\x63onversation_id\x18\x01 \x01(\t\x12\x14\n\x0chold_seconds\x18\x02 \x01(\x01\x12+\n\x10prompt_token_ids\x18\x03 \x01(\x0b\x32\x11.kvfleet.TokenIds\"G\n\rPrefetchReply\x12\x0c\n\x04held\x18\x01 \x01(\x08\x12\x13\n\x0bhost_blocks\x18\x02 \x01(\r\x12\x13\n\x0b\x64isk_blocks\x18\x03 \x01(\r\"\x9a\x03\n\x15\x45ngineGenerateRequest\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\x17\n\x0f\x63onversation_id\x18\x02 \x01(\t\x12-\n\x10prompt_token_ids\x18\x03 \x01(\x0b\x32\x11.kvfleet.TokenIdsH\x00\x12\x15\n\x0bprompt_text\x18\x04 \x01(\tH\x00\x12)\n\x08sampling\x18\x05 \x01(\x0b\x32\x17.kvfleet.SamplingParams\x12\x12\n\nmax_tokens\x18\x06 \x01(\x05\x12\x13\n\x0bnum_samples\x18\x07 \x01(\r\x12\x19\n\x11kv_source_address\x18\x08 \x01(\t\x12\x19\n\x11handoff_token_ids\x18\t \x03(\r\x12\x12\n\ncache_salt\x18\n \x01(\t\x12\x14\n\x0c\x62ranch_hints\x18\x0b \x03(\r\x12\x19\n\x11retention_seconds\x18\x0c \x01(\r\x12\x17\n\x0fkv_home_address\x18\r \x01(\t\x12\x1c\n\x14kv_source_request_id\x18\x0e \x01(\tB\x08\n\x06prompt\"z\n\rKvPullRequest\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\x14\n\x0c\x62lock_hashes\x18\x02 \x03(\x04\x12+\n\x10prompt_token_ids\x18\x03 \x01(\x0b\x32\x11.kvfleet.TokenIds\x12\x12\n\ncache_salt\x18\x04 \x01(\t\"h\n\x0bKvBlockData\x12\x12\n\nblock_hash\x18\x01 \x01(\x04\x12\x13\n\x0blayer_group\x18\x02 \x01(\r\x12\x0c\n\x04\x64\x61ta\x18\x03 \x01(\x0c\x12\r\n\x05\x63rc32\x18\x04 \x01(\r\x12\x13\n\x0b\x62lock_index\x18\x05 \x01(\r2\xda\x01\n\x06\x45ngine\x12\x46\n\x08Generate\x12\x1e.kvfleet.EngineGenerateRequest\x1a\x18.kvfleet.GenerationChunk0\x01\x12>\n\x0cPullKvBlocks\x12\x16.kvfleet.KvPullRequest\x1a\x14.kvfleet.KvBlockData0\x01\x12H\n\x14PrefetchConversation\x12\x18.kvfleet.PrefetchRequest\x1a\x16.kvfleet.PrefetchReplyb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -37,11 +37,11 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_PREFETCHREPLY']._serialized_start=178
   _globals['_PREFETCHREPLY']._serialized_end=249
   _globals['_ENGINEGENERATEREQUEST']._serialized_start=252
-  _globals['_ENGINEGENERATEREQUEST']._serialized_end=632
-  _globals['_KVPULLREQUEST']._serialized_start=634
-  _globals['_KVPULLREQUEST']._serialized_end=756
-  _globals['_KVBLOCKDATA']._serialized_start=758
-  _globals['_KVBLOCKDATA']._serialized_end=862
-  _globals['_ENGINE']._serialized_start=865
-  _globals['_ENGINE']._serialized_end=1083
+  _globals['_ENGINEGENERATEREQUEST']._serialized_end=662
+  _globals['_KVPULLREQUEST']._serialized_start=664
+  _globals['_KVPULLREQUEST']._serialized_end=786
+  _globals['_KVBLOCKDATA']._serialized_start=788
+  _globals['_KVBLOCKDATA']._serialized_end=892
+  _globals['_ENGINE']._serialized_start=895
+  _globals['_ENGINE']._serialized_end=1113
 # @@protoc_insertion_point(module_scope)

@@ -28,7 +28,7 @@ class PrefetchReply(_message.Message):
     def __init__(self, held: _Optional[bool] = ..., host_blocks: _Optional[int] = ..., disk_blocks: _Optional[int] = ...) -> None: ...
 
 class EngineGenerateRequest(_message.Message):
-    __slots__ = ("request_id", "conversation_id", "prompt_token_ids", "prompt_text", "sampling", "max_tokens", "num_samples", "kv_source_address", "handoff_token_ids", "cache_salt", "branch_hints", "retention_seconds", "kv_home_address")
+    __slots__ = ("request_id", "conversation_id", "prompt_token_ids", "prompt_text", "sampling", "max_tokens", "num_samples", "kv_source_address", "handoff_token_ids", "cache_salt", "branch_hints", "retention_seconds", "kv_home_address", "kv_source_request_id")
     REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
     CONVERSATION_ID_FIELD_NUMBER: _ClassVar[int]
     PROMPT_TOKEN_IDS_FIELD_NUMBER: _ClassVar[int]
@@ -42,6 +42,7 @@ class EngineGenerateRequest(_message.Message):
     BRANCH_HINTS_FIELD_NUMBER: _ClassVar[int]
     RETENTION_SECONDS_FIELD_NUMBER: _ClassVar[int]
     KV_HOME_ADDRESS_FIELD_NUMBER: _ClassVar[int]
+    KV_SOURCE_REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
     request_id: str
     conversation_id: str
     prompt_token_ids: _common_pb2.TokenIds
@@ -55,7 +56,8 @@ class EngineGenerateRequest(_message.Message):
     branch_hints: _containers.RepeatedScalarFieldContainer[int]
     retention_seconds: int
     kv_home_address: str
-    def __init__(self, request_id: _Optional[str] = ..., conversation_id: _Optional[str] = ..., prompt_token_ids: _Optional[_Union[_common_pb2.TokenIds, _Mapping]] = ..., prompt_text: _Optional[str] = ..., sampling: _Optional[_Union[_common_pb2.SamplingParams, _Mapping]] = ..., max_tokens: _Optional[int] = ..., num_samples: _Optional[int] = ..., kv_source_address: _Optional[str] = ..., handoff_token_ids: _Optional[_Iterable[int]] = ..., cache_salt: _Optional[str] = ..., branch_hints: _Optional[_Iterable[int]] = ..., retention_seconds: _Optional[int] = ..., kv_home_address: _Optional[str] = ...) -> None: ...
+    kv_source_request_id: str
+    def __init__(self, request_id: _Optional[str] = ..., conversation_id: _Optional[str] = ..., prompt_token_ids: _Optional[_Union[_common_pb2.TokenIds, _Mapping]] = ..., prompt_text: _Optional[str] = ..., sampling: _Optional[_Union[_common_pb2.SamplingParams, _Mapping]] = ..., max_tokens: _Optional[int] = ..., num_samples: _Optional[int] = ..., kv_source_address: _Optional[str] = ..., handoff_token_ids: _Optional[_Iterable[int]] = ..., cache_salt: _Optional[str] = ..., branch_hints: _Optional[_Iterable[int]] = ..., retention_seconds: _Optional[int] = ..., kv_home_address: _Optional[str] = ..., kv_source_request_id: _Optional[str] = ...) -> None: ...
 
 class KvPullRequest(_message.Message):
     __slots__ = ("request_id", "block_hashes", "prompt_token_ids", "cache_salt")

@@ -65,14 +65,21 @@ class GenerationSide:
         self.timeout_seconds = timeout_seconds
         self.metrics = core.metrics.handoff
 
-    def receive(self, call, source_address: str, handoff_tokens: tuple[int, ...]):
-        """Get the request's KV and start decoding after `handoff_tokens`; its RequestHandle."""
+    def receive(
+        self,
+        call,
+        source_address: str,
+        handoff_tokens: tuple[int, ...],
+        source_request_id: str = "",
+    ):
+        """Get the request's KV and start decoding after `handoff_tokens`; its RequestHandle.
+        The source parked the KV as `source_request_id` (empty: the call's own id)."""
         if not handoff_tokens:
             raise ValueError("handoff_token_ids: empty; the context rank's tokens are needed")
         core = self.core
         reservation = core.call_on_core(lambda: self._reserve(call, handoff_tokens))
         request = FetchRequest(
-            call.request_id,
+            source_request_id or call.request_id,
             source_address,
             reservation.held_hashes,
             reservation.wanted,

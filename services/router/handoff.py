@@ -22,6 +22,7 @@ from __future__ import annotations
 from collections.abc import Callable, Iterator
 
 from ...proto import common_pb2, engine_pb2, router_pb2
+from .attempt_ids import attempt_id
 from .model import Admission, PendingRequest
 from .retry_loop import RetryLoop, RetryRules, TruncatedStream
 from .stream_watch import watched_chunks
@@ -87,33 +88,48 @@ class HandoffForwarder:
         self,
         request,
         request_id: str,
+        source_id: str,
         context_admission: Admission,
         handoff: common_pb2.GenerationChunk,
         context,
     ) -> Iterator[router_pb2.GenerateResponse]:
-        """Place the turn on a generation rank and stream its tokens after the first."""
+        """Place the turn on a generation rank and stream its tokens after the first; the
+        context rank parked its KV as `source_id` (the context half's last attempt)."""
 
         def admit() -> Admission | None:
             pending = generation_request(request, request_id, request.conversation_id, self._clock)
             return self._wait_for_admission(pending, context, "generation")
 
+        engine_ids: list[str] = []  # as in the context half: a retry never meets its attempt
+
         def forward(admission: Admission, first: bool) -> Iterator[router_pb2.GenerateResponse]:
+            engine_ids.append(attempt_id(request_id, len(engine_ids)))
             return self._forward(
-                request, request_id, admission, context_admission, handoff, context, first
+                request,
+                (request_id, engine_ids[-1], source_id),
+                admission,
+                context_admission,
+                handoff,
+                context,
+                first,
             )
 
         yield from self._retries.run(request_id, context, admit, forward)
 
     def _forward(
-        self, request, request_id, admission, context_admission, handoff, context, first: bool
+        self, request, ids, admission, context_admission, handoff, context, first: bool
     ) -> Iterator[router_pb2.GenerateResponse]:
+        """Stream the generation rank's chunks; `ids`: the turn's, this attempt's, and the one
+        the context rank parked the KV under."""
+        request_id, engine_id, source_id = ids
         engine_request = engine_pb2.EngineGenerateRequest(
-            request_id=request_id,
+            request_id=engine_id,
             conversation_id=request.conversation_id,
             sampling=request.sampling,
             max_tokens=request.max_tokens,
             num_samples=1,
             kv_source_address=context_admission.rank.address,
+            kv_source_request_id=source_id,
             handoff_token_ids=list(handoff.token_ids),
             cache_salt=request.cache_salt,
             branch_hints=request.branch_hints,
@@ -133,6 +149,7 @@ class HandoffForwarder:
                 chunk.usage.cached_tokens = handoff.usage.cached_tokens
                 chunk.usage.ttft_seconds = handoff.usage.ttft_seconds
             finished = finished or chunk.finished
+            chunk.request_id = request_id
             placement = admission.placement.value if first else ""
             first = False
             yield router_pb2.GenerateResponse(

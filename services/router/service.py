@@ -12,6 +12,7 @@ import grpc
 
 from ...proto import common_pb2, engine_pb2, engine_pb2_grpc, router_pb2, router_pb2_grpc
 from ...proto.limits import GRPC_MESSAGE_OPTIONS
+from .attempt_ids import attempt_id
 from .deadlines import call_timeout
 from .errors import DuplicateRequest, RankUnavailable, RouterError, grpc_code
 from .handoff import HandoffForwarder, as_first_token, is_handoff
@@ -159,7 +160,9 @@ class RouterServicer(router_pb2_grpc.RouterServicer):
             return  # the client went away
         if handoff:  # the context slot is given back already; now the generation half
             # the context rank parked the turn under its attempt's id
-            yield from self._handoff.run(request, engine_ids[-1], admission, handoff[0], context)
+            yield from self._handoff.run(
+                request, request_id, engine_ids[-1], admission, handoff[0], context
+            )
         elif self._prefetch is not None:
             self._prefetch.turn_ended(request.conversation_id, admission.rank.address)
 
@@ -245,9 +248,3 @@ class RouterServicer(router_pb2_grpc.RouterServicer):
         code = grpc_code(error)
         self._runtime.metrics.failed.labels(code.name).inc()
         context.abort(code, str(error))
-
-
-def attempt_id(request_id: str, earlier_attempts: int) -> str:
-    """The id a placement's engine knows the turn by: the router's for the first, a suffixed
-    one after (`id~2`, `id~3`, ...), so a retry never meets the attempt it replaces."""
-    return request_id if not earlier_attempts else f"{request_id}~{earlier_attempts + 1}"

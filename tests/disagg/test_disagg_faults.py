@@ -32,7 +32,9 @@ def _prefill(context_rank, request_id: str, prompt=PROMPT, max_tokens: int = 8):
     return chunks[0]
 
 
-def _decode(generation_rank, request_id: str, source: str, first, prompt=PROMPT, max_tokens=8):
+def _decode(
+    generation_rank, request_id: str, source: str, first, prompt=PROMPT, max_tokens=8, **extra
+):
     channel, stub = engine_stub(generation_rank)
     with channel:
         request = engine_request(
@@ -41,6 +43,7 @@ def _decode(generation_rank, request_id: str, source: str, first, prompt=PROMPT,
             max_tokens,
             kv_source_address=source,
             handoff_token_ids=list(first.token_ids),
+            **extra,
         )
         return list(stub.Generate(request, timeout=30))
 
@@ -96,6 +99,28 @@ def test_context_rank_lost_without_a_disk_tier_fails_with_aborted_naming_the_tra
         assert_clean(generation)
     finally:
         generation.stop(grace=0.1)
+
+
+def test_a_generation_call_pulls_the_kv_parked_under_the_context_attempts_own_id():
+    """A router that retried the context half parks the KV under the attempt's id (`id~2`) and
+    sends the generation rank the turn's: without kv_source_request_id the pull asks for an
+    id the context rank never had and fails NOT_FOUND."""
+    context = start_rank("context")
+    generation = start_rank("generation")
+    aggregated = start_rank("both")
+    try:
+        first = _prefill(context, "moved~2")
+        chunks = _decode(
+            generation, "moved", address(context), first, kv_source_request_id="moved~2"
+        )
+        assert [*first.token_ids, *tokens(chunks)] == _aggregated(aggregated, "alone")
+        assert {c.request_id for c in chunks} == {"moved"}
+        wait_until(lambda: tracked_requests(context) == ())  # the hold was pulled and let go
+        assert_clean(context)
+        assert_clean(generation)
+    finally:
+        for rank in (context, generation, aggregated):
+            rank.stop(grace=0.1)
 
 
 def test_hold_that_times_out_is_released_and_the_late_pull_fails_clearly():

@@ -54,6 +54,7 @@ class FakeEngine(engine_pb2_grpc.EngineServicer):
         self.in_flight = 0
         self.max_in_flight = 0
         self.served: list[str] = []
+        self.kv_sources: list[str] = []  # a generation call's kv_source_request_id
         self.first_chunk_sent = threading.Event()
         self.hanging = threading.Event()  # a call is hanging (see hang_after)
         self._lock = threading.Lock()
@@ -84,6 +85,8 @@ class FakeEngine(engine_pb2_grpc.EngineServicer):
             self.in_flight += slots
             self.max_in_flight = max(self.max_in_flight, self.in_flight)
             self.served.append(request.request_id)
+            if request.kv_source_address:
+                self.kv_sources.append(request.kv_source_request_id)
             self.generate_calls += 1
             failing = self.fail_with is not None and self.fail_times != 0
             if failing and self.fail_times is not None:

@@ -234,7 +234,10 @@ class EngineServicer(engine_pb2_grpc.EngineServicer):
                 if request.kv_home_address:
                     raise ValueError("kv_home_address: a hand-off's KV comes from its source")
                 handle = self._core.role.receiver().receive(
-                    call, request.kv_source_address, tuple(request.handoff_token_ids)
+                    call,
+                    request.kv_source_address,
+                    tuple(request.handoff_token_ids),
+                    request.kv_source_request_id,
                 )
             else:
                 if request.kv_home_address:  # a moved turn: its home's prefix first
