@@ -114,24 +114,24 @@ class KVCacheManager:
         """The longest reusable prefix of the request's prompt now (no mutation).
 
         An admission asks several times (its size, room, the admission itself) with nothing
-        changed between: while no index the match read changed (the pools' hash indexes, the
-        host and disk indexes) the last match is handed out again, not walked again.
+        changed between, and a request waiting for room is asked every step: while no index
+        the match read changed (the pools' hash indexes, the host and disk indexes; a shared
+        disk folder's answer is trusted for a short window, `KVTiers.index_version`) the last
+        match is handed out again, not walked again.
         """
         state = self._state(request_id)
         hashes = state.sequence.hashes
         version = self._index_version(len(hashes))
         last = state.last_match
-        if version is not None and last is not None and last[0] == version:
+        if last is not None and last[0] == version:
             return last[1]
         match = match_prompt(hashes, state.prompt_len, self.config, self.pools, self._locate)
-        state.last_match = None if version is None else (version, match)
+        state.last_match = (version, match)
         return match
 
-    def _index_version(self, num_hashes: int) -> tuple[int, ...] | None:
-        """What a match reads, as counters that change whenever it may (None: unknown)."""
+    def _index_version(self, num_hashes: int) -> tuple[int, ...]:
+        """What a match reads, as counters that change whenever it may."""
         tiers = self.tiers.index_version()
-        if tiers is None:
-            return None
         return (num_hashes, *tiers, *[pool.index_version for pool in self.pools.values()])
 
     def page_table(self, request_id: str, life_cycle: str) -> tuple[int, ...]:

@@ -49,6 +49,12 @@ log = logging.getLogger(__name__)
 
 # Staging rows a drain reuses per batch of device pages: bounds its host memory.
 DRAIN_CHUNK_PAGES = 64
+# How long a match that read a shared disk folder is handed out again (as NFS trusts cached
+# attributes): a turn waiting for room is asked several times every step, and walking its
+# whole prefix each time cost a 1b rank 4-8 ms before each 1 ms decode step at 116k tokens. A
+# file that leaves meanwhile fails its read, as it may between any walk and its read; one
+# that arrives is found by the next window's walk.
+SHARED_FOLDER_TRUST_SECONDS = 0.05
 
 
 @dataclass(frozen=True)
@@ -136,11 +142,13 @@ class KVTiers:
         """True if a disk tier can hold any block (else nothing is prefetched from it)."""
         return any(self.disk.index.capacity.values()) or isinstance(self.disk.files, DiskFiles)
 
-    def index_version(self) -> tuple[int, int, int] | None:
-        """Changes whenever `locate` may answer differently; None where it cannot tell (a
-        shared disk folder's files come and go with other ranks)."""
+    def index_version(self) -> tuple[int, int, int]:
+        """Changes whenever `locate` may answer differently. A shared disk folder's files come
+        and go with other ranks, which tell no one: there the last part is a time window
+        (`SHARED_FOLDER_TRUST_SECONDS`), so what the folder said is trusted at most that long."""
         if isinstance(self.disk.files, DiskFiles):
-            return None
+            window = int(self.clock() / SHARED_FOLDER_TRUST_SECONDS)
+            return self.host.version, self.disk.index.version, window
         # NOTE: the volume's own count too: a block another rank evicts from a shared volume
         # leaves this rank's index unchanged, and a match kept past it would stage that block
         # again after every miss, for ever.

@@ -11,7 +11,7 @@ from kvfleet.kvstore.matching import match_prompt
 from kvfleet.kvstore.policies import AllReusable, PerConversation
 from kvfleet.kvstore.tiers.build import TierConfig, build_tiers
 from kvfleet.kvstore.tiers.disk_files import SharedBlockSet
-from kvfleet.kvstore.tiers.stack import KVTiers
+from kvfleet.kvstore.tiers.stack import SHARED_FOLDER_TRUST_SECONDS, KVTiers
 from test_properties import step
 
 BLOCK = 4
@@ -237,3 +237,38 @@ def test_a_kept_match_equals_a_fresh_one_on_a_shared_volume(
             for request_id in requests:
                 assert other.match(request_id) == fresh_match(other, request_id), request_id
             other.check_integrity()
+
+
+def test_a_match_that_read_a_shared_folder_is_walked_again_only_after_its_window(tmp_path):
+    """If this fails either way: a waiting request on a rank with a shared disk folder walked
+    its whole prefix at every ask, several times a step (the pauses between a 1b rank's
+    decode steps), or never saw the blocks another rank wrote to the folder while it waited."""
+    store = store_config(True)
+    names = [lc.name for lc in LIFE_CYCLES]
+    now = [100.0]
+    writer, reader = (
+        KVCacheManager(
+            store,
+            lambda event: None,
+            build_tiers(
+                store,
+                TierConfig(dict.fromkeys(names, 0), dict.fromkeys(names, 8), str(tmp_path)),
+            ),
+            clock=lambda: now[0],
+        )
+        for _ in range(2)
+    )
+    prompt = [*BASES[0][:16], 1, 2, 3]
+    reader.add_request("r", prompt)
+    first = reader.match("r")
+    assert first.num_reusable_tokens == 0
+    writer.add_request("w", BASES[0][:16], "c0")
+    writer.admit("w", 16)
+    writer.commit("w", 16)
+    writer.finish_context("w")
+    writer.finish_request("w")
+    assert writer.flush_retained_to_disk() > 0  # the writer's blocks, in the shared folder
+    assert reader.match("r") is first  # asked again within the window: not walked
+    now[0] += SHARED_FOLDER_TRUST_SECONDS * 1.01  # a window at most
+    assert reader.match("r") == fresh_match(reader, "r")
+    assert reader.match("r").num_reusable_tokens == 16
