@@ -147,7 +147,9 @@ def new_core(
 ) -> tuple[EngineCore, TorchCompute]:
     prompt_pages = -(-(prompt + NEW_TOKENS + 64) // PAGE)
     # host/disk: the device holds about one prompt, so that another one pushes B's down
-    pushed = where in ("host", "disk")
+    # host+disk: a fleet rank's tiers (host pages and a shared disk folder), B's blocks on host
+    pushed = where in ("host", "disk", "host+disk")
+    on_host, on_disk = where in ("host", "host+disk"), where in ("disk", "host+disk")
     device_pages = prompt_pages + 400 if pushed else 2 * prompt_pages + 600
     config = EngineConfig(
         model=SHAPES[args.kv_shape],
@@ -157,9 +159,9 @@ def new_core(
         max_num_batched_tokens=STEP_TOKENS,
         page_size=PAGE,
         kv_pages=device_pages,
-        host_kv_pages=3 * prompt_pages if where == "host" else None,
-        disk_tier_dir=disk_dir if where == "disk" else "",
-        disk_kv_pages=3 * prompt_pages if where == "disk" else None,
+        host_kv_pages=3 * prompt_pages if on_host else None,
+        disk_tier_dir=disk_dir if on_disk else "",
+        disk_kv_pages=3 * prompt_pages if on_disk else None,
         disk_write_behind=args.disk_write_behind,
         **({"disk_read_threads": args.disk_read_threads} if args.disk_read_threads else {}),
     )

@@ -8,6 +8,10 @@ beside A. Its prefix first comes up in pieces of `onboard_pages_per_step` (256) 
 lasts (docs/engine.md), then it waits until A ends. The rank asks it every step, so every one
 of A's steps pays that question before it starts.
 
+Each case runs with the host tier alone, and with the host tier and a shared disk folder as a
+fleet's ranks have (`--tiers`): a match that read a shared folder is trusted only for a short
+window (kvstore/tiers/stack.py), so there the rank may walk more often.
+
 Per case, the core's turns (host ms, the forward free): A's plain decode turn before B came,
 the turns that brought a piece up, and the turns in which B waited with no piece (their p50
 and p90), with the prefix walks (`match_prompt`) per waiting turn. The H100 fleet's step logs
@@ -58,7 +62,7 @@ from kvfleet.services.engine.request.engine_request import GenerateCall  # noqa:
 A_SHARE = 0.6  # A's prompt, of B's: B's second turn does not fit beside it
 
 
-def one_case(prompt: int, turns: int) -> dict[str, float]:
+def one_case(prompt: int, turns: int, tiers: str) -> dict[str, float]:
     """The figures of one case (module docstring), in seconds and counts."""
     args = argparse.Namespace(
         kv_shape="tiny", device="cpu", disk_write_behind=False, disk_read_threads=0
@@ -72,7 +76,7 @@ def one_case(prompt: int, turns: int) -> dict[str, float]:
 
     manager_module.match_prompt = counted
     with tempfile.TemporaryDirectory(prefix="waiting-turn-") as disk_dir:
-        core, _ = new_core(prompt, "host", args, disk_dir)
+        core, _ = new_core(prompt, tiers, args, disk_dir)
         try:
             return measured(core, prompt, turns, walks)
         finally:
@@ -138,44 +142,47 @@ def cell(name: str, value: float) -> float:
     return round(value, 2) if any(c in name for c in COUNTS) else value * 1e3
 
 
-def measure_baseline(shim: Path, prompt: int, turns: int) -> dict[str, float]:
+def measure_baseline(shim: Path, prompt: int, turns: int, tiers: str) -> dict[str, float]:
     command = [sys.executable, __file__, "--json", "--prompts", str(prompt)]
-    command += ["--turns", str(turns)]
+    command += ["--turns", str(turns), "--tiers", tiers]
     env = {**os.environ, "PYTHONPATH": str(shim)}
     done = subprocess.run(command, env=env, check=True, capture_output=True, text=True)
-    return json.loads(done.stdout.strip().splitlines()[-1])[str(prompt)]
+    return json.loads(done.stdout.strip().splitlines()[-1])[f"{prompt} {tiers}"]
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--prompts", default="65536,131072", help="B's first-turn tokens")
     parser.add_argument("--turns", type=int, default=200, help="turns measured after B came")
+    parser.add_argument("--tiers", default="host,host+disk",
+                        help="the rank's lower tiers per case: host, or host and a shared disk "
+                        "folder (as a fleet's ranks)")  # fmt: skip
     parser.add_argument("--baseline", help="git ref to measure beside this checkout")
     parser.add_argument("--json", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args()
     torch.set_num_threads(1)
-    prompts = [int(p) for p in args.prompts.split(",")]
+    cases = [(int(p), tiers) for tiers in args.tiers.split(",") for p in args.prompts.split(",")]
     if args.json:  # a baseline's subprocess: one line of results
-        print(json.dumps({str(p): one_case(p, args.turns) for p in prompts}))
+        print(json.dumps({f"{p} {t}": one_case(p, args.turns, t) for p, t in cases}))
         return
     title = "a turn waiting for room beside a decode: the core's turns (free forward), ms"
     if not args.baseline:
         rows = [
-            [prompt, name, cell(name, value)]
-            for prompt in prompts
-            for name, value in one_case(prompt, args.turns).items()
+            [prompt, tiers, name, cell(name, value)]
+            for prompt, tiers in cases
+            for name, value in one_case(prompt, args.turns, tiers).items()
         ]
-        print_table(title, ["B's prompt", "turns", "ms (count)"], rows)
+        print_table(title, ["B's prompt", "tiers", "turns", "ms (count)"], rows)
         return
     shim = baseline_tree(args.baseline)
     rows = []
-    for prompt in prompts:
-        before = measure_baseline(shim, prompt, args.turns)
-        after = one_case(prompt, args.turns)
+    for prompt, tiers in cases:
+        before = measure_baseline(shim, prompt, args.turns, tiers)
+        after = one_case(prompt, args.turns, tiers)
         for name in after:
             old, new = cell(name, before[name]), cell(name, after[name])
-            rows.append([prompt, name, old, new])
-    print_table(f"{title}: {args.baseline} vs this checkout", ["B's prompt", "turns",
+            rows.append([prompt, tiers, name, old, new])
+    print_table(f"{title}: {args.baseline} vs this checkout", ["B's prompt", "tiers", "turns",
                 args.baseline, "this"], rows)  # fmt: skip
 
 
