@@ -76,21 +76,37 @@ def sim_target(yaml_path: Path, fleet: dict, arm: str) -> str:
     return f"sim:{yaml_path}?" + "&".join(f"{k}={v}" for k, v in options.items())
 
 
-def run_sim(
-    args: argparse.Namespace, fleet: dict, arm: str, out: Path, stagger: float | None = None
-) -> dict:
-    sessions = [args.sessions / Path(s).name for s in fleet["sessions"]]
-    target = sim_target(args.sim, fleet, arm)
-    if args.step_logs:
-        target += f"&step_log={out.parent / 'steps' / out.stem.removeprefix('sim_')}"
+def sim_replay(
+    sim: Path,
+    fleet: dict,
+    arm: str,
+    sessions_dir: Path,
+    outputs: list[str],
+    step_log: Path | None = None,
+    stagger: float | None = None,
+) -> None:
+    """The hardware fleet's sessions and arm replayed through the simulator YAML `sim`,
+    writing `outputs` (replay flags: `--json PATH`, `--records PATH`) and, given a folder,
+    its step logs."""
+    sessions = [sessions_dir / Path(s).name for s in fleet["sessions"]]
+    target = sim_target(sim, fleet, arm)
+    if step_log is not None:
+        target += f"&step_log={step_log}"
     command = [sys.executable, "-m", "kvfleet.services.cli", "replay", *map(str, sessions),
-               "--target", target, "--arm", arm, "--json", str(out),
+               "--target", target, "--arm", arm, *outputs,
                "--sessions", str(len(sessions)), "--time-scale", str(fleet["time_scale"]),
                "--stagger", str(fleet["stagger"] if stagger is None else stagger),
                "--max-model-len", str(fleet["max_model_len"]),
                "--max-tokens", str(fleet["max_tokens"]), "--max-turns", str(fleet["max_turns"]),
                "--no-progress"]  # fmt: skip
     subprocess.run(command, check=True, stdout=subprocess.DEVNULL)
+
+
+def run_sim(
+    args: argparse.Namespace, fleet: dict, arm: str, out: Path, stagger: float | None = None
+) -> dict:
+    steps = out.parent / "steps" / out.stem.removeprefix("sim_") if args.step_logs else None
+    sim_replay(args.sim, fleet, arm, args.sessions, ["--json", str(out)], steps, stagger)
     return json.loads(out.read_text())
 
 

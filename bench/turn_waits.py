@@ -30,13 +30,11 @@ from __future__ import annotations
 
 import argparse
 import json
-import subprocess
-import sys
 import tempfile
 from pathlib import Path
 
 import numpy as np
-from fleet_sim import sim_target
+from fleet_sim import sim_replay
 from gpu_common import print_table
 from sim_yaml import with_hardware_figures
 from step_costs import read_log, steps_of
@@ -100,15 +98,8 @@ def simulated(args: argparse.Namespace, folder: Path) -> Path:
     """The hardware run's fleet replayed through the simulator; its folder."""
     fleet = json.loads((args.hw / "fleet.json").read_text())
     sim = with_hardware_figures(args.sim, args.hardware, folder)
-    sessions = [args.sessions / Path(s).name for s in fleet["sessions"]]
-    target = sim_target(sim, fleet, args.arm) + f"&step_log={folder}"
-    command = [sys.executable, "-m", "kvfleet.services.cli", "replay", *map(str, sessions),
-               "--target", target, "--arm", args.arm, "--records", str(folder / "records.jsonl"),
-               "--sessions", str(len(sessions)), "--time-scale", str(fleet["time_scale"]),
-               "--stagger", str(fleet["stagger"]), "--max-model-len", str(fleet["max_model_len"]),
-               "--max-tokens", str(fleet["max_tokens"]), "--max-turns", str(fleet["max_turns"]),
-               "--no-progress"]  # fmt: skip
-    subprocess.run(command, check=True, stdout=subprocess.DEVNULL)
+    records = ["--records", str(folder / "records.jsonl")]
+    sim_replay(sim, fleet, args.arm, args.sessions, records, step_log=folder)
     return folder
 
 

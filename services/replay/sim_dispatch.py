@@ -41,3 +41,10 @@ def admission_seconds(
         + hardware.admit_ms_per_host_page * host_pages
         + hardware.admit_ms_per_disk_page * disk_pages
     ) / 1e3
+
+
+def piece_seconds(hardware: Hardware, host_pages: int, disk_pages: int) -> float:
+    """Seconds the rank's host spends bringing a piece of a waiting request's prefix up (no
+    admission: its pages only, a host page at the piece's own figure where one is given)."""
+    per_host_page = hardware.piece_ms_per_host_page or hardware.admit_ms_per_host_page
+    return (per_host_page * host_pages + hardware.admit_ms_per_disk_page * disk_pages) / 1e3

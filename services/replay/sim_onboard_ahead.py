@@ -45,7 +45,9 @@ class OnboardAhead:
         # NOTE: with no per-page figure a piece would cost nothing and only delay the request;
         # the simulator then admits at once, as it did before it modelled pieces.
         self.priced = hardware is not None and bool(
-            hardware.admit_ms_per_host_page or hardware.admit_ms_per_disk_page
+            hardware.admit_ms_per_host_page
+            or hardware.admit_ms_per_disk_page
+            or hardware.piece_ms_per_host_page
         )
 
     def next_piece_blocks(

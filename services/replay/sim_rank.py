@@ -37,7 +37,7 @@ from ..router.model import Role
 from .sim_chip import Chip
 from .sim_clock import VirtualClock
 from .sim_decode_run import DecodeRun, plan_decode_run
-from .sim_dispatch import admission_seconds
+from .sim_dispatch import admission_seconds, piece_seconds
 from .sim_handoff import HandoffSide, ReservedCallback
 from .sim_holds import Hold, HoldSide
 from .sim_onboard_ahead import AHEAD_HOLD_SECONDS, OnboardAhead, ahead_key
@@ -408,7 +408,7 @@ class SimRank(HandoffSide, HoldSide, StepPlanner[SimRequest, Chunk]):
             return False
         # their read on the core thread pauses the rank before the step; their copies are the
         # step's, as an admission's pages are
-        self._pieces_s += admission_seconds(self.hardware, 0, host_pages, disk_pages)
+        self._pieces_s += piece_seconds(self.hardware, host_pages, disk_pages)
         self._pieces_in = (self._pieces_in[0] + host_pages, self._pieces_in[1] + disk_pages)
         return True
 

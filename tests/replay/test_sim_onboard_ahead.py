@@ -52,7 +52,11 @@ WORKLOAD = [
 
 
 async def replay(
-    pages_per_step: int, per_page_ms: float = PER_PAGE_MS, disk: bool = False, step_log: str = ""
+    pages_per_step: int,
+    per_page_ms: float = PER_PAGE_MS,
+    disk: bool = False,
+    step_log: str = "",
+    piece_ms: float = 0.0,
 ):
     fleet = {
         "ranks": "1",
@@ -67,7 +71,9 @@ async def replay(
     }
     config = load_sim_config(None, fleet)
     figure = "admit_ms_per_disk_page" if disk else "admit_ms_per_host_page"
-    hardware = dataclasses.replace(config.hardware, **{figure: per_page_ms})
+    hardware = dataclasses.replace(
+        config.hardware, **{figure: per_page_ms, "piece_ms_per_host_page": piece_ms}
+    )
     target = SimTarget(dataclasses.replace(config, hardware=hardware))
     try:
         options = DriverOptions(sessions=3, time_scale=1.0, stagger_s=0.5)
@@ -182,6 +188,21 @@ async def test_each_piece_brings_its_pages_up_in_its_own_step_and_holds_them(tmp
     # and each piece's kvstore request ended when the next took its pages over
     assert not [key for key in rank.manager.request_ids() if key.startswith("ahead-")]
     rank.manager.check_integrity()
+
+
+async def test_a_piece_pauses_the_rank_at_the_piece_figure_and_the_admission_at_its_own():
+    """If this fails, `hardware.piece_ms_per_host_page` is ignored (every piece priced at the
+    admission's figure, as before the fleet's logs priced them apart) or prices the admission
+    too: a's waits while b came up are b's 4 pieces at 8 x 2.5 ms and its admission's 8 pages
+    at 8 x 10 ms."""
+    pieces, rank = await replay(pages_per_step=8, piece_ms=PER_PAGE_MS / 4)
+    assert rank.onboard_ahead.pieces == 4
+    a, b = pieces[("a", 0)], pieces[("b", 1)]
+    window = [t for t in a.token_times_s if b.arrival_s <= t <= b.first_token_s + 1.0]
+    waits = sorted(later - earlier for earlier, later in itertools.pairwise(window))
+    piece_s, admission_s = 8 * PER_PAGE_MS / 4 / 1e3, 8 * PER_PAGE_MS / 1e3
+    assert waits[-1] >= admission_s
+    assert all(piece_s <= wait < 2 * piece_s for wait in waits[-5:-1])
 
 
 async def test_a_model_with_a_window_layer_is_admitted_at_once() -> None:
