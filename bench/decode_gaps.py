@@ -20,8 +20,9 @@ Per run: the gaps' p50 and p90 weighted by tokens, and per class its share of th
 p50 gap, and its share of the tokens at or over the p90: what makes the tail (the replays'
 `itl_p90_s`). A second table sets the pauses beside the plain decode gaps: the first step's
 median seconds (a step planned ahead counts the wait for the tokens of the step before it, one
-planned after them only its launch) and, where the log says so (`ahead`, `waiting`), the
-share of second steps planned ahead and of those with a request waiting at the rank.
+planned after them only its launch) and, where the log says so (`plan`, `ahead`, `waiting`),
+the second step's median plan (the scheduler's part of the pause), the share of second steps
+planned ahead and of those with a request waiting at the rank.
 
 Run: .venv/bin/python bench/decode_gaps.py FOLDER...
 """
@@ -68,31 +69,38 @@ def decode_gaps(steps: list[dict]) -> list[tuple[float, int, str]]:
     ]
 
 
-def pause_origins(steps: list[dict]) -> dict[str, list[tuple[float, bool | None, int | None]]]:
+def pause_origins(
+    steps: list[dict],
+) -> dict[str, list[tuple[float, bool | None, int | None, float | None]]]:
     """For the pause and decode gaps of one rank's steps: per gap, the first step's seconds and
-    the second's `ahead` and `waiting` (None where not logged)."""
+    the second's `ahead`, `waiting` and `plan` seconds (None where not logged)."""
     out: dict[str, list] = {"pause": [], "decode": []}
     for first, second, kind in decode_pairs(steps):
         if kind in out:
-            out[kind].append((first["s"], second.get("ahead"), second.get("waiting")))
+            fields = (second.get("ahead"), second.get("waiting"), second.get("plan"))
+            out[kind].append((first["s"], *fields))
     return out
 
 
 def origins_row(origins: dict[str, list]) -> list[str]:
-    """Per class (pause, decode): gaps, the first step's p50 ms, the second planned ahead, a
-    request waiting."""
+    """Per class (pause, decode): gaps, the first step's p50 ms, the second's plan p50 ms, the
+    second planned ahead, a request waiting."""
     cells = []
     for kind in ("pause", "decode"):
         rows = origins[kind]
         if not rows:
-            cells.append("0 / - / - / -")
+            cells.append("0 / - / - / - / -")
             continue
-        first_ms = 1e3 * float(np.median([s for s, _, _ in rows]))
-        ahead = [a for _, a, _ in rows if a is not None]
-        waiting = [w for _, _, w in rows if w is not None]
+        first_ms = 1e3 * float(np.median([row[0] for row in rows]))
+        ahead = [row[1] for row in rows if row[1] is not None]
+        waiting = [row[2] for row in rows if row[2] is not None]
+        plans = [row[3] for row in rows if row[3] is not None]
         ahead_cell = f"{np.mean(ahead):.0%}" if ahead else "-"
         waiting_cell = f"{np.mean([w > 0 for w in waiting]):.0%}" if waiting else "-"
-        cells.append(f"{len(rows):,} / {first_ms:.2f} / {ahead_cell} / {waiting_cell}")
+        plan_cell = f"{1e3 * float(np.median(plans)):.2f}" if plans else "-"
+        cells.append(
+            f"{len(rows):,} / {first_ms:.2f} / {plan_cell} / {ahead_cell} / {waiting_cell}"
+        )
     return cells
 
 
@@ -146,7 +154,7 @@ def main() -> None:
         name = "/".join(folder.parts[-2:])
         print(f"| {name} | {len(gaps):,} | {quantiles} | " + " | ".join(cells) + " |")
     print()
-    cells = "gaps / first step p50 ms / planned ahead / a request waiting"
+    cells = "gaps / first step p50 ms / its plan p50 ms / planned ahead / a request waiting"
     print(f"| run | pause: {cells} | decode: {cells} |")
     print("|---|---|---|")
     for folder, row in origins:

@@ -18,12 +18,14 @@ def step_line(
     work: StepWork,
     disk_written: int | None = None,
     queue: tuple[int, bool] | None = None,
+    planned: float | None = None,
 ) -> str:
     """`t` (start), `s` (seconds), `prefill` spans, `decode` contexts, `host_in`, `disk_in`,
     and where the writer counts them, `disk_out`: pages written to the disk tier since the
-    step before (on the core thread, before this step: a pause as an onboarding is), and
-    `queue` as `waiting` (requests left waiting at the rank by this step's plan) and `ahead`
-    (the step was planned while the one before ran on the device)."""
+    step before (on the core thread, before this step: a pause as an onboarding is), `queue`
+    as `waiting` (requests left waiting at the rank by this step's plan) and `ahead` (the step
+    was planned while the one before ran on the device), and `plan`: the seconds its plan took,
+    just before `t` (a pause of the core thread, as the onboarding)."""
     line = {"t": round(started, 6), "s": round(seconds, 6),
             "prefill": [list(span) for span in work.prefill_spans],
             "decode": list(work.decode_contexts), "host_in": work.host_pages_in,
@@ -32,4 +34,6 @@ def step_line(
         line["disk_out"] = disk_written
     if queue is not None:
         line["waiting"], line["ahead"] = queue
+    if planned is not None:
+        line["plan"] = round(planned, 6)
     return json.dumps(line, separators=(",", ":")) + "\n"

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import json
 import time
 
@@ -37,4 +38,8 @@ def test_each_step_logs_the_prompt_spans_and_decode_contexts_it_computed(tmp_pat
     decodes = [context for step in steps for context in step["decode"]]
     assert decodes == [*range(101, 108), *range(len(second_prompt) + 1, len(second_prompt) + 8)]
     assert all(step["s"] > 0 and begun - 1 <= step["t"] <= time.time() for step in steps)
+    # each step's plan ran just before it, after the step before had ended
+    assert all(step["plan"] > 0 for step in steps)
+    for earlier, later in itertools.pairwise(steps):
+        assert earlier["t"] + earlier["s"] <= later["t"] - later["plan"] + 1e-3
     assert all(step["host_in"] == 0 and step["disk_in"] == 0 for step in steps)

@@ -169,9 +169,15 @@ def test_a_gap_between_tokens_is_classed_by_what_held_its_step() -> None:
     assert row["classes"]["piece"] == pytest.approx((2 / 11, 0.038, 2 / 3))
     assert row["classes"]["long step"][2] == pytest.approx(1 / 3)
     # the pauses beside the plain decodes: the first step's seconds, the second's log fields
-    steps[4].update(ahead=False, waiting=1)
+    steps[4].update(ahead=False, waiting=1, plan=0.008)
     steps[2].update(ahead=True, waiting=1)
     steps[1].update(ahead=True, waiting=0)
     origins = decode_gaps.pause_origins(steps)
-    assert origins == {"pause": [(0.006, False, 1)], "decode": [(0.006, True, 0), (0.006, True, 1)]}
-    assert decode_gaps.origins_row(origins) == ["1 / 6.00 / 0% / 100%", "2 / 6.00 / 100% / 50%"]
+    assert origins == {
+        "pause": [(0.006, False, 1, 0.008)],
+        "decode": [(0.006, True, 0, None), (0.006, True, 1, None)],
+    }
+    assert decode_gaps.origins_row(origins) == [
+        "1 / 6.00 / 8.00 / 0% / 100%",
+        "2 / 6.00 / - / 100% / 50%",
+    ]

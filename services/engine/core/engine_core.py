@@ -265,11 +265,12 @@ class EngineCore:
                 self._resolve()
             if self._inflight is None:  # commands never run while a step is in flight
                 self._run_commands(block=block)
+            planning = time.perf_counter()
             chunks = self.scheduler.schedule()
             if chunks:
                 if self._step_log is not None:
-                    waiting = len(self.scheduler.waiting)
-                    self._step_log.before(chunks, waiting, self._inflight is not None)
+                    waiting, planned = len(self.scheduler.waiting), time.perf_counter() - planning
+                    self._step_log.before(chunks, waiting, self._inflight is not None, planned)
                 started = time.perf_counter()
                 self._step(chunks)
                 # NOTE: with overlapped decode this is the wait for the previous step's tokens

@@ -5,8 +5,9 @@ sharing a GPU line up), `s` (the step's seconds, as `kvfleet_engine_step_seconds
 them), `prefill` ([start, end) token spans of prompt chunks), `decode` (each decoding
 sequence's context length), `host_in` / `disk_in` (pages the KV tiers onboarded since the
 step before), `disk_out` (pages written to the disk tier since the step before), `waiting`
-(requests still waiting at the rank after this step's plan) and `ahead` (the step was planned
-while the one before ran on the device: `lookahead.py`). The first
+(requests still waiting at the rank after this step's plan), `ahead` (the step was planned
+while the one before ran on the device: `lookahead.py`) and `plan` (the scheduler's seconds
+planning it, which end where `t` starts: part of the pause before the step). The first
 four are the cost model's `StepWork`, so `bench/step_costs.py` prices every logged step with
 a simulator's hardware figures and compares (docs/sim-vs-live.md).
 Written by the core thread only; off unless `EngineConfig.step_log_path` is set.
@@ -33,25 +34,30 @@ class StepLog:
         self._tiers = tier_metrics
         self._onboarded = OnboardedPages(tier_metrics)
         self._written = tier_metrics[DISK].pages_in  # pages written to disk so far
-        self._pending: tuple[float, StepWork, int, tuple[int, bool]] = (
+        self._pending: tuple[float, StepWork, int, tuple[int, bool], float] = (
             0.0,
             StepWork(),
             0,
             (0, False),
+            0.0,
         )
 
-    def before(self, chunks: Sequence[ScheduledChunk], waiting: int, ahead: bool) -> None:
+    def before(
+        self, chunks: Sequence[ScheduledChunk], waiting: int, ahead: bool, planned: float
+    ) -> None:
         """A step is about to run these chunks (read now: running them moves the sequences),
-        with `waiting` requests left waiting, planned `ahead` of the step before's tokens."""
+        with `waiting` requests left waiting, planned `ahead` of the step before's tokens in
+        `planned` seconds."""
         host, disk = self._onboarded.since_last()
         now = self._tiers[DISK].pages_in
         written, self._written = now - self._written, now
-        self._pending = (time.time(), step_work(chunks, host, disk), written, (waiting, ahead))
+        work = step_work(chunks, host, disk)
+        self._pending = (time.time(), work, written, (waiting, ahead), planned)
 
     def after(self, seconds: float) -> None:
         """The step begun last took `seconds`."""
-        started, work, written, queue = self._pending
-        self._file.write(step_line(started, seconds, work, written, queue))
+        started, work, written, queue, planned = self._pending
+        self._file.write(step_line(started, seconds, work, written, queue, planned))
 
     def close(self) -> None:
         """Flush and close (the core has stopped stepping)."""
