@@ -135,9 +135,9 @@ class Hardware:
     # staged page to the device over the host link, as a host page (not at `disk_read_gb_s`).
     admit_ms_per_disk_page: float = 0.0
     # A piece of a waiting request's prefix brought up ahead of its admission (the engine's
-    # `onboard_pages_per_step`), per host page: the H100 fleet's logs price it below an
-    # admission's page (0.104 ms against 0.165: the admission also makes room, takes and
-    # commits the prompt's pages). 0: the admission's figure.
+    # `onboard_pages_per_step`), per host page: one draw of the H100 fleet's logs prices it
+    # below an admission's page (0.104 ms against 0.165, docs/sim-vs-live.md). 0: the
+    # admission's figure.
     piece_ms_per_host_page: float = 0.0
     # The engine writes blocks evicted from its host tier (or from the device, with no host
     # tier) to the disk tier on its core thread, at the kvstore's flush while it plans a step:
