@@ -148,8 +148,8 @@ def new_core(
     prompt_pages = -(-(prompt + NEW_TOKENS + 64) // PAGE)
     # host/disk: the device holds about one prompt, so that another one pushes B's down
     # host+disk: a fleet rank's tiers (host pages and a shared disk folder), B's blocks on host
-    pushed = where in ("host", "disk", "host+disk")
     on_host, on_disk = where in ("host", "host+disk"), where in ("disk", "host+disk")
+    pushed = on_host or on_disk
     device_pages = prompt_pages + 400 if pushed else 2 * prompt_pages + 600
     config = EngineConfig(
         model=SHAPES[args.kv_shape],

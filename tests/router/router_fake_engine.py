@@ -69,11 +69,8 @@ class FakeEngine(engine_pb2_grpc.EngineServicer):
     def Generate(self, request, context):
         slots = max(1, request.num_samples)
         with self._lock:
-            if request.request_id in self._running_ids:
-                duplicate = True
-            else:
-                duplicate = False
-                self._running_ids.add(request.request_id)
+            duplicate = request.request_id in self._running_ids
+            self._running_ids.add(request.request_id)
         if duplicate:
             context.abort(
                 grpc.StatusCode.INVALID_ARGUMENT, f"request_id: {request.request_id!r} is running"
